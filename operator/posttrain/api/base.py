@@ -1,0 +1,83 @@
+"""Base classes shared by the TOML config models and the custom-resource models.
+
+One model hierarchy serves both shapes of a job:
+- the synth TOML / normalized config: snake_case keys, unknown keys inline (validate with `by_name=True`);
+- the custom resource: camelCase keys, a section's unknown keys gathered under `extras`
+  (validate and dump with `context=CR_CONTEXT`, `by_alias=True`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    model_serializer,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+# Pass as `context=` to model_validate / model_dump to read or write the custom-resource shape.
+CR_CONTEXT: dict[str, bool] = {"cr": True}
+EXTRAS_KEY = "extras"
+
+
+def _is_cr(info: ValidationInfo | SerializationInfo) -> bool:
+    context = info.context
+    return bool(isinstance(context, dict) and context.get("cr"))
+
+
+class CRModel(BaseModel):
+    """A custom-resource-only object (no TOML counterpart): camelCase, unknown keys rejected."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
+
+
+class Section(BaseModel):
+    """A synth TOML section: typed fields, and every unknown key kept verbatim and handed to the trainer.
+
+    In the custom resource the typed fields are camelCase and the unknown keys live in `extras`, so that
+    the CRD can type the known fields strictly and preserve unknown ones only inside `extras`."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unpack_extras(cls, data: Any, info: ValidationInfo) -> Any:
+        if _is_cr(info) and isinstance(data, dict) and EXTRAS_KEY in data:
+            data = dict(data)
+            extras = data.pop(EXTRAS_KEY) or {}
+            if isinstance(extras, dict):
+                return {**extras, **data}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _pack_extras(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)
+        if _is_cr(info) and self.model_extra and isinstance(data, dict):
+            extras = {key: data.pop(key) for key in list(self.model_extra) if key in data}
+            if extras:
+                data[EXTRAS_KEY] = extras
+        return data
+
+
+class Passthrough(BaseModel):
+    """A free dict handed verbatim to another program (e.g. rollout.policy_config goes to the task app):
+    keys keep their original spelling in the custom resource too; a few well-known keys are typed."""
+
+    model_config = ConfigDict(extra="allow")

@@ -1,0 +1,5 @@
+"""Shared fixtures live in tests/fixtures/<concern>.py, one owner each, loaded here."""
+
+pytest_plugins = [
+    "fixtures.models",
+]
