@@ -2,4 +2,5 @@
 
 pytest_plugins = [
     "fixtures.models",
+    "fixtures.taskapp",
 ]

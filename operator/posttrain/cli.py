@@ -11,6 +11,7 @@ from posttrain.errors import UserError
 
 # Order is the order shown in --help.
 SUBCOMMANDS: list[str] = [
+    "verify_task_app",
 ]
 
 EXIT_USER_ERROR = 2

@@ -1,0 +1,165 @@
+"""`posttrain verify-task-app URL`: GET /health, GET /task_info (taskset and seeds 0-9), and one dry POST
+/rollout, with a verdict per check. Exit 0 when every check passes, 1 when one fails, 2 on a usage mistake.
+
+The dry rollout needs a policy the task app can call: `--inference-url URL --model NAME` names a real one
+(an OpenAI-compatible server); otherwise, for a task app on this machine, a stub policy on 127.0.0.1 answers
+every chat completion with a fixed text, which checks the request/response plumbing without a model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from posttrain.errors import Problem, UserError
+from posttrain.taskapp_client import Check, TaskAppClient, rollout_request, verify
+
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+class StubPolicy:
+    """An OpenAI-compatible chat endpoint on 127.0.0.1 that answers every request with `reply`."""
+
+    def __init__(self, reply: str = "42"):
+        self.reply = reply
+        self.requests: list[dict[str, Any]] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server API)
+                length = int(self.headers.get("content-length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                except ValueError:
+                    body = {}
+                stub.requests.append({"path": self.path, "body": body})
+                n = int(body.get("n") or 1)
+                answer = {
+                    "id": f"chatcmpl-{uuid.uuid4().hex[:8]}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model", "stub"),
+                    "choices": [
+                        {
+                            "index": i,
+                            "message": {"role": "assistant", "content": stub.reply},
+                            "finish_reason": "stop",
+                        }
+                        for i in range(n)
+                    ],
+                    "usage": {"prompt_tokens": 0, "completion_tokens": 1, "total_tokens": 1},
+                }
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> StubPolicy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "verify-task-app",
+        help="check a task app: /health, /task_info, one dry /rollout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("url", help="task app base URL, e.g. http://127.0.0.1:8100")
+    parser.add_argument("--api-key-env", default="ENVIRONMENT_API_KEY", help="env var holding the key")
+    parser.add_argument(
+        "--inference-url", help="a real policy (OpenAI-compatible base URL) for the dry rollout"
+    )
+    parser.add_argument("--model", default="policy", help="model name sent with the dry rollout")
+    parser.add_argument("--env-name", default="default")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the dry rollout")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (rollout: 30x)")
+    parser.add_argument("--no-rollout", action="store_true", help="only /health and /task_info")
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    parts = urlsplit(args.url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UserError(Problem(f"not an http(s) URL: {args.url!r}", fix="pass e.g. http://127.0.0.1:8100"))
+    api_key = os.environ.get(args.api_key_env)
+    if not api_key:
+        raise UserError(
+            Problem(
+                f"environment variable {args.api_key_env} is not set",
+                fix=f"export {args.api_key_env}=<the task app's key> or pass --api-key-env NAME",
+            )
+        )
+    aliases = [a.strip() for a in os.environ.get("ENVIRONMENT_API_KEY_ALIASES", "").split(",") if a.strip()]
+    client = TaskAppClient(
+        args.url, api_key, aliases, timeout=args.timeout, rollout_timeout=args.timeout * 30
+    )
+    stub: StubPolicy | None = None
+    request = None
+    note = ""
+    try:
+        if not args.no_rollout:
+            inference = args.inference_url
+            if not inference and (parts.hostname or "") in LOOPBACK_HOSTS:
+                stub = StubPolicy().__enter__()
+                inference = stub.url
+                note = " (stub policy on loopback)"
+            if inference:
+                cid = f"verify-{uuid.uuid4().hex[:10]}"
+                sep = "&" if "?" in inference else "?"
+                request = rollout_request(
+                    seed=args.seed,
+                    inference_url=f"{inference}{sep}cid={cid}",
+                    model=args.model,
+                    env_name=args.env_name,
+                    mode="rl",
+                    run_id=cid,
+                    policy_config={"temperature": 0.0, "max_tokens": 32},
+                )
+        checks = verify(client, key_env=args.api_key_env, rollout=request)
+        if request is None and not args.no_rollout:
+            checks.append(
+                Check("rollout", None, "skipped: remote task app; pass --inference-url and --model")
+            )
+    finally:
+        client.close()
+        if stub is not None:
+            stub.__exit__(None, None, None)
+
+    failed = [c for c in checks if c.ok is False]
+    if args.json:
+        print(
+            json.dumps(
+                [{"check": c.name, "verdict": c.verdict, "detail": c.detail} for c in checks], indent=2
+            )
+        )
+    else:
+        print(f"verify-task-app {args.url} (key from ${args.api_key_env})")
+        for check in checks:
+            extra = note if check.name == "rollout" and check.ok else ""
+            print(f"  {check.verdict}  {check.name:<10} {check.detail}{extra}")
+        print(f"verdict: {'FAILED' if failed else 'OK'}")
+    sys.stdout.flush()
+    return 1 if failed else 0

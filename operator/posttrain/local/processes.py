@@ -1,0 +1,164 @@
+"""Child processes of the local runner: each in its own process group (so that torchrun's workers and vLLM's
+engine processes go with it), its output in a log file, stopped in reverse start order on exit, failure or
+Ctrl-C (SIGTERM to the group, then SIGKILL after a grace period)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+
+class ProcessFailed(RuntimeError):
+    """A child exited early or never became ready; the message names its log file."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+class ManagedProcess:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ):
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 (closed in stop())
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,  # own process group: killpg reaches its children
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def check_alive(self) -> None:
+        code = self.popen.poll()
+        if code is not None:
+            raise ProcessFailed(
+                f"{self.name} exited with code {code}; log {self.log_path}:\n{tail(self.log_path)}"
+            )
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.popen.wait(timeout)
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(grace)
+        # The group may outlive its leader (e.g. vLLM's engine core): kill what is left.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(5)
+        self._log.close()
+
+
+class ProcessSet:
+    """Starts processes and stops all of them, newest first, when the `with` block ends (any way)."""
+
+    def __init__(self) -> None:
+        self.processes: list[ManagedProcess] = []
+
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> ManagedProcess:
+        proc = ManagedProcess(name, argv, log_path, env=env, cwd=cwd)
+        self.processes.append(proc)
+        return proc
+
+    def check_alive(self) -> None:
+        for proc in self.processes:
+            proc.check_alive()
+
+    def stop_all(self) -> None:
+        while self.processes:
+            self.processes.pop().stop()
+
+    def __enter__(self) -> ProcessSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+
+def wait_http(
+    url: str,
+    *,
+    timeout: float,
+    proc: ManagedProcess | None = None,
+    headers: dict[str, str] | None = None,
+    ok: Callable[[httpx.Response], bool] | None = None,
+    interval: float = 0.5,
+) -> None:
+    """Poll `url` until it answers (200 by default); fail early if `proc` exits."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if proc is not None:
+            proc.check_alive()
+        try:
+            response = httpx.get(url, headers=headers, timeout=5.0)
+            if (ok or (lambda r: r.status_code == 200))(response):
+                return
+            last = f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:
+            last = type(exc).__name__
+        time.sleep(interval)
+    where = f"; log {proc.log_path}:\n{tail(proc.log_path)}" if proc else ""
+    raise ProcessFailed(f"{url} not ready after {timeout:.0f} s ({last}){where}")
+
+
+@contextlib.contextmanager
+def sigterm_as_keyboard_interrupt():
+    """Turn SIGTERM into KeyboardInterrupt so that `finally` blocks stop the children."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
