@@ -3,4 +3,5 @@
 pytest_plugins = [
     "fixtures.models",
     "fixtures.taskapp",
+    "fixtures.s3",
 ]

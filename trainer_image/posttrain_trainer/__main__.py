@@ -1,0 +1,28 @@
+"""`python -m posttrain_trainer {sft,rl} --config job.json` (under torchrun for several processes)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from posttrain_trainer.jobfile import load_jobfile
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m posttrain_trainer")
+    parser.add_argument("kind", choices=["sft", "rl"])
+    parser.add_argument("--config", required=True, help="the job file (JSON) the operator wrote")
+    args = parser.parse_args(argv)
+    job = load_jobfile(args.config)
+    if job.kind != args.kind:
+        print(f"error: job file kind is {job.kind!r} but the command says {args.kind!r}", file=sys.stderr)
+        return 2
+    if args.kind == "sft":
+        from posttrain_trainer.sft import main as run
+    else:
+        from posttrain_trainer.rl import main as run  # issue 5b
+    return int(run(job) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The job's end: final model (or LoRA adapter + base ref), manifest.json, metrics.jsonl, config.json in S3;
+the fine_tuned_model id; the result reported to the job's status."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from posttrain_trainer import storage as s3
+from posttrain_trainer.jobfile import JobFile
+
+try:  # owned by issue 2; the local copy below follows the same rule
+    from posttrain.api.model_ids import fine_tuned_model_id as _api_fine_tuned_model_id
+except Exception:  # pragma: no cover - trainer image without the operator package
+    _api_fine_tuned_model_id = None
+
+
+def uid8(uid: str) -> str:
+    return uid.replace("-", "")[:8]
+
+
+def fine_tuned_model_id(kind_prefix: str, base: str, namespace: str, name: str, uid: str) -> str:
+    """`ft:<base>:<ns>.<name>.<uid8>` (SFT) or `rl:...` (RL); posttrain.api.model_ids when installed."""
+    if _api_fine_tuned_model_id is not None:
+        return _api_fine_tuned_model_id(kind_prefix, base, namespace, name, uid)
+    return f"{kind_prefix}:{base}:{namespace}.{name}.{uid8(uid)}"
+
+
+def job_model_id(job: JobFile) -> str:
+    return fine_tuned_model_id(
+        "rl" if job.kind == "rl" else "ft", job.base_model, job.job.namespace, job.job.name, job.job.uid
+    )
+
+
+def trainer_mode(job: JobFile) -> str:
+    model = job.section("model") or job.section("policy")
+    mode = model.get("trainer_mode")
+    if not mode:
+        training = job.section("training")
+        mode = (
+            "lora"
+            if training.get("mode") == "lora" or job.section("hyperparameters").get("train_kind") == "peft"
+            else "full"
+        )
+    return str(mode)
+
+
+def finalize(
+    job: JobFile,
+    model,
+    tokenizer,
+    *,
+    metrics: dict[str, Any],
+    steps: int,
+    metrics_lines: list[dict[str, Any]] | None = None,
+    extra_files: dict[str, Path] | None = None,
+    client=None,
+) -> tuple[str, dict[str, str]]:
+    """Rank 0 only. Saves final/ locally, uploads everything under storage.prefix when the job has storage
+    (else the artifacts are local paths under workdir). Returns (fine_tuned_model, artifacts)."""
+    from posttrain_trainer.modeling import save_final
+
+    model_id = job_model_id(job)
+    workdir = Path(job.workdir)
+    final_dir = workdir / "final"
+    save_final(model, tokenizer, final_dir, base_model=job.base_model, base_model_path=job.model_path)
+    metrics_path = workdir / "metrics.jsonl"
+    metrics_path.write_text("".join(json.dumps(line, default=str) + "\n" for line in (metrics_lines or [])))
+    config_path = workdir / "config.json"
+    config_path.write_text(json.dumps(job.config, indent=2, default=str))
+
+    if job.storage is None:
+        artifacts = {
+            "model": str(final_dir) + "/",
+            "manifest": str(workdir / "manifest.json"),
+            "checkpoints": "",
+            "logs": str(metrics_path),
+            "config": str(config_path),
+        }
+    else:
+        bucket, prefix = job.storage.bucket, job.storage.prefix
+        client = client or s3.client_from_env(job.storage)
+        artifacts = {
+            "model": s3.upload_dir(client, final_dir, bucket, prefix + "final/"),
+            "manifest": s3.s3_uri(bucket, prefix + "manifest.json"),
+            "checkpoints": s3.s3_uri(bucket, prefix + "checkpoints/"),
+            "logs": s3.upload_file(client, metrics_path, bucket, prefix + "metrics.jsonl"),
+            "config": s3.upload_file(client, config_path, bucket, prefix + "config.json"),
+        }
+        for name, path in (extra_files or {}).items():
+            if Path(path).exists():
+                artifacts[name] = s3.upload_file(client, path, bucket, prefix + Path(path).name)
+    manifest = {
+        "fine_tuned_model": model_id,
+        "kind": job.kind,
+        "base_model": job.base_model,
+        "model_path": job.model_path,
+        "trainer_mode": trainer_mode(job),
+        "job": job.job.model_dump(),
+        "steps": steps,
+        "metrics": metrics,
+        "config": job.config,
+        "artifacts": artifacts,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (workdir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+    if job.storage is not None:
+        s3.put_json(client, job.storage.bucket, job.storage.prefix + "manifest.json", manifest)
+    core = {k: artifacts[k] for k in ("model", "manifest", "checkpoints", "logs", "config")}
+    return model_id, core

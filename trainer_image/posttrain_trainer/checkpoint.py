@@ -1,0 +1,188 @@
+"""Checkpoints in S3 under <prefix>checkpoints/step-N/ and resume from the latest one.
+
+A checkpoint holds the trainable weights (full model, or only the LoRA adapter), optimizer and scheduler state,
+the RNG states of every rank, the data position and the step. trainer_state.json is written last: a
+checkpoint without it is incomplete (the job died while saving) and is ignored on resume.
+
+DeepSpeed: every rank saves its own ZeRO shards with engine.save_checkpoint into a rank-local folder and
+uploads them under step-N/deepspeed/; rank 0 adds the common files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from posttrain_trainer import distributed as D
+from posttrain_trainer import storage as s3
+
+STATE_FILE = "trainer_state.json"
+_STEP_RE = re.compile(r"checkpoints/step-(\d+)/")
+
+
+def checkpoints_prefix(prefix: str) -> str:
+    return f"{prefix}checkpoints/"
+
+
+def step_prefix(prefix: str, step: int) -> str:
+    return f"{prefix}checkpoints/step-{step}/"
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def tensor_fingerprint(obj: Any) -> str:
+    """sha256 over every tensor/number in a nested state (optimizer state_dict): equal state -> equal print."""
+    digest = hashlib.sha256()
+
+    def visit(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            digest.update(value.detach().cpu().contiguous().view(-1).to(torch.float64).numpy().tobytes())
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                digest.update(str(key).encode())
+                visit(value[key])
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+        else:
+            digest.update(repr(value).encode())
+
+    visit(obj)
+    return digest.hexdigest()
+
+
+def optimizer_fingerprint(engine: D.TrainEngine) -> str:
+    if engine.kind == "deepspeed":
+        return ""  # sharded state lives inside DeepSpeed
+    return tensor_fingerprint(engine.optimizer.state_dict())
+
+
+def trainable_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+    full = module.state_dict()
+    if len(trainable) == sum(1 for _ in module.parameters()):
+        return {k: v.detach().cpu().clone() for k, v in full.items()}
+    return {k: full[k].detach().cpu().clone() for k in trainable if k in full}
+
+
+def save_checkpoint(
+    engine: D.TrainEngine,
+    *,
+    client,
+    bucket: str,
+    prefix: str,
+    step: int,
+    workdir: str | Path,
+    data_state: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> str:
+    """Collective: every rank calls it. Returns the s3:// URI of the checkpoint folder."""
+    key_prefix = step_prefix(prefix, step)
+    local = Path(workdir) / "checkpoints" / f"step-{step}" / f"rank-{D.rank()}"
+    if local.exists():
+        shutil.rmtree(local)
+    local.mkdir(parents=True, exist_ok=True)
+    rngs = D.gather_objects(rng_state())
+
+    if engine.kind == "deepspeed":
+        engine.model.save_checkpoint(str(local / "deepspeed"), tag="state", save_latest=False)
+        s3.upload_dir(client, local / "deepspeed", bucket, key_prefix + "deepspeed/")
+    elif D.is_main():
+        torch.save(trainable_state_dict(engine.module), local / "model.pt")
+        torch.save(engine.optimizer.state_dict(), local / "optimizer.pt")
+        if engine.scheduler is not None:
+            torch.save(engine.scheduler.state_dict(), local / "scheduler.pt")
+        for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
+            if (local / name).exists():
+                s3.upload_file(client, local / name, bucket, key_prefix + name)
+    D.barrier()
+    if D.is_main():
+        torch.save(rngs, local / "rng.pt")
+        s3.upload_file(client, local / "rng.pt", bucket, key_prefix + "rng.pt")
+        state = {
+            "step": step,
+            "world_size": D.world_size(),
+            "engine": engine.kind,
+            "data": data_state or {},
+            "optimizer_fingerprint": optimizer_fingerprint(engine),
+            "saved_at": time.time(),
+            **(extra or {}),
+        }
+        s3.put_json(client, bucket, key_prefix + STATE_FILE, state)  # last: marks the checkpoint complete
+    D.barrier()
+    shutil.rmtree(local, ignore_errors=True)
+    return s3.s3_uri(bucket, key_prefix)
+
+
+def list_checkpoints(client, bucket: str, prefix: str) -> list[int]:
+    """Steps of the complete checkpoints under <prefix>checkpoints/, ascending."""
+    steps = set()
+    for key in s3.list_prefix(client, bucket, checkpoints_prefix(prefix)):
+        if key.endswith("/" + STATE_FILE):
+            match = _STEP_RE.search(key)
+            if match:
+                steps.add(int(match.group(1)))
+    return sorted(steps)
+
+
+def find_latest(client, bucket: str, prefix: str) -> int | None:
+    steps = list_checkpoints(client, bucket, prefix)
+    return steps[-1] if steps else None
+
+
+def load_checkpoint(
+    engine: D.TrainEngine, *, client, bucket: str, prefix: str, step: int, workdir: str | Path
+) -> dict[str, Any]:
+    """Collective. Restores weights, optimizer, scheduler and this rank's RNG; returns trainer_state.json."""
+    key_prefix = step_prefix(prefix, step)
+    state = s3.get_json(client, bucket, key_prefix + STATE_FILE)
+    local = Path(workdir) / "resume" / f"step-{step}" / f"rank-{D.rank()}"
+    local.mkdir(parents=True, exist_ok=True)
+    if engine.kind == "deepspeed":
+        ds_dir = s3.download_dir(client, s3.s3_uri(bucket, key_prefix + "deepspeed/"), local / "deepspeed")
+        engine.model.load_checkpoint(str(ds_dir), tag="state")
+    else:
+        for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
+            if s3.exists(client, bucket, key_prefix + name):
+                s3.download_file(client, s3.s3_uri(bucket, key_prefix + name), local / name)
+        weights = torch.load(local / "model.pt", map_location="cpu", weights_only=False)
+        missing, unexpected = engine.module.load_state_dict(weights, strict=False)
+        if unexpected or any(k in weights for k in missing):
+            raise RuntimeError(f"checkpoint step-{step} does not fit the model: unexpected={unexpected[:5]}")
+        engine.optimizer.load_state_dict(
+            torch.load(local / "optimizer.pt", map_location="cpu", weights_only=False)
+        )
+        if engine.scheduler is not None and (local / "scheduler.pt").exists():
+            engine.scheduler.load_state_dict(torch.load(local / "scheduler.pt", weights_only=False))
+    s3.download_file(client, s3.s3_uri(bucket, key_prefix + "rng.pt"), local / "rng.pt")
+    rngs = torch.load(local / "rng.pt", weights_only=False)
+    set_rng_state(rngs[D.rank() % len(rngs)])
+    D.barrier()
+    shutil.rmtree(local, ignore_errors=True)
+    state["resumed_optimizer_fingerprint"] = optimizer_fingerprint(engine)
+    return state
+
+
+def checkpoint_summary(state: dict[str, Any]) -> str:
+    return json.dumps({k: state[k] for k in ("step", "world_size", "engine") if k in state})

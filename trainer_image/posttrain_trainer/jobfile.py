@@ -1,0 +1,115 @@
+"""The trainer's job file: one JSON document written by the operator (or the local runner) per job.
+
+Pure pydantic, no torch import, so the operator and the CLI can build and validate job files cheaply.
+Secrets never appear here: S3 keys come from S3_ACCESS_KEY_ID / S3_SECRET_ACCESS_KEY, the task app key from
+the env var named by task_app.api_key_env."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+GROUP = "posttrain.dev"
+VERSION = "v1alpha1"
+PLURALS = {"rl": "rljobs", "sft": "sftjobs"}
+
+
+class _Lenient(BaseModel):
+    """Unknown keys are kept (a newer operator may write fields an older trainer does not know)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class JobRef(_Lenient):
+    """Which custom resource this trainer works for (status patches go to its status subresource)."""
+
+    name: str = "local"
+    namespace: str = "default"
+    uid: str = "00000000-0000-0000-0000-000000000000"
+    group: str = GROUP
+    version: str = VERSION
+    plural: str | None = None  # defaults from kind: rljobs / sftjobs
+
+
+class TaskAppRef(_Lenient):
+    url: str
+    api_key_env: str = "ENVIRONMENT_API_KEY"
+
+
+class Endpoints(_Lenient):
+    policy: list[str] = Field(default_factory=list)
+    reference: str | None = None
+    judges: dict[str, str] = Field(default_factory=dict)
+
+
+class DatasetRef(_Lenient):
+    """Local path or s3:// URI of the training JSONL and the optional validation JSONL."""
+
+    train: str | None = None
+    validation: str | None = None
+
+
+class StorageRef(_Lenient):
+    """Where artifacts go. Credentials only from env (S3_ACCESS_KEY_ID / S3_SECRET_ACCESS_KEY)."""
+
+    endpoint: str  # host:port, or a URL (http:// / https:// decides `secure` when given)
+    secure: bool = False
+    bucket: str
+    prefix: str = ""  # = job_artifact_prefix(ns, name, uid): "jobs/<ns>/<name>-<uid8>/"
+    region: str | None = None
+
+    @field_validator("prefix")
+    @classmethod
+    def _slash(cls, value: str) -> str:
+        value = value.lstrip("/")
+        return value if not value or value.endswith("/") else value + "/"
+
+
+class ReportRef(_Lenient):
+    mode: Literal["kubernetes", "file", "stdout"] = "stdout"
+    path: str | None = None  # file mode: JSONL file to append to
+
+
+class WeightSyncRef(_Lenient):
+    via: Literal["path", "s3"] = "path"
+    shared_dir: str | None = None
+
+
+class JobFile(_Lenient):
+    kind: Literal["rl", "sft"]
+    job: JobRef = Field(default_factory=JobRef)
+    config: dict[str, Any] = Field(default_factory=dict)  # normalised synth config, snake_case, extras kept
+    base_model: str
+    model_path: str  # local folder or s3:// URI
+    task_app: TaskAppRef | None = None
+    endpoints: Endpoints = Field(default_factory=Endpoints)
+    dataset: DatasetRef = Field(default_factory=DatasetRef)
+    storage: StorageRef | None = None
+    checkpoint_every: int = 0  # steps; 0 = no periodic checkpoints
+    report: ReportRef = Field(default_factory=ReportRef)
+    workdir: str = "/tmp/posttrain"
+    weight_sync: WeightSyncRef = Field(default_factory=WeightSyncRef)
+
+    @property
+    def plural(self) -> str:
+        return self.job.plural or PLURALS[self.kind]
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A config section as a dict ({} when absent or not a table)."""
+        value = self.config.get(name)
+        return value if isinstance(value, dict) else {}
+
+
+def load_jobfile(path: str | Path) -> JobFile:
+    """Read and validate a job file. Raises pydantic.ValidationError on a malformed file."""
+    return JobFile.model_validate(json.loads(Path(path).read_text()))
+
+
+def dump_jobfile(job: JobFile, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(job.model_dump_json(indent=2, exclude_none=False))
+    return path

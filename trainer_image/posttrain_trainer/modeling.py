@@ -1,0 +1,221 @@
+"""Load a Hugging Face causal LM (+ tokenizer with its chat template) for training, full or LoRA, and save it.
+
+Sources: a local folder or an s3:// URI (downloaded and cached). A folder holding a LoRA adapter (a previous
+job's final/) is loaded as its base model with the adapter merged in, so `model.source = ft:...` works for
+both full and LoRA results.
+
+Dtype policy: trainable weights stay fp32 (master weights); compute runs in bf16 autocast on GPUs that have
+bf16 (see distributed.use_bf16), fp32 on CPU. DeepSpeed with bf16 casts the module itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posttrain_trainer import storage as s3
+from posttrain_trainer.jobfile import StorageRef
+
+BASE_REF_FILE = "posttrain-base.json"  # next to a LoRA adapter: which base model it belongs to
+
+
+def resolve_model_dir(model_path: str, storage: StorageRef | None = None) -> Path:
+    """A local folder for model_path (downloads an s3:// URI into the cache)."""
+    if s3.is_s3_uri(model_path):
+        if storage is None:
+            raise ValueError(
+                f"model_path {model_path} is an s3:// URI but the job file has no storage section"
+            )
+        return s3.download_dir(s3.client_from_env(storage), model_path)
+    path = Path(model_path)
+    if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
+        raise FileNotFoundError(f"no Hugging Face model (config.json) in {path}")
+    return path
+
+
+def is_adapter_dir(path: Path) -> bool:
+    return (path / "adapter_config.json").exists() and not (path / "config.json").exists()
+
+
+def is_vision_model(config: Any) -> bool:
+    return getattr(config, "vision_config", None) is not None
+
+
+def lora_settings(lora: dict[str, Any] | None) -> dict[str, Any]:
+    """synth's training.lora / [lora] (r, alpha, dropout, target_modules) -> peft LoraConfig kwargs."""
+    lora = dict(lora or {})
+    targets = lora.get("target_modules") or "all-linear"
+    if isinstance(targets, list) and targets == ["all-linear"]:
+        targets = "all-linear"
+    return {
+        "r": int(lora.get("r") or lora.get("rank") or 16),
+        "lora_alpha": int(lora.get("alpha") or lora.get("lora_alpha") or 32),
+        "lora_dropout": float(lora.get("dropout") if lora.get("dropout") is not None else 0.05),
+        "target_modules": targets,
+    }
+
+
+def load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    if not tokenizer.chat_template:
+        raise ValueError(f"the tokenizer in {model_dir} has no chat template")
+    return tokenizer
+
+
+def load_model_and_tokenizer(
+    model_path: str | Path,
+    *,
+    trainer_mode: str = "full",
+    lora: dict[str, Any] | None = None,
+    storage: StorageRef | None = None,
+    dtype: torch.dtype = torch.float32,
+    gradient_checkpointing: bool = False,
+    seed: int | None = None,
+):
+    """(model, tokenizer). trainer_mode "lora"/"qlora" wraps the model in a fresh peft LoRA (qlora falls
+    back to LoRA: no bitsandbytes here); "full" trains every weight."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = resolve_model_dir(str(model_path), storage)
+    adapter_dir = None
+    if is_adapter_dir(model_dir):
+        adapter_dir = model_dir
+        ref = json.loads((model_dir / BASE_REF_FILE).read_text())
+        model_dir = resolve_model_dir(ref["model_path"], storage)
+    tokenizer = load_tokenizer(
+        adapter_dir if adapter_dir and (adapter_dir / "tokenizer_config.json").exists() else model_dir
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    model.config.use_cache = False
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if trainer_mode in ("lora", "qlora"):
+        from peft import LoraConfig, get_peft_model
+
+        if seed is not None:
+            torch.manual_seed(seed)  # LoRA A init must agree on every rank
+        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora_settings(lora)))
+        if gradient_checkpointing:
+            model.enable_input_require_grads()
+    elif trainer_mode != "full":
+        raise ValueError(f"unknown trainer_mode {trainer_mode!r} (full, lora, qlora)")
+    return model, tokenizer
+
+
+def is_peft(model: torch.nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(model, PeftModel)
+
+
+def render_chat(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+@torch.no_grad()
+def merge_to_full_state_dict(
+    model: torch.nn.Module, dtype: torch.dtype | None = torch.bfloat16
+) -> dict[str, torch.Tensor]:
+    """Full-model weights (base keys, e.g. model.layers.0.self_attn.q_proj.weight) with any LoRA merged in.
+
+    Computed out of place (W + sum of the active adapters' deltas), so the training model is never touched
+    (a merge/unmerge cycle would drift the base weights by float rounding on every weight sync). A tied
+    lm_head is dropped when the config ties it."""
+    from posttrain_trainer.distributed import unwrap
+
+    model = unwrap(model)
+    peft = is_peft(model)
+    base = model.get_base_model() if peft else model
+    state: dict[str, torch.Tensor] = {}
+    for key, tensor in base.state_dict().items():
+        if "lora_" in key or "modules_to_save" in key:
+            continue
+        key = key.replace(".base_layer.", ".")
+        state[key] = tensor.detach()
+    if peft:
+        from peft.tuners.lora import LoraLayer
+
+        for name, module in base.named_modules():
+            if not isinstance(module, LoraLayer) or getattr(module, "merged", False):
+                continue
+            weight = module.get_base_layer().weight.detach()
+            merged = weight.clone()
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    merged += module.get_delta_weight(adapter).to(weight.dtype)
+            state[f"{name}.weight"] = merged
+    out = {k: v.to(dtype or v.dtype).clone().contiguous().cpu() for k, v in state.items()}
+    if getattr(base.config, "tie_word_embeddings", False):
+        out.pop("lm_head.weight", None)
+    return out
+
+
+def save_merged(
+    model: torch.nn.Module, tokenizer, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16
+) -> Path:
+    """A plain HF folder (config, safetensors, tokenizer) with LoRA merged: what vLLM reloads in weight sync."""
+    from safetensors.torch import save_file
+
+    from posttrain_trainer.distributed import unwrap
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = unwrap(model)
+    base = model.get_base_model() if is_peft(model) else model
+    state = merge_to_full_state_dict(model, dtype)
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = base.config.to_dict()
+    config["dtype"] = str(dtype).replace("torch.", "")
+    config.pop("torch_dtype", None)
+    config["use_cache"] = True
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    if getattr(base, "generation_config", None) is not None:
+        base.generation_config.save_pretrained(out_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def save_final(
+    model: torch.nn.Module,
+    tokenizer,
+    out_dir: str | Path,
+    *,
+    base_model: str,
+    base_model_path: str,
+    merged: bool = False,
+) -> Path:
+    """The job's final model: full weights (bf16 safetensors), or a LoRA adapter plus posttrain-base.json
+    naming the base model (id and path/URI). merged=True writes full merged weights even for LoRA."""
+    from posttrain_trainer.distributed import unwrap
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = unwrap(model)
+    if is_peft(model) and not merged:
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+        (out_dir / BASE_REF_FILE).write_text(
+            json.dumps({"base_model": base_model, "model_path": base_model_path})
+        )
+        return out_dir
+    save_merged(model, tokenizer, out_dir)
+    (out_dir / BASE_REF_FILE).write_text(
+        json.dumps({"base_model": base_model, "model_path": base_model_path, "merged": True})
+    )
+    return out_dir

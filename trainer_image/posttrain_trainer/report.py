@@ -1,0 +1,147 @@
+"""Progress and the final result: to stdout always, and by report.mode to a JSONL file or to the job's status.
+
+Keys follow the custom resource (camelCase): step, total, loss, meanReturn, judgeScores, tokensPerSecond,
+evalScore, lastCheckpoint, updatedAt; result {fineTunedModel, artifacts}. Only rank 0 reports. Secrets never
+pass through here (the job file holds none, and nothing from the environment is written)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from posttrain_trainer.jobfile import JobFile
+
+PROGRESS_KEYS = {
+    "step": "step",
+    "total": "total",
+    "loss": "loss",
+    "mean_return": "meanReturn",
+    "judge_scores": "judgeScores",
+    "tokens_per_second": "tokensPerSecond",
+    "eval_score": "evalScore",
+    "last_checkpoint": "lastCheckpoint",
+    "updated_at": "updatedAt",
+}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else round(value, 6)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if hasattr(value, "item"):
+        return _clean(value.item())
+    return value
+
+
+def camel_progress(**fields: Any) -> dict[str, Any]:
+    """snake_case or camelCase progress fields -> the status.progress shape (unknown keys dropped)."""
+    out: dict[str, Any] = {}
+    allowed = set(PROGRESS_KEYS.values())
+    for key, value in fields.items():
+        name = PROGRESS_KEYS.get(key, key)
+        if name in allowed and value is not None:
+            out[name] = _clean(value)
+    out.setdefault("updatedAt", _now())
+    return out
+
+
+def camel_result(fine_tuned_model: str, artifacts: dict[str, str]) -> dict[str, Any]:
+    return {"fineTunedModel": fine_tuned_model, "artifacts": dict(artifacts)}
+
+
+class Reporter:
+    """Reporter(jobfile).progress(step=..., total=..., loss=...); .result(fine_tuned_model, artifacts);
+    .event(name, **fields) for extra JSONL lines (file mode) such as evaluations and resumes."""
+
+    def __init__(self, job: JobFile, *, enabled: bool = True, min_patch_interval_s: float = 0.0):
+        self.job = job
+        self.mode = job.report.mode
+        self.enabled = enabled
+        self.min_patch_interval_s = min_patch_interval_s
+        self._last_patch = 0.0
+        self._api = None
+        self.path = Path(job.report.path) if job.report.path else Path(job.workdir) / "report.jsonl"
+        if self.enabled and self.mode == "file":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    # -- sinks ---------------------------------------------------------------------------------------
+    def _stdout(self, kind: str, payload: dict[str, Any]) -> None:
+        print(f"[posttrain] {kind} {json.dumps(payload, default=str)}", flush=True)
+
+    def _file(self, line: dict[str, Any]) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(line, default=str) + "\n")
+
+    def _k8s_api(self):
+        if self._api is None:
+            from kubernetes import client, config
+
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            self._api = client.CustomObjectsApi()
+        return self._api
+
+    def _patch_status(self, status: dict[str, Any]) -> None:
+        ref = self.job.job
+        try:
+            self._k8s_api().patch_namespaced_custom_object_status(
+                ref.group,
+                ref.version,
+                ref.namespace,
+                self.job.plural,
+                ref.name,
+                {"status": status},
+                _content_type="application/merge-patch+json",
+            )
+        except Exception as err:  # progress must never kill training
+            print(
+                f"[posttrain] status patch failed: {type(err).__name__}: {getattr(err, 'reason', '')}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    # -- API -----------------------------------------------------------------------------------------
+    def progress(self, **fields: Any) -> dict[str, Any]:
+        progress = camel_progress(**fields)
+        if not self.enabled:
+            return progress
+        self._stdout("progress", progress)
+        if self.mode == "file":
+            self._file({"progress": progress})
+        elif self.mode == "kubernetes":
+            now = time.monotonic()
+            final = fields.get("step") is not None and fields.get("step") == fields.get("total")
+            if final or now - self._last_patch >= self.min_patch_interval_s:
+                self._last_patch = now
+                self._patch_status({"progress": progress})
+        return progress
+
+    def event(self, name: str, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        payload = {"event": name, **{k: _clean(v) for k, v in fields.items()}, "at": _now()}
+        self._stdout("event", payload)
+        if self.mode == "file":
+            self._file(payload)
+
+    def result(self, fine_tuned_model: str, artifacts: dict[str, str]) -> None:
+        if not self.enabled:
+            return
+        snake = {"fine_tuned_model": fine_tuned_model, "artifacts": dict(artifacts)}
+        self._stdout("result", snake)
+        if self.mode == "file":
+            self._file({"result": snake})
+        elif self.mode == "kubernetes":
+            self._patch_status({"result": camel_result(fine_tuned_model, artifacts)})
