@@ -11,6 +11,8 @@ from posttrain.errors import UserError
 
 # Order is the order shown in --help.
 SUBCOMMANDS: list[str] = [
+    "train",
+    "status",
     "verify_task_app",
 ]
 

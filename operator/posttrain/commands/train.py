@@ -1,0 +1,307 @@
+"""`posttrain train --type rl|sft --config FILE`: what `synth-ai train` does, against Kubernetes or this machine.
+
+Cluster (default): convert the TOML into an RLJob/SFTJob (posttrain.api, the same conversion as `posttrain
+convert`), server-side apply it to the current kube context, then poll its status and print phase and
+progress until Succeeded or Failed. For SFT, --dataset (or [job].data) is validated and uploaded first: to
+S3 when S3_ENDPOINT / S3_ACCESS_KEY_ID / S3_SECRET_ACCESS_KEY are set, else into a ConfigMap (small files).
+Exit 0 only on Succeeded (1 Failed, 2 bad input, 4 poll timeout; --no-poll: 0 once applied).
+
+--local: the same job on this machine with no cluster (posttrain.local.runner): embedded S3, the task app,
+the vLLM rollout server, the trainer under torchrun with --nproc-per-node N CPU processes."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from posttrain.commands.status import (
+    EXIT_FAILED,
+    EXIT_TIMEOUT,
+    GROUP,
+    PLURALS,
+    VERSION,
+    get_job,
+    load_kube,
+    poll,
+)
+from posttrain.errors import Problem, UserError
+
+FIELD_MANAGER = "posttrain-cli"
+CONFIGMAP_LIMIT = 900 * 1024
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="run an RL or SFT job from a synth TOML (on the cluster, or --local on this machine)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--type", dest="job_type", choices=["rl", "sft"], help="job kind (default: from the TOML)"
+    )
+    parser.add_argument("--config", required=True, type=Path, help="synth TOML job config")
+    parser.add_argument("--dataset", help="SFT training JSONL (overrides [job].data)")
+    parser.add_argument("--name", help="job name (default: from [model].label or the file name)")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the kube context's)")
+    parser.add_argument("--context", help="kube context (default: current)")
+    parser.add_argument("--task-url", help="task app URL (overrides [services].task_url and TASK_APP_URL)")
+    parser.add_argument("--no-poll", dest="poll", action="store_false", help="apply and return")
+    parser.add_argument("--poll-timeout", type=float, default=3600.0, help="seconds (default 3600)")
+    parser.add_argument("--poll-interval", type=float, default=5.0, help="seconds (default 5)")
+    local = parser.add_argument_group("--local (no cluster)")
+    local.add_argument("--local", action="store_true", help="run on this machine instead of a cluster")
+    local.add_argument("--nproc-per-node", "--nproc", dest="nproc", type=int, default=1,
+                       help="trainer CPU processes under torchrun (default 1)")  # fmt: skip
+    local.add_argument("--runs-dir", type=Path, help="run folders and the embedded S3 data (default .runs/)")
+    local.add_argument("--model-path", help="local Hugging Face folder with the base model's weights")
+    local.add_argument("--task-app", type=Path, help="task app script to start (default: the math task app)")
+    parser.set_defaults(func=run)
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(Problem(f"config file not found: {path}", fix="pass --config PATH to a synth TOML"))
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise UserError(Problem(f"not valid TOML: {err}", file=str(path))) from err
+
+
+def infer_type(raw: dict[str, Any]) -> str | None:
+    """synth's config_finder rules, shortened."""
+    algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), dict) else {}
+    if raw.get("job_type") in ("rl", "sft"):
+        return raw["job_type"]
+    if algorithm.get("type") == "online" or algorithm.get("variety") in ("gspo", "grpo", "ppo"):
+        return "rl"
+    if algorithm.get("type") == "offline" or algorithm.get("method") in ("sft", "supervised_finetune"):
+        return "sft"
+    if isinstance(raw.get("services"), dict) or isinstance(raw.get("rollout"), dict):
+        return "rl"
+    if isinstance(raw.get("job"), dict) or isinstance(raw.get("hyperparameters"), dict):
+        return "sft"
+    return None
+
+
+def job_type(args: argparse.Namespace, raw: dict[str, Any]) -> str:
+    inferred = infer_type(raw)
+    if args.job_type and inferred and args.job_type != inferred:
+        raise UserError(
+            Problem(f"--type {args.job_type} but the config is a {inferred} config", file=str(args.config))
+        )
+    kind = args.job_type or inferred
+    if kind is None:
+        raise UserError(Problem("cannot tell whether this is an RL or SFT config", file=str(args.config),
+                                fix="pass --type rl or --type sft"))  # fmt: skip
+    return kind
+
+
+def _api():
+    """issue 2's conversion module (posttrain.api.convert)."""
+    from posttrain.api import convert
+
+    return convert
+
+
+def normalised_config(path: Path, kind: str) -> dict[str, Any]:
+    """The synth config the trainer reads (validated by posttrain.api when it is importable)."""
+    raw = read_toml(path)
+    try:
+        convert = _api()
+    except ImportError:
+        return raw
+    for name in ("load_config", "normalise_config", "normalize_config", "parse_config"):
+        fn = getattr(convert, name, None)
+        if fn is not None:
+            result = fn(path, kind) if name == "load_config" else fn(raw, kind)
+            return (
+                result.model_dump(by_alias=False, exclude_none=True)
+                if hasattr(result, "model_dump")
+                else result
+            )
+    return raw
+
+
+def to_custom_resource(path: Path, kind: str, *, name: str | None, namespace: str) -> dict[str, Any]:
+    try:
+        convert = _api()
+    except ImportError as err:
+        raise UserError(
+            Problem("this posttrain has no TOML -> custom resource converter (posttrain.api.convert)")
+        ) from err
+    for fn_name in ("toml_file_to_cr", "convert_file", "toml_to_cr", "convert"):
+        fn = getattr(convert, fn_name, None)
+        if fn is None:
+            continue
+        try:
+            manifest = fn(path, kind=kind, name=name, namespace=namespace)
+        except TypeError:
+            manifest = fn(path)
+        if isinstance(manifest, list):
+            manifest = next(m for m in manifest if m.get("kind") in ("RLJob", "SFTJob"))
+        return manifest
+    raise UserError(Problem("posttrain.api.convert exposes no TOML -> custom resource function"))
+
+
+# ------------------------------------------------------------------------------------------- dataset
+
+
+def dataset_file(args: argparse.Namespace, raw: dict[str, Any]) -> Path | None:
+    job = raw.get("job") if isinstance(raw.get("job"), dict) else {}
+    value = args.dataset or job.get("data") or job.get("data_path")
+    if not value:
+        return None
+    for candidate in (Path(value), args.config.parent / value):
+        if candidate.is_file():
+            return candidate
+    raise UserError(Problem(f"dataset not found: {value}", file=str(args.config), field="job.data",
+                            fix="pass --dataset PATH (relative paths resolve against the current folder)"))  # fmt: skip
+
+
+def upload_dataset(path: Path, api: Any, namespace: str, job_name: str) -> dict[str, Any]:
+    """S3 when S3_* env is set (s3://<bucket>/datasets/<sha>.jsonl), else a ConfigMap. Returns spec.dataset."""
+    from posttrain.local.runner import _validate_jsonl
+
+    _validate_jsonl(path)
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    endpoint = os.environ.get("S3_ENDPOINT")
+    if endpoint and os.environ.get("S3_ACCESS_KEY_ID") and os.environ.get("S3_SECRET_ACCESS_KEY"):
+        from posttrain_trainer import storage
+
+        bucket = os.environ.get("S3_BUCKET", "posttrain")
+        client = storage.client_from_env({"endpoint": endpoint, "bucket": bucket})
+        storage.ensure_bucket(client, bucket)
+        key = f"datasets/{digest}-{path.name}"
+        client.fput_object(bucket, key, str(path))
+        print(f"dataset: {path} -> s3://{bucket}/{key}")
+        return {"uri": f"s3://{bucket}/{key}"}
+    if len(data) > CONFIGMAP_LIMIT:
+        raise UserError(Problem(f"dataset {path} is {len(data)} bytes: too big for a ConfigMap",
+                                fix="set S3_ENDPOINT, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY to upload it to S3"))  # fmt: skip
+    from kubernetes import client
+
+    name = f"{job_name}-dataset-{digest[:8]}"[:63]
+    body = {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": {"posttrain.dev/job": job_name, "posttrain.dev/role": "dataset"}},
+            "data": {"train.jsonl": data.decode()}}  # fmt: skip
+    client.CoreV1Api(api).patch_namespaced_config_map(
+        name,
+        namespace,
+        body,
+        field_manager=FIELD_MANAGER,
+        force=True,
+        _content_type="application/apply-patch+yaml",
+    )
+    print(f"dataset: {path} -> ConfigMap {namespace}/{name}")
+    return {"configMapRef": {"name": name, "key": "train.jsonl"}}
+
+
+# ------------------------------------------------------------------------------------------------ run
+
+
+def run(args: argparse.Namespace) -> int:
+    raw = read_toml(args.config)
+    kind = job_type(args, raw)
+    if args.local:
+        return run_local(args, kind)
+    return run_cluster(args, kind, raw)
+
+
+def run_local(args: argparse.Namespace, kind: str) -> int:
+    from posttrain.local.runner import RUNS_DIR, LocalOptions
+    from posttrain.local.runner import run_local as run
+
+    if args.nproc < 1:
+        raise UserError(Problem("--nproc-per-node must be >= 1"))
+    options = LocalOptions(
+        kind=kind,
+        config_path=args.config,
+        config=normalised_config(args.config, kind),
+        dataset=args.dataset,
+        nproc=args.nproc,
+        name=args.name,
+        runs_dir=(args.runs_dir or RUNS_DIR).resolve(),
+        task_url=args.task_url,
+        task_app=args.task_app,
+        model_path=args.model_path,
+        timeout=args.poll_timeout if args.poll_timeout != 3600.0 else None,
+    )
+    result = run(options)
+    return 0 if result.phase == "Succeeded" else EXIT_FAILED
+
+
+def run_cluster(args: argparse.Namespace, kind: str, raw: dict[str, Any]) -> int:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    api, namespace = load_kube(args.context)
+    namespace = args.namespace or namespace
+    manifest = to_custom_resource(args.config, kind, name=args.name, namespace=namespace)
+    manifest.setdefault("metadata", {})["namespace"] = namespace
+    if args.name:
+        manifest["metadata"]["name"] = args.name
+    name = manifest["metadata"].get("name")
+    if not name:
+        raise UserError(Problem("the converted job has no name", fix="pass --name NAME"))
+    spec = manifest.setdefault("spec", {})
+    if args.task_url or os.environ.get("TASK_APP_URL"):
+        spec.setdefault("taskApp", {})["url"] = args.task_url or os.environ["TASK_APP_URL"]
+        spec["taskApp"].pop("name", None)
+    if kind == "sft":
+        path = dataset_file(args, raw)
+        if path is not None:
+            spec["dataset"] = upload_dataset(path, api, namespace, name)
+
+    objects = client.CustomObjectsApi(api)
+    try:
+        objects.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURALS[kind], name, manifest,
+            field_manager=FIELD_MANAGER, _content_type="application/apply-patch+yaml",
+        )  # fmt: skip
+    except ApiException as err:
+        raise UserError(Problem(f"the API server rejected {manifest.get('kind')} {namespace}/{name}: "
+                                f"{_api_message(err)}", file=str(args.config))) from err  # fmt: skip
+    print(
+        f"applied {manifest.get('kind')} {namespace}/{name} (kubectl get {PLURALS[kind]} -n {namespace} {name})"
+    )
+    if not args.poll:
+        return 0
+    phase, job = poll(
+        lambda: get_job(api, kind, namespace, name),
+        timeout=args.poll_timeout,
+        interval=args.poll_interval,
+        out=lambda line: print(line, flush=True),
+    )
+    status = (job or {}).get("status") or {}
+    if phase is None:
+        print(f"still {status.get('phase') or 'Pending'} after {args.poll_timeout:.0f} s; "
+              f"follow with: posttrain status {name} --type {kind} -n {namespace}")  # fmt: skip
+        return EXIT_TIMEOUT
+    if phase == "Succeeded":
+        fine_tuned = status.get("fineTunedModel") or (status.get("result") or {}).get("fineTunedModel")
+        print(f"fine_tuned_model: {fine_tuned}")
+        model_uri = (status.get("artifacts") or {}).get("model")
+        if model_uri:
+            print(f"s3 uri: {model_uri}")
+        return 0
+    print(f"failed: {status.get('reason') or ''} {status.get('message') or ''}".rstrip(), file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _api_message(err: Any) -> str:
+    try:
+        body = json.loads(err.body)
+        return body.get("message") or str(err.reason)
+    except (TypeError, ValueError):
+        return f"HTTP {err.status} {err.reason}"

@@ -1,0 +1,455 @@
+"""`posttrain train --local`: the cluster topology as processes on this machine.
+
+embedded S3 (SeaweedFS, .runs/s3, shared by every local job so that a later job can start from an earlier
+job's fine_tuned_model) -> task app process -> rollout server (policy; reference when configured) -> the
+trainer under `torchrun --nproc-per-node N -m posttrain_trainer rl|sft --config job.json` (report.mode=file).
+Prints the phases Verifying / Provisioning / Running / Succeeded (or Failed) with progress lines, and ends with
+the fine_tuned_model id and its S3 URI. Every process started here is stopped on exit, failure or Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posttrain.errors import Problem, UserError
+from posttrain.local.models import REPO_ROOT, ResolvedModel, resolve_model
+from posttrain.local.processes import (
+    ManagedProcess,
+    ProcessFailed,
+    ProcessSet,
+    free_port,
+    sigterm_as_keyboard_interrupt,
+    tail,
+    wait_http,
+)
+from posttrain.local.taskapp import start_taskapp
+
+RUNS_DIR = REPO_ROOT / ".runs"
+LOCAL_NAMESPACE = "local"
+
+
+@dataclass
+class LocalOptions:
+    kind: str  # rl | sft
+    config_path: Path
+    config: dict[str, Any]  # the normalised synth config (snake_case, extras kept)
+    dataset: str | None = None
+    nproc: int = 1
+    name: str | None = None
+    runs_dir: Path = RUNS_DIR
+    task_url: str | None = None  # an already running task app (else the bundled one is started)
+    task_app: Path | None = None  # a task app script to start instead of the math one
+    model_path: str | None = None
+    timeout: float | None = None  # seconds for the whole run
+    vllm_kv_cache_gib: int = 1
+    rollout_ready_timeout: float = 600.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+    out: Any = None  # where lines go (default sys.stdout)
+
+
+@dataclass
+class LocalResult:
+    phase: str
+    fine_tuned_model: str | None
+    s3_uri: str | None
+    artifacts: dict[str, str]
+    run_dir: Path
+    progress: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    seconds: float
+    message: str = ""
+
+
+def slug(value: str, limit: int = 40) -> str:
+    text = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")
+    return (text[:limit].strip("-")) or "job"
+
+
+def model_fields(kind: str, config: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """(base, source, label) from [model] / [policy] (RL) or [job] / [model] (SFT)."""
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
+    policy = config.get("policy") if isinstance(config.get("policy"), dict) else {}
+    job = config.get("job") if isinstance(config.get("job"), dict) else {}
+    base = model.get("base") or policy.get("model_name") or policy.get("model")
+    source = model.get("source") or policy.get("source")
+    if kind == "sft":
+        base = base or job.get("model")
+    label = model.get("label") or policy.get("label")
+    return base, source, label
+
+
+def needs_reference(config: dict[str, Any]) -> bool:
+    """A reference model is served when placement is dedicated/shared or GPUs are given to it."""
+    compute = config.get("compute") if isinstance(config.get("compute"), dict) else {}
+    topology = compute.get("topology") if isinstance(compute.get("topology"), dict) else {}
+    top = config.get("topology") if isinstance(config.get("topology"), dict) else {}
+    reference = config.get("reference") if isinstance(config.get("reference"), dict) else {}
+    placements = {str(reference.get("placement", "")), str(topology.get("reference_placement", ""))}
+    refs = [topology.get("gpus_for_ref"), top.get("gpus_for_ref")]
+    return bool(placements & {"dedicated", "shared"}) or any(isinstance(r, int) and r > 0 for r in refs)
+
+
+def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
+    value = config.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def _validate_jsonl(path: Path) -> int:
+    problems, count = [], 0
+    with path.open() as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            count += 1
+            try:
+                row = json.loads(line)
+            except ValueError as err:
+                problems.append(Problem(f"not JSON: {err.msg}", file=str(path), line=number))
+                continue
+            messages = row.get("messages") if isinstance(row, dict) else None
+            if not isinstance(messages, list) or len(messages) < 2:
+                problems.append(
+                    Problem("needs a messages list with at least 2 entries", file=str(path), line=number)
+                )
+            if len(problems) >= 20:
+                break
+    if count == 0:
+        problems.append(Problem("file contains no SFT examples", file=str(path)))
+    if problems:
+        raise UserError(problems)
+    return count
+
+
+def _find_dataset(value: str, config_path: Path) -> Path:
+    for candidate in (Path(value), config_path.parent / value):
+        if candidate.is_file():
+            return candidate.resolve()
+    raise UserError(
+        Problem(
+            f"dataset not found: {value}", file=str(config_path), fix="pass --dataset PATH to a JSONL file"
+        )
+    )
+
+
+class Printer:
+    def __init__(self, out: Any = None):
+        self.out = out or sys.stdout
+        self.started = time.monotonic()
+
+    def line(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def phase(self, name: str, detail: str = "") -> None:
+        self.line(f"phase: {name:<13}{detail}")
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+def format_progress(progress: dict[str, Any]) -> str:
+    parts = []
+    if progress.get("step") is not None:
+        total = progress.get("total")
+        parts.append(f"step {progress['step']}/{total}" if total else f"step {progress['step']}")
+    for key, label in (
+        ("meanReturn", "mean_return"),
+        ("loss", "loss"),
+        ("evalScore", "eval_score"),
+        ("tokensPerSecond", "tok/s"),
+    ):
+        value = progress.get(key)
+        if isinstance(value, int | float):
+            parts.append(f"{label} {value:.4g}")
+    if progress.get("judgeScores"):
+        parts.append(f"judges {progress['judgeScores']}")
+    if progress.get("lastCheckpoint"):
+        parts.append(f"checkpoint {progress['lastCheckpoint']}")
+    return "  ".join(parts)
+
+
+def _rollout_argv(role: str, model: str, port: int, served_name: str, max_len: int) -> list[str]:
+    return [
+        sys.executable, "-m", "posttrain_rollout", "serve", "--role", role, "--model", model,
+        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name,
+        "--max-model-len", str(max_len),
+    ]  # fmt: skip
+
+
+def _vllm_env(base_env: dict[str, str], runs_dir: Path, run_dir: Path, kv_gib: int) -> dict[str, str]:
+    env = dict(base_env)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_gib))
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")
+    env.setdefault("VLLM_CACHE_ROOT", str(runs_dir / "cache" / "vllm"))  # shared: warm compiles
+    tmp = run_dir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env["TMPDIR"] = str(tmp)
+    return env
+
+
+def _read_report(path: Path, offset: int) -> tuple[int, list[dict[str, Any]]]:
+    if not path.exists():
+        return offset, []
+    with path.open() as handle:
+        handle.seek(offset)
+        data = handle.read()
+    complete, _, _ = data.rpartition("\n")
+    if not complete:
+        return offset, []
+    lines = []
+    for raw in complete.split("\n"):
+        try:
+            lines.append(json.loads(raw))
+        except ValueError:
+            continue
+    return offset + len(complete) + 1, lines
+
+
+def run_local(opts: LocalOptions) -> LocalResult:
+    """Run one job on this machine; raises UserError for a bad config, returns the final phase otherwise."""
+    from posttrain_trainer.jobfile import JobFile, dump_jobfile
+
+    from posttrain import s3server
+
+    printer = Printer(opts.out)
+    config = dict(opts.config)
+    base, source, label = model_fields(opts.kind, config)
+    uid = str(uuid.uuid4())
+    uid8 = uid.replace("-", "")[:8]
+    name = slug(opts.name or label or opts.config_path.stem)
+    run_dir = (opts.runs_dir / f"{name}-{uid8}").resolve()
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    prefix = f"jobs/{LOCAL_NAMESPACE}/{name}-{uid8}/"
+    try:
+        from posttrain.api.model_ids import job_artifact_prefix
+
+        prefix = job_artifact_prefix(LOCAL_NAMESPACE, name, uid)
+    except ImportError:
+        pass
+
+    dataset_path: Path | None = None
+    if opts.kind == "sft":
+        job_section = _section(config, "job")
+        value = opts.dataset or job_section.get("data") or job_section.get("data_path")
+        if not value:
+            raise UserError(
+                Problem("an SFT job needs a dataset", field="job.data", fix="pass --dataset FILE.jsonl")
+            )
+        dataset_path = _find_dataset(str(value), opts.config_path)
+        _validate_jsonl(dataset_path)
+
+    printer.line(
+        f"posttrain train --local: {opts.kind} job {LOCAL_NAMESPACE}/{name} (uid {uid}), run folder {run_dir}"
+    )
+    progress: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    result: dict[str, Any] | None = None
+    phase = "Pending"
+    message = ""
+    env_key = os.environ.get("ENVIRONMENT_API_KEY") or "sk_env_local_" + secrets.token_hex(12)
+
+    with sigterm_as_keyboard_interrupt(), ProcessSet() as procs:
+        s3 = None
+        try:
+            s3 = s3server.start(opts.runs_dir / "s3")
+            storage = s3.storage(prefix)
+            printer.line(f"storage: embedded S3 {s3.url} bucket {s3.bucket} (data {opts.runs_dir / 's3'})")
+            child_env = {
+                **os.environ,
+                **s3.env(),
+                "ENVIRONMENT_API_KEY": env_key,
+                "PYTHONUNBUFFERED": "1",
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                **opts.extra_env,
+            }
+            resolved: ResolvedModel = resolve_model(
+                base, source, bucket=s3.bucket, model_path=opts.model_path, config_file=str(opts.config_path)
+            )
+
+            # -- Verifying ------------------------------------------------------------------------------
+            phase = "Verifying"
+            task_url = None
+            if opts.kind == "rl":
+                task_url = opts.task_url or os.environ.get("TASK_APP_URL")
+                if not task_url:
+                    task_url, _ = start_taskapp(procs, api_key=env_key, log_dir=logs, app_path=opts.task_app)
+                printer.phase(phase, f"task app {task_url}")
+                from posttrain.taskapp_client import TaskAppClient, verify
+
+                with TaskAppClient(task_url, env_key) as client:
+                    checks = verify(client)
+                for check in checks:
+                    printer.line(f"  {check.verdict}  {check.name:<10} {check.detail}")
+                if not all(c.ok for c in checks):
+                    raise ProcessFailed("task app verification failed")
+            else:
+                printer.phase(phase, f"dataset {dataset_path}")
+            if resolved.source_id:
+                _check_source_exists(s3, resolved)
+                printer.line(f"  PASS  source     {resolved.source_id} -> {resolved.model_path}")
+
+            # -- Provisioning ---------------------------------------------------------------------------
+            phase = "Provisioning"
+            printer.phase(phase, f"model {resolved.base_model} from {resolved.model_path}")
+            endpoints: dict[str, Any] = {"policy": [], "reference": None, "judges": {}}
+            dataset_ref: dict[str, Any] = {}
+            if opts.kind == "rl":
+                vllm_section = _section(config, "vllm")
+                max_len = int(vllm_section.get("max_model_len") or 1024)
+                vllm_env = _vllm_env(child_env, opts.runs_dir, run_dir, opts.vllm_kv_cache_gib)
+                servers: list[tuple[str, ManagedProcess, str]] = []
+                roles = ["policy"] + (["reference"] if needs_reference(config) else [])
+                for role in roles:
+                    port = free_port()
+                    argv = _rollout_argv(role, resolved.model_path, port, resolved.base_model, max_len)
+                    proc = procs.start(f"rollout-{role}", argv, logs / f"rollout-{role}.log", env=vllm_env)
+                    servers.append((role, proc, f"http://127.0.0.1:{port}"))
+                    printer.line(
+                        f"  starting {role} rollout server on 127.0.0.1:{port} (log {proc.log_path})"
+                    )
+                for role, proc, url in servers:
+                    wait_http(f"{url}/health", timeout=opts.rollout_ready_timeout, proc=proc, interval=1.0)
+                    printer.line(f"  ready    {role} rollout server {url} ({printer.elapsed():.0f} s)")
+                    if role == "policy":
+                        endpoints["policy"].append(url)
+                    else:
+                        endpoints["reference"] = url
+            else:
+                client = s3.client()
+                key = f"{prefix}data/train.jsonl"
+                client.fput_object(s3.bucket, key, str(dataset_path))
+                dataset_ref["train"] = f"s3://{s3.bucket}/{key}"
+                validation = _section(config, "data").get("validation_path")
+                if validation:
+                    vpath = _find_dataset(str(validation), opts.config_path)
+                    _validate_jsonl(vpath)
+                    vkey = f"{prefix}data/validation.jsonl"
+                    client.fput_object(s3.bucket, vkey, str(vpath))
+                    dataset_ref["validation"] = f"s3://{s3.bucket}/{vkey}"
+                printer.line(f"  uploaded dataset -> {dataset_ref['train']}")
+
+            report_path = run_dir / "report.jsonl"
+            job = JobFile(
+                kind=opts.kind,
+                job={"name": name, "namespace": LOCAL_NAMESPACE, "uid": uid},
+                config=config,
+                base_model=resolved.base_model,
+                model_path=resolved.model_path,
+                task_app={"url": task_url, "api_key_env": "ENVIRONMENT_API_KEY"} if task_url else None,
+                endpoints=endpoints,
+                dataset=dataset_ref,
+                storage=storage,
+                checkpoint_every=int(_section(config, "training").get("checkpoint_every") or 0),
+                report={"mode": "file", "path": str(report_path)},
+                workdir=str(run_dir / "work"),
+                weight_sync={"via": "path", "shared_dir": str(run_dir / "weights")},
+            )
+            job_path = dump_jobfile(job, run_dir / "job.json")
+
+            # -- Running --------------------------------------------------------------------------------
+            phase = "Running"
+            trainer_argv = [
+                sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(opts.nproc), "-m", "posttrain_trainer", opts.kind,
+                "--config", str(job_path),
+            ]  # fmt: skip
+            trainer_env = dict(child_env)
+            trainer_env.setdefault(
+                "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, opts.nproc)))
+            )
+            trainer = procs.start("trainer", trainer_argv, logs / "trainer.log", env=trainer_env, cwd=run_dir)
+            printer.phase(
+                phase,
+                f"torchrun --nproc-per-node {opts.nproc} -m posttrain_trainer {opts.kind} "
+                f"--config {job_path} (log {trainer.log_path})",
+            )
+            offset = 0
+            deadline = time.monotonic() + opts.timeout if opts.timeout else None
+            while True:
+                code = trainer.poll()
+                offset, lines = _read_report(report_path, offset)
+                for line in lines:
+                    if "progress" in line:
+                        progress.append(line["progress"])
+                        printer.line(f"  {format_progress(line['progress'])}")
+                    elif "result" in line:
+                        result = line["result"]
+                    elif "event" in line:
+                        events.append(line)
+                        if line["event"] in ("evaluation", "eval"):
+                            printer.line(f"  event {json.dumps(line)}")
+                if code is not None:
+                    break
+                for proc in procs.processes:
+                    if proc is not trainer:
+                        proc.check_alive()
+                if deadline and time.monotonic() > deadline:
+                    raise ProcessFailed(
+                        f"timed out after {opts.timeout:.0f} s (trainer log {trainer.log_path})"
+                    )
+                time.sleep(1.0)
+            if code != 0:
+                raise ProcessFailed(
+                    f"trainer exited with code {code}; log {trainer.log_path}:\n{tail(trainer.log_path)}"
+                )
+            if not result or not result.get("fine_tuned_model"):
+                raise ProcessFailed(f"trainer finished without a result line in {report_path}")
+            phase = "Succeeded"
+        except KeyboardInterrupt:
+            message = "interrupted"
+            printer.phase("Failed", "interrupted (Ctrl-C): stopping every process")
+            phase = "Failed"
+        except ProcessFailed as err:
+            message = str(err)
+            printer.phase("Failed", f"during {phase}: {err}")
+            phase = "Failed"
+        except (
+            RuntimeError,
+            OSError,
+            TimeoutError,
+        ) as err:  # infrastructure (S3, ports, files), not the user
+            message = f"{type(err).__name__}: {err}"
+            printer.phase("Failed", f"during {phase}: {message}")
+            phase = "Failed"
+        finally:
+            procs.stop_all()
+            if s3 is not None:
+                s3.stop()
+
+    seconds = printer.elapsed()
+    artifacts = dict((result or {}).get("artifacts") or {})
+    fine_tuned = (result or {}).get("fine_tuned_model")
+    s3_uri = artifacts.get("model") or (f"s3://{storage['bucket']}/{prefix}final/" if fine_tuned else None)
+    if phase == "Succeeded":
+        printer.phase(phase, f"in {seconds:.0f} s")
+        printer.line(f"fine_tuned_model: {fine_tuned}")
+        printer.line(f"s3 uri: {s3_uri}")
+        (run_dir / "result.json").write_text(
+            json.dumps({"fine_tuned_model": fine_tuned, "s3_uri": s3_uri, "artifacts": artifacts,
+                        "seconds": round(seconds, 1)}, indent=2)
+        )  # fmt: skip
+    return LocalResult(phase, fine_tuned, s3_uri, artifacts, run_dir, progress, events, seconds, message)
+
+
+def _check_source_exists(s3: Any, resolved: ResolvedModel) -> None:
+    from posttrain_trainer.storage import parse_s3_uri
+
+    bucket, key = parse_s3_uri(resolved.model_path)
+    found = any(True for _ in s3.client().list_objects(bucket, prefix=key, recursive=True))
+    if not found:
+        raise UserError(
+            Problem(
+                f"no earlier local job produced {resolved.source_id} (nothing at {resolved.model_path})",
+                field="model.source",
+                fix="run the job that prints this fine_tuned_model first, with the same .runs/ folder",
+            )
+        )
