@@ -1,0 +1,119 @@
+"""The local runner's pure parts and its process handling (real child processes, stopped by process group)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+from posttrain.errors import UserError
+from posttrain.local import models, runner
+from posttrain.local.processes import ProcessFailed, ProcessSet
+
+
+def test_fine_tuned_id_resolves_to_the_earlier_jobs_final_folder():
+    model_id = "rl:HuggingFaceTB/SmolLM2-135M-Instruct:local.demo-rl.1a2b3c4d"
+    assert models.parse_fine_tuned_id(model_id) == (
+        "rl", "HuggingFaceTB/SmolLM2-135M-Instruct", "local", "demo-rl", "1a2b3c4d"
+    )  # fmt: skip
+    resolved = models.resolve_model(None, model_id, bucket="posttrain")
+    assert resolved.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert resolved.model_path == "s3://posttrain/jobs/local/demo-rl-1a2b3c4d/final/"
+    assert resolved.source_id == model_id
+    with pytest.raises(UserError):
+        models.resolve_model(None, "ft:YOUR_FT_MODEL_ID", bucket="b")
+
+
+def test_unknown_base_without_weights_is_a_user_error(tmp_path):
+    with pytest.raises(UserError) as err:
+        models.resolve_model("Qwen/Qwen3-4B", None, bucket="b")
+    assert "--model-path" in str(err.value)
+    assert models.resolve_model(
+        "Qwen/Qwen3-4B", None, bucket="b", model_path=str(tmp_path)
+    ).model_path == str(tmp_path)
+
+
+def test_model_fields_and_reference_detection():
+    rl = {"model": {"base": "b", "label": "My Run"}, "reference": {"placement": "dedicated"}}
+    assert runner.model_fields("rl", rl) == ("b", None, "My Run")
+    assert runner.needs_reference(rl)
+    assert not runner.needs_reference(
+        {"compute": {"topology": {"reference_placement": "none", "gpus_for_ref": 0}}}
+    )
+    assert runner.needs_reference({"topology": {"gpus_for_ref": 1}})
+    assert runner.model_fields("sft", {"job": {"model": "m"}}) == ("m", None, None)
+    assert runner.model_fields("rl", {"policy": {"source": "ft:b:ns.n.12345678", "label": "x"}})[
+        1
+    ].startswith("ft:")
+    assert runner.slug("My Run_01!") == "my-run-01"
+
+
+def test_progress_lines_and_report_reading(tmp_path):
+    line = runner.format_progress({"step": 3, "total": 10, "meanReturn": 0.4567, "loss": 0.1})
+    assert line == "step 3/10  mean_return 0.4567  loss 0.1"
+    report = tmp_path / "report.jsonl"
+    report.write_text(json.dumps({"progress": {"step": 1}}) + "\n" + '{"result": {"fine_tuned')
+    offset, lines = runner._read_report(report, 0)
+    assert lines == [{"progress": {"step": 1}}]
+    with report.open("a") as handle:
+        handle.write('_model": "ft:x"}}\n')
+    offset, lines = runner._read_report(report, offset)
+    assert lines == [{"result": {"fine_tuned_model": "ft:x"}}]
+
+
+def test_jsonl_validation(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
+    )
+    assert runner._validate_jsonl(good) == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user"}]}\nnot json\n')
+    with pytest.raises(UserError) as err:
+        runner._validate_jsonl(bad)
+    assert len(err.value.problems) == 2 and err.value.problems[1].line == 2
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie counts as gone
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_process_set_stops_children_and_grandchildren(tmp_path):
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    with ProcessSet() as procs:
+        proc = procs.start("sleeper", [sys.executable, "-c", script], tmp_path / "sleeper.log")
+        deadline = time.time() + 20
+        while time.time() < deadline and not (tmp_path / "sleeper.log").read_text().strip():
+            time.sleep(0.1)
+        grandchild = int((tmp_path / "sleeper.log").read_text().split()[0])
+        assert _alive(proc.pid) and _alive(grandchild)
+    assert not _alive(proc.pid)
+    time.sleep(0.2)
+    assert not _alive(grandchild)
+
+
+def test_exited_child_is_reported_with_its_log(tmp_path):
+    with ProcessSet() as procs:
+        proc = procs.start(
+            "broken", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], tmp_path / "b.log"
+        )
+        proc.wait(20)
+        with pytest.raises(ProcessFailed) as err:
+            procs.check_alive()
+    assert "code 3" in str(err.value) and "boom" in str(err.value)
