@@ -1,0 +1,235 @@
+"""The kustomize manifests render (kubectl's built-in kustomize), carry the generated CRDs, and grant exactly
+the RBAC that manifests/README.md documents, no more."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "manifests"
+OVERLAYS = ["overlays/dev", "overlays/prod"]
+KUSTOMIZATIONS = [*OVERLAYS, "argocd"]
+
+needs_kubectl = pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl (with kustomize) not installed"
+)
+
+
+@cache
+def render(rel: str) -> tuple[dict, ...]:
+    proc = subprocess.run(["kubectl", "kustomize", str(MANIFESTS / rel)], capture_output=True, text=True)
+    assert proc.returncode == 0, f"kubectl kustomize manifests/{rel} failed:\n{proc.stderr}"
+    return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+
+
+def find(docs, kind: str, name: str) -> dict:
+    hits = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(hits) == 1, f"{kind}/{name}: {len(hits)} found"
+    return hits[0]
+
+
+def documented_rules(table: str) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs from the README table between <!-- rbac:NAME --> markers."""
+    text = (MANIFESTS / "README.md").read_text()
+    m = re.search(rf"<!-- rbac:{table} -->(.*?)<!-- /rbac:{table} -->", text, re.S)
+    assert m, f"manifests/README.md has no <!-- rbac:{table} --> table"
+    rules: dict[tuple[str, str], set[str]] = {}
+    for line in m.group(1).splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) < 4 or cells[0] in {"API group", ""} or set(cells[0]) <= {"-", ":"}:
+            continue
+        group = "" if cells[0] == "core" else cells[0]
+        for resource in cells[1].replace("`", "").split(","):
+            verbs = {v.strip() for v in cells[2].replace("`", "").split(",")}
+            assert cells[3], f"{table}: no reason given for {resource}"
+            rules.setdefault((group, resource.strip()), set()).update(verbs)
+    return rules
+
+
+def granted_rules(role: dict) -> dict[tuple[str, str], set[str]]:
+    rules: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "resourceNames" not in rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                rules.setdefault((group, resource), set()).update(rule["verbs"])
+    return rules
+
+
+@needs_kubectl
+@pytest.mark.parametrize("rel", KUSTOMIZATIONS)
+def test_every_kustomization_renders(rel):
+    docs = render(rel)
+    assert docs
+    for doc in docs:
+        assert doc.get("apiVersion") and doc.get("kind") and doc["metadata"].get("name"), doc
+
+
+def test_base_crds_are_the_generated_crds():
+    proc = subprocess.run(
+        [sys.executable, str(MANIFESTS / "sync_crds.py"), "--check"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+@needs_kubectl
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_overlays_carry_every_crd(rel):
+    names = {d["metadata"]["name"] for d in render(rel) if d["kind"] == "CustomResourceDefinition"}
+    assert {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"} <= names
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if crd and crd.get("kind") == "CustomResourceDefinition":
+                assert crd["metadata"]["name"] in names, f"{rel} lacks {crd['metadata']['name']}"
+
+
+@needs_kubectl
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_operator_rbac_is_exactly_what_the_readme_documents(rel):
+    docs = render(rel)
+    operator = granted_rules(find(docs, "ClusterRole", "posttrain-operator"))
+    assert operator == documented_rules("posttrain-operator")
+    trainer = granted_rules(find(docs, "ClusterRole", "posttrain-trainer"))
+    assert trainer == documented_rules("posttrain-trainer")
+
+
+@needs_kubectl
+def test_rbac_is_least_privilege():
+    docs = render("overlays/prod")
+    operator = granted_rules(find(docs, "ClusterRole", "posttrain-operator"))
+    for (group, resource), verbs in operator.items():
+        assert "*" not in verbs and "*" not in resource and group != "*", (group, resource)
+        assert not verbs & {"update", "deletecollection", "escalate", "bind", "impersonate"}, (
+            resource,
+            verbs,
+        )
+    assert operator[("", "secrets")] == {"get"}  # by name only: no list/watch
+    assert ("", "pods") in operator and operator[("", "pods")] <= {"get", "list", "watch"}
+    trainer = granted_rules(find(docs, "ClusterRole", "posttrain-trainer"))
+    assert trainer == {
+        ("posttrain.dev", "rljobs/status"): {"patch"},
+        ("posttrain.dev", "sftjobs/status"): {"patch"},
+    }
+    # The trainer's ClusterRole is bound namespace-wide only (RoleBinding), never cluster-wide.
+    for doc in docs:
+        if doc["kind"] == "ClusterRoleBinding":
+            assert doc["roleRef"]["name"] != "posttrain-trainer"
+    binding = find(docs, "ClusterRoleBinding", "posttrain-operator")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "posttrain-operator", "namespace": "posttrain-system"}
+    ]
+
+
+@needs_kubectl
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_operator_deployment(rel):
+    docs = render(rel)
+    dep = find(docs, "Deployment", "posttrain-operator")
+    spec = dep["spec"]
+    # Exactly one replica acts: one replica, never two during a rollout, kopf peering on.
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "posttrain-operator"
+    (c,) = pod["containers"]
+    args = c.get("args", [])
+    peering = [a.split("=", 1)[1] for a in args if a.startswith("--peering=")]
+    assert peering, "the operator runs without kopf peering"
+    find(docs, "ClusterKopfPeering", peering[0])
+    liveness = [a.split("=", 1)[1] for a in args if a.startswith("--liveness=")]
+    assert liveness, "the operator runs without kopf's liveness endpoint"
+    m = re.fullmatch(r"http://0\.0\.0\.0:(\d+)(/\S*)", liveness[0])
+    assert m
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["healthz"] == int(m.group(1)) and "metrics" in ports
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert c[probe]["httpGet"] == {"path": m.group(2), "port": "healthz"}, probe
+    assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
+    assert c["resources"]["limits"]["memory"]
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert not any("KEY" in k and "SECRET_NAME" not in k for k in env), "a secret value in the operator env"
+    svc = find(docs, "Service", "posttrain-operator-metrics")
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+@needs_kubectl
+def test_images_are_pinned_in_prod():
+    for doc in render("overlays/prod"):
+        pod = doc.get("spec", {}).get("template", {}).get("spec", {})
+        for c in pod.get("containers", []) + pod.get("initContainers", []):
+            assert ":" in c["image"].rsplit("/", 1)[-1] and not c["image"].endswith((":latest", ":dev")), c[
+                "image"
+            ]
+            for e in c.get("env", []):
+                if e["name"].endswith("_IMAGE"):
+                    assert not e["value"].endswith((":latest", ":dev")), e
+
+
+@needs_kubectl
+def test_no_secret_values_outside_the_dev_overlay():
+    assert not [d for d in render("overlays/prod") if d["kind"] == "Secret"], "prod must not carry a Secret"
+    dev_secrets = {d["metadata"]["name"] for d in render("overlays/dev") if d["kind"] == "Secret"}
+    assert dev_secrets == {"minio-credentials", "posttrain-s3"}
+    base = yaml.safe_load_all((MANIFESTS / "base" / "minio-credentials.template.yaml").read_text())
+    for doc in base:
+        assert all(v.startswith("<") for v in doc["stringData"].values()), "the template holds a real value"
+    text = (MANIFESTS / "base" / "kustomization.yaml").read_text()
+    assert "minio-credentials.template.yaml" not in text
+
+
+@needs_kubectl
+def test_minio():
+    docs = render("overlays/prod")
+    sts = find(docs, "StatefulSet", "minio")
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    assert c["envFrom"] == [{"secretRef": {"name": "minio-credentials"}}]
+    assert not c["image"].endswith(":latest")
+    svc = find(docs, "Service", "minio")
+    dep = find(docs, "Deployment", "posttrain-operator")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    port = svc["spec"]["ports"][0]["port"]
+    assert env["POSTTRAIN_S3_ENDPOINT"] == f"http://minio.posttrain-system.svc:{port}"
+
+
+@needs_kubectl
+def test_argocd_applications():
+    docs = render("argocd")
+    platform = find(docs, "Application", "posttrain-platform")
+    assert (MANIFESTS.parent / platform["spec"]["source"]["path"]).is_dir()
+    assert "ServerSideApply=true" in platform["spec"]["syncPolicy"]["syncOptions"]
+    jobs = find(docs, "Application", "posttrain-jobs")
+    folder = MANIFESTS.parent / jobs["spec"]["source"]["path"]
+    waves = {}
+    for path in sorted(folder.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                waves[doc["kind"]] = int(doc["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"])
+    assert waves["TaskApp"] < waves["RLJob"], waves
+    assert "RespectIgnoreDifferences=true" in jobs["spec"]["syncPolicy"]["syncOptions"]
+    ignored = {(d["kind"], p) for d in jobs["spec"]["ignoreDifferences"] for p in d.get("jsonPointers", [])}
+    assert ("RLJob", "/spec/suspend") in ignored
+
+
+def test_readme_documents_every_operator_annotation_and_finalizer():
+    settings = ROOT / "operator" / "posttrain" / "controller" / "settings.py"
+    if not settings.exists():
+        pytest.skip("the controller has not landed")
+    text = (MANIFESTS / "README.md").read_text()
+    source = settings.read_text()
+    finalizer = re.search(r'^FINALIZER\s*=\s*"([^"]+)"', source, re.M)
+    if finalizer:
+        assert f"`{finalizer.group(1)}`" in text
+    prefix = re.search(r'^ANNOTATION_PREFIX\s*=\s*"([^"]+)"', source, re.M)
+    if prefix:
+        assert f"`{prefix.group(1)}/" in text
