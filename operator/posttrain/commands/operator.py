@@ -1,0 +1,53 @@
+"""`posttrain operator`: run the controller for RLJob, SFTJob and TaskApp (the same code as the operator
+Deployment). Watches every namespace unless --namespace is given. Settings come from POSTTRAIN_* env vars
+(see posttrain/controller/settings.py), e.g. POSTTRAIN_TRAINER_IMAGE, POSTTRAIN_S3_ENDPOINT."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "operator",
+        help="run the operator (kopf) for RLJob, SFTJob and TaskApp",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--namespace", "-n", help="watch only this namespace (default: all)")
+    parser.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)"
+    )
+    parser.add_argument(
+        "--peering", help="kopf peering object name (needs the kopf peering CRDs); default: standalone"
+    )
+    parser.add_argument("--priority", type=int, default=0, help="peering priority")
+    parser.add_argument(
+        "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz (default: off)"
+    )
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's login reads it too
+    from posttrain.controller.main import run as run_operator
+    from posttrain.controller.settings import load_settings
+
+    run_operator(
+        settings=load_settings(),
+        kubeconfig=args.kubeconfig,
+        namespace=args.namespace,
+        peering=args.peering,
+        priority=args.priority,
+        liveness=args.liveness,
+    )
+    return 0

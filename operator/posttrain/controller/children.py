@@ -1,0 +1,73 @@
+"""kopf glue: in-memory indexes of every child the operator made (Deployments, Jobs, Services, ConfigMaps
+labelled posttrain.dev/job), keyed by (namespace, parent kind, parent name). kopf fills the indexes before
+any other handler runs after a (re)start, so a restarted operator sees the children it made before and
+never creates them twice. Each event also wakes the parent's reconcile loop."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+
+from posttrain.controller.runtime import Key, runtime_of
+from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, MANAGER
+from posttrain.controller.status import DeploymentObs, TrainerObs
+
+SELECTOR = {LABEL_JOB: kopf.PRESENT, LABEL_MANAGED_BY: MANAGER}
+
+
+def parent_key(meta: Any) -> Key | None:
+    labels = meta.get("labels") or {}
+    job = labels.get(LABEL_JOB)
+    kind = labels.get(LABEL_KIND)
+    if not job or not kind:
+        return None
+    return (meta.get("namespace") or "", kind, job)
+
+
+def _wake(memo: Any, key: Key) -> None:
+    try:
+        runtime = runtime_of(memo)
+    except AttributeError:
+        return
+    asyncio.get_running_loop().call_soon(runtime.wake, key)
+
+
+@kopf.index("apps", "v1", "deployments", labels=SELECTOR)
+async def posttrain_deployments(body: Any, meta: Any, memo: Any, **_: Any) -> dict[Key, DeploymentObs] | None:
+    key = parent_key(meta)
+    if key is None:
+        return None
+    _wake(memo, key)
+    return {key: DeploymentObs.from_object(body)}
+
+
+@kopf.index("batch", "v1", "jobs", labels=SELECTOR)
+async def posttrain_jobs(body: Any, meta: Any, memo: Any, **_: Any) -> dict[Key, TrainerObs] | None:
+    key = parent_key(meta)
+    if key is None:
+        return None
+    _wake(memo, key)
+    return {key: TrainerObs.from_object(body)}
+
+
+@kopf.index("", "v1", "services", labels=SELECTOR)
+async def posttrain_services(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
+    key = parent_key(meta)
+    if key is None:
+        return None
+    _wake(memo, key)
+    return {key: meta["name"]}
+
+
+@kopf.index("", "v1", "configmaps", labels=SELECTOR)
+async def posttrain_configmaps(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
+    key = parent_key(meta)
+    if key is None:
+        return None
+    _wake(memo, key)
+    return {key: meta["name"]}
+
+
+INDEX_NAMES = ("posttrain_deployments", "posttrain_jobs", "posttrain_services", "posttrain_configmaps")

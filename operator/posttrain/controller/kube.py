@@ -1,0 +1,206 @@
+"""A small async Kubernetes API client for the controller's writes (server-side apply, merge patches of
+status, deletes, a few reads), on httpx, with the kubeconfig or in-cluster credentials that kopf uses too.
+
+Why not the `kubernetes` package: it is synchronous (a thread per call under kopf's event loop) and spends
+its time (de)serialising typed models; the controller only needs dicts. Every request is counted
+(`Kube.requests`) so the benchmark can report API requests per job. Transient failures (connection errors,
+409 Conflict on a write, 429, 5xx) are retried with backoff; 404 on read/delete is "absent"."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import json
+import logging
+import os
+import ssl
+import time
+from typing import Any
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+FIELD_MANAGER = "posttrain-operator"
+PLURALS = {
+    "ConfigMap": "configmaps",
+    "Service": "services",
+    "Secret": "secrets",
+    "Pod": "pods",
+    "Event": "events",
+    "Deployment": "deployments",
+    "Job": "jobs",
+    "RLJob": "rljobs",
+    "SFTJob": "sftjobs",
+    "TaskApp": "taskapps",
+}
+RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
+IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+IN_CLUSTER_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+
+
+class KubeError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+def collection_path(api_version: str, kind: str, namespace: str | None) -> str:
+    root = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    ns = f"/namespaces/{namespace}" if namespace else ""
+    return f"{root}{ns}/{PLURALS[kind]}"
+
+
+def object_path(api_version: str, kind: str, namespace: str | None, name: str) -> str:
+    return f"{collection_path(api_version, kind, namespace)}/{name}"
+
+
+def path_of(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return object_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+
+
+class Kube:
+    """Counted, retried API calls. Build with `Kube.from_env()` (KUBECONFIG / ~/.kube/config / in-cluster)."""
+
+    def __init__(
+        self,
+        host: str,
+        *,
+        verify: Any = True,
+        cert: tuple[str, str] | None = None,
+        token: str | None = None,
+        token_file: str | None = None,
+        max_connections: int = 50,
+    ):
+        self.host = host.rstrip("/")
+        self._token = token
+        self._token_file = token_file
+        self._token_read = 0.0
+        self.requests: collections.Counter[str] = collections.Counter()
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._client = httpx.AsyncClient(
+            base_url=self.host, verify=verify, cert=cert, timeout=30.0, limits=limits
+        )
+
+    @staticmethod
+    def from_env(kubeconfig: str | None = None) -> Kube:
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        if (
+            kubeconfig is None
+            and os.environ.get("KUBERNETES_SERVICE_HOST")
+            and not os.environ.get("KUBECONFIG")
+        ):
+            host = f"https://{os.environ['KUBERNETES_SERVICE_HOST']}:{os.environ.get('KUBERNETES_SERVICE_PORT', '443')}"
+            return Kube(
+                host, verify=ssl.create_default_context(cafile=IN_CLUSTER_CA), token_file=IN_CLUSTER_TOKEN
+            )
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        verify: Any = True
+        if not cfg.verify_ssl:
+            verify = False
+        elif cfg.ssl_ca_cert:
+            verify = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+        cert = (cfg.cert_file, cfg.key_file) if cfg.cert_file and cfg.key_file else None
+        if cert and isinstance(verify, ssl.SSLContext):
+            verify.load_cert_chain(*cert)
+            cert = None
+        token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+        if token and token.lower().startswith("bearer "):
+            token = token[7:]
+        return Kube(cfg.host, verify=verify, cert=cert, token=token)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    def _headers(self) -> dict[str, str]:
+        if self._token_file and time.monotonic() - self._token_read > 60:
+            with open(self._token_file) as fh:
+                self._token = fh.read().strip()
+            self._token_read = time.monotonic()
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str = "application/json",
+        params: dict[str, str] | None = None,
+        absent_ok: bool = False,
+        retries: int = 6,
+    ) -> dict[str, Any] | None:
+        delay = 0.2
+        for attempt in range(retries + 1):
+            self.requests[method] += 1
+            headers = self._headers()
+            if body is not None:
+                headers["Content-Type"] = content_type
+            try:
+                response = await self._client.request(
+                    method,
+                    path,
+                    content=json.dumps(body) if body is not None else None,
+                    headers=headers,
+                    params=params,
+                )
+            except httpx.TransportError as exc:
+                if attempt == retries:
+                    raise KubeError(0, f"{method} {path}: {exc}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if response.status_code == 404 and absent_ok:
+                return None
+            if response.status_code < 400:
+                return response.json() if response.content else {}
+            if response.status_code in RETRY_STATUSES and attempt < retries:
+                retry_after = response.headers.get("Retry-After")
+                await asyncio.sleep(float(retry_after) if retry_after and retry_after.isdigit() else delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            raise KubeError(response.status_code, f"{method} {path}: {response.text[:300]}")
+        raise AssertionError("unreachable")
+
+    # --- verbs -------------------------------------------------------------------------------------
+    async def get(self, path: str) -> dict[str, Any] | None:
+        return await self.request("GET", path, absent_ok=True)
+
+    async def apply(self, obj: dict[str, Any], *, subresource: str = "") -> dict[str, Any] | None:
+        """Server-side apply (create or update the fields we own; never a duplicate)."""
+        path = path_of(obj) + (f"/{subresource}" if subresource else "")
+        return await self.request(
+            "PATCH",
+            path,
+            body=obj,
+            content_type="application/apply-patch+yaml",
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+        )
+
+    async def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        return await self.request(
+            "PATCH", path, body=body, content_type="application/merge-patch+json", absent_ok=True
+        )
+
+    async def delete(self, path: str, propagation: str = "Background") -> None:
+        await self.request(
+            "DELETE",
+            path,
+            body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
+            absent_ok=True,
+        )
+
+    async def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
+        """The decoded value of one key of a Secret; None when the Secret or the key is absent."""
+        secret = await self.get(object_path("v1", "Secret", namespace, name))
+        if not secret:
+            return None
+        raw = (secret.get("data") or {}).get(key)
+        if raw is None:
+            string = (secret.get("stringData") or {}).get(key)
+            return str(string) if string is not None else None
+        return base64.b64decode(raw).decode()

@@ -1,0 +1,52 @@
+"""The per-object reconcile loop that the kopf daemons of each kind run: reconcile, then sleep until a
+watch event wakes us (the object or one of its children changed) or the resync interval passes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from posttrain.controller.reconcile import KIND_LABELS, LoopState
+from posttrain.controller.runtime import Key, Runtime, runtime_of
+
+Reconcile = Callable[[Runtime, Any, dict[str, Any], LoopState], Awaitable[float | None]]
+
+
+async def run_loop(
+    reconcile: Reconcile,
+    *,
+    body: Any,
+    memo: Any,
+    stopped: Any,
+    logger: logging.Logger | logging.LoggerAdapter,
+    indexes: dict[str, Any],
+) -> None:
+    rt = runtime_of(memo)
+    meta = body["metadata"]
+    key: Key = (meta["namespace"], KIND_LABELS[body["kind"]], meta["name"])
+    wake = rt.waker(key)
+    state = LoopState()
+    failures = 0
+    try:
+        while not stopped:
+            wake.clear()
+            try:
+                wait = await reconcile(rt, body, indexes, state)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - never let one bad pass kill the loop
+                failures += 1
+                wait = min(60.0, 0.5 * 2**failures)
+                logger.warning(f"reconcile failed ({type(exc).__name__}: {exc}); retrying in {wait:.1f}s")
+            if wait is None:
+                logger.info("finished; the loop stops (a restart re-checks the cleanup once)")
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=wait)
+            await asyncio.sleep(rt.settings.debounce_seconds)
+    finally:
+        rt.drop(key)

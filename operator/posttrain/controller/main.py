@@ -1,0 +1,86 @@
+"""The operator process: kopf settings (state in posttrain.dev annotations, our finalizer, Events on),
+the shared Runtime, and the entry point used by `posttrain operator` and the operator Deployment."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import kopf
+
+from posttrain.controller import (  # noqa: F401 - importing registers the handlers
+    children,
+    handlers_rljob,
+    handlers_sftjob,
+    handlers_taskapp,
+)
+from posttrain.controller.kube import Kube
+from posttrain.controller.runtime import Runtime
+from posttrain.controller.settings import ANNOTATION_PREFIX, FINALIZER, OperatorSettings, load_settings
+
+logger = logging.getLogger("posttrain.operator")
+_CONFIG: dict[str, Any] = {}  # set by run() before kopf starts: settings, kubeconfig
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    # kopf's own bookkeeping goes into annotations with our prefix (never spec, never status fields).
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO  # our kopf.event() calls: one Event per phase transition
+    settings.posting.loggers = False  # handler log lines are not Events (API load)
+    settings.watching.server_timeout = 270
+    settings.networking.error_backoffs = [0.5, 1, 2, 3, 5, 8]
+    settings.batching.idle_timeout = 60.0
+    op_settings: OperatorSettings = _CONFIG.get("settings") or load_settings()
+    memo.runtime = Runtime(settings=op_settings, kube=Kube.from_env(_CONFIG.get("kubeconfig")))
+    logger.info(
+        "posttrain operator: namespace=%s trainer=%s rollout=%s",
+        op_settings.namespace or "<all>",
+        op_settings.trainer_image,
+        op_settings.rollout_image,
+    )
+
+
+@kopf.on.cleanup()
+async def shutdown(memo: Any, **_: Any) -> None:
+    runtime = getattr(memo, "runtime", None)
+    if runtime is not None:
+        await runtime.kube.close()
+
+
+async def operate(
+    *,
+    settings: OperatorSettings | None = None,
+    kubeconfig: str | None = None,
+    namespace: str | None = None,
+    peering: str | None = None,
+    priority: int = 0,
+    liveness: str | None = None,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+) -> None:
+    """Run the operator in the current event loop until stop_flag is set (or forever)."""
+    settings = settings or load_settings()
+    _CONFIG.update(settings=settings, kubeconfig=kubeconfig)
+    ns = namespace or settings.namespace
+    await kopf.operator(
+        clusterwide=not ns,
+        namespaces=[ns] if ns else (),
+        standalone=peering is None,
+        peering_name=peering or "default",
+        priority=priority,
+        liveness_endpoint=liveness,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+def run(**kwargs: Any) -> None:
+    """Blocking entry point (`posttrain operator`)."""
+    asyncio.run(operate(**kwargs))

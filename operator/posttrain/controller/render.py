@@ -1,0 +1,854 @@
+"""Pure functions: a job's custom resource (a dict, as the API server returns it) -> the manifests of its
+children. No I/O, no clock, no secrets: Secrets are only ever referenced by name (secretKeyRef).
+
+Children of an RLJob (all in the job's namespace, owned by the job, labelled posttrain.dev/job and
+posttrain.dev/role):
+  ConfigMap  <job>-config     job.json (the trainer job file, no secrets) + config.toml (original TOML)
+  Deployment <job>-rollout    vLLM policy servers: replicas = gpus_for_vllm / tensor_parallel
+  Service    <job>-rollout    headless: its name resolves to every ready rollout replica
+  Deployment <job>-reference  only when the reference is dedicated (gpus_for_ref GPUs)
+  Service    <job>-reference
+  Deployment <job>-judge      only when the judge model is self-hosted (provider "self-hosted"/"vllm")
+  Service    <job>-judge
+  Job        <job>-trainer    Indexed: completions = parallelism = nodes, torchrun env per pod
+  Service    <job>-trainer    headless, for torchrun's rendezvous (pod 0's stable DNS name)
+An SFTJob has only the ConfigMap, the trainer Job and its headless Service."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.controller import specs
+from posttrain.controller.settings import (
+    API_VERSION,
+    COMPLETION_INDEX_ANNOTATION,
+    KUEUE_QUEUE_LABEL,
+    LABEL_JOB,
+    LABEL_KIND,
+    LABEL_MANAGED_BY,
+    LABEL_ROLE,
+    MANAGER,
+    OperatorSettings,
+)
+
+CONFIG_MOUNT = "/etc/posttrain"
+JOBFILE_PATH = f"{CONFIG_MOUNT}/job.json"
+DATA_MOUNT = "/data"
+WORKDIR = "/workspace"
+SELF_HOSTED_PROVIDERS = {"self-hosted", "selfhosted", "self", "vllm", "posttrain", "local"}
+ROLE_TRAINER = "trainer"
+ROLE_ROLLOUT = "rollout"
+ROLE_REFERENCE = "reference"
+ROLE_JUDGE = "judge"
+ROLE_CONFIG = "config"
+ROLE_TASK_APP = "task-app"
+SERVER_CLI_ROLE = {"rollout": "policy", "reference": "reference", "judge": "judge"}
+
+
+# ----------------------------------------------------------------------------------------------------- names
+def child_name(job_name: str, suffix: str, max_len: int = 63) -> str:
+    """`<job>-<suffix>`, a valid DNS-1035 label of at most max_len characters (long names get a hash)."""
+    base = job_name if re.match(r"^[a-z]", job_name) else f"j-{job_name}"
+    name = f"{base}-{suffix}"
+    if len(name) <= max_len:
+        return name
+    digest = hashlib.sha256(job_name.encode()).hexdigest()[:6]
+    keep = max_len - len(suffix) - len(digest) - 2
+    return f"{base[:keep].rstrip('-')}-{digest}-{suffix}"
+
+
+def trainer_name(job_name: str) -> str:
+    # Indexed Job pods are named/hostnamed <job>-<index>: keep room for the index.
+    return child_name(job_name, ROLE_TRAINER, max_len=57)
+
+
+def rollout_name(job_name: str) -> str:
+    return child_name(job_name, ROLE_ROLLOUT)
+
+
+def reference_name(job_name: str) -> str:
+    return child_name(job_name, ROLE_REFERENCE)
+
+
+def judge_name(job_name: str) -> str:
+    return child_name(job_name, ROLE_JUDGE)
+
+
+def config_name(job_name: str) -> str:
+    return child_name(job_name, ROLE_CONFIG)
+
+
+def service_url(name: str, namespace: str, port: int) -> str:
+    return f"http://{name}.{namespace}.svc:{port}"
+
+
+# ------------------------------------------------------------------------------------------------- topology
+@dataclass(frozen=True)
+class Topology:
+    """GPU roles of a job, derived from spec.compute (+ spec.vllm / spec.reference)."""
+
+    gpu_count: int
+    nodes: int
+    gpus_for_vllm: int
+    gpus_for_training: int
+    gpus_for_ref: int
+    tensor_parallel: int
+    reference_dedicated: bool
+
+    @property
+    def rollout_replicas(self) -> int:
+        if self.gpus_for_vllm <= 0:
+            return 0
+        return max(1, self.gpus_for_vllm // self.tensor_parallel)
+
+    @property
+    def trainer_gpus_per_pod(self) -> int:
+        return self.gpus_for_training // self.nodes if self.gpus_for_training > 0 else 0
+
+    @property
+    def nproc_per_node(self) -> int:
+        return max(1, self.trainer_gpus_per_pod)
+
+
+def topology(spec: dict[str, Any], kind: str = "rl") -> Topology:
+    compute = specs.section(spec, "compute")
+    topo = specs.section(compute, "topology")
+    gpu_count = int(specs.get(compute, "gpuCount", 0) or 0)
+    nodes = max(1, int(specs.get(compute, "nodes", 1) or 1))
+    vllm = specs.section(spec, "vllm")
+    reference = specs.section(spec, "reference")
+    tp = int(specs.get(topo, "tensorParallel", 0) or specs.get(vllm, "tensorParallelSize", 0) or 1)
+    ref = specs.get(topo, "gpusForRef")
+    placement = specs.get(reference, "placement") or specs.get(topo, "referencePlacement")
+    # synth's CLI injects reference_placement="none" even when [reference].placement="dedicated": an
+    # explicit [reference].placement wins, then gpus_for_ref > 0, then topology.reference_placement.
+    if kind != "rl":
+        dedicated = False
+    elif specs.get(reference, "placement"):
+        dedicated = specs.get(reference, "placement") == "dedicated"
+    elif ref:
+        dedicated = int(ref) > 0
+    else:
+        dedicated = placement == "dedicated"
+    gpus_ref = int(ref or 0) if dedicated else 0
+    if dedicated and gpus_ref <= 0:
+        gpus_ref = 1
+    vllm_gpus = specs.get(topo, "gpusForVllm")
+    train_gpus = specs.get(topo, "gpusForTraining")
+    if kind != "rl":
+        vllm_gpus = 0
+        train_gpus = train_gpus if train_gpus is not None else gpu_count
+    elif vllm_gpus is None and train_gpus is None:
+        rest = max(0, gpu_count - gpus_ref)
+        vllm_gpus = max(1, rest // 2) if rest else 1
+        train_gpus = max(0, rest - vllm_gpus)
+    elif vllm_gpus is None:
+        vllm_gpus = max(1, gpu_count - int(train_gpus) - gpus_ref)
+    elif train_gpus is None:
+        train_gpus = max(0, gpu_count - int(vllm_gpus) - gpus_ref)
+    return Topology(
+        gpu_count=gpu_count,
+        nodes=nodes,
+        gpus_for_vllm=int(vllm_gpus or 0),
+        gpus_for_training=int(train_gpus or 0),
+        gpus_for_ref=gpus_ref,
+        tensor_parallel=max(1, tp),
+        reference_dedicated=dedicated,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- task app
+@dataclass(frozen=True)
+class TaskAppTarget:
+    """Where the task app is and which Secret holds its key (resolved from spec.taskApp, or a TaskApp)."""
+
+    url: str
+    secret_name: str | None
+    secret_key: str = "ENVIRONMENT_API_KEY"
+    name: str | None = None  # the TaskApp's name when referenced by name
+
+    @property
+    def display(self) -> str:
+        return f"TaskApp {self.name} ({self.url})" if self.name else f"task app {self.url}"
+
+
+def task_app_target(
+    spec: dict[str, Any], task_app: dict[str, Any] | None = None, namespace: str = "default"
+) -> TaskAppTarget | None:
+    """The task app a job talks to. `task_app` is the TaskApp resource when spec.taskApp.name is used."""
+    ref = specs.section(spec, "taskApp")
+    secret = specs.section(ref, "apiKeySecretRef")
+    name = ref.get("name")
+    url = ref.get("url")
+    if name and task_app is not None:
+        ta_spec = task_app.get("spec") or {}
+        url = (task_app.get("status") or {}).get("url") or ta_spec.get("url") or url
+        if not url and ta_spec.get("image"):
+            url = service_url(child_name(name, ROLE_TASK_APP), namespace, int(ta_spec.get("port") or 8000))
+        if not secret:
+            secret = ta_spec.get("apiKeySecretRef") or {}
+    if not url:
+        return None
+    return TaskAppTarget(
+        url=str(url).rstrip("/"),
+        secret_name=secret.get("name"),
+        secret_key=secret.get("key") or "ENVIRONMENT_API_KEY",
+        name=name,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- manifests
+@dataclass
+class Rendered:
+    """All children of one job, in creation order, plus the facts the controller needs about them."""
+
+    children: list[dict[str, Any]] = field(default_factory=list)
+    topology: Topology | None = None
+    jobfile: dict[str, Any] = field(default_factory=dict)
+
+    def by_role(self, role: str, kind: str | None = None) -> list[dict[str, Any]]:
+        return [
+            c
+            for c in self.children
+            if c["metadata"]["labels"].get(LABEL_ROLE) == role and (kind is None or c["kind"] == kind)
+        ]
+
+    def deployments(self) -> list[dict[str, Any]]:
+        return [c for c in self.children if c["kind"] == "Deployment"]
+
+
+def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
+    meta = job["metadata"]
+    return {
+        "apiVersion": job.get("apiVersion", API_VERSION),
+        "kind": job["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def labels(job: dict[str, Any], role: str) -> dict[str, str]:
+    return {
+        LABEL_JOB: job["metadata"]["name"],
+        LABEL_ROLE: role,
+        LABEL_KIND: job["kind"].lower(),
+        LABEL_MANAGED_BY: MANAGER,
+    }
+
+
+def _meta(job: dict[str, Any], name: str, role: str, extra_labels: dict[str, str] | None = None) -> dict:
+    return {
+        "name": name,
+        "namespace": job["metadata"]["namespace"],
+        "labels": {**labels(job, role), **(extra_labels or {})},
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def _queue_labels(spec: dict[str, Any]) -> dict[str, str]:
+    queue = specs.get(specs.section(spec, "scheduling"), "queueName")
+    return {KUEUE_QUEUE_LABEL: str(queue)} if queue else {}
+
+
+def _resources(spec: dict[str, Any], role: str, gpus: int, settings: OperatorSettings) -> dict[str, Any]:
+    """spec.scheduling.resources: a ResourceRequirements for every role, or one per role name."""
+    given = specs.get(specs.section(spec, "scheduling"), "resources") or {}
+    if isinstance(given, dict) and role in given and isinstance(given[role], dict):
+        given = given[role]
+    elif isinstance(given, dict) and not set(given) <= {"requests", "limits", "claims"}:
+        given = {}
+    requests = dict(given.get("requests") or {})
+    limits = dict(given.get("limits") or {})
+    if gpus > 0:
+        requests[settings.gpu_resource] = str(gpus)
+        limits[settings.gpu_resource] = str(gpus)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _pod_scheduling(spec: dict[str, Any]) -> dict[str, Any]:
+    sched = specs.section(spec, "scheduling")
+    out: dict[str, Any] = {}
+    if specs.get(sched, "nodeSelector"):
+        out["nodeSelector"] = dict(specs.get(sched, "nodeSelector"))
+    if specs.get(sched, "tolerations"):
+        out["tolerations"] = list(specs.get(sched, "tolerations"))
+    if specs.get(sched, "priorityClassName"):
+        out["priorityClassName"] = specs.get(sched, "priorityClassName")
+    return out
+
+
+def _image(spec: dict[str, Any], role: str, settings: OperatorSettings) -> str:
+    override = specs.get(specs.section(spec, "images"), role)
+    if override:
+        return str(override)
+    if role == ROLE_TRAINER:
+        return settings.trainer_image
+    if role == ROLE_REFERENCE:
+        return settings.reference_image or settings.rollout_image
+    if role == ROLE_JUDGE:
+        return settings.judge_image or settings.rollout_image
+    return settings.rollout_image
+
+
+def _s3_env(spec: dict[str, Any], settings: OperatorSettings) -> list[dict[str, Any]]:
+    storage = specs.section(spec, "storage")
+    secret = (specs.get(storage, "secretRef") or {}).get("name") or settings.s3_secret_name
+    env = [{"name": "S3_ENDPOINT", "value": settings.s3_endpoint}]
+    for key in ("S3_ACCESS_KEY_ID", "S3_SECRET_ACCESS_KEY"):
+        env.append(
+            {"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
+        )
+    return env
+
+
+def _plain_env(settings: OperatorSettings) -> list[dict[str, Any]]:
+    return [{"name": k, "value": v} for k, v in sorted(settings.extra_env.items())]
+
+
+def model_ids(spec: dict[str, Any], settings: OperatorSettings) -> tuple[str, str]:
+    """(base model id, model path for the trainer and vLLM) from spec.model.base | spec.model.source."""
+    model = specs.section(spec, "model")
+    bucket = specs.get(specs.section(spec, "storage"), "bucket") or settings.s3_bucket
+    base = specs.get(model, "base")
+    source = specs.get(model, "source")
+    if base:
+        return str(base), settings.base_model_uri.format(base=base)
+    source = str(source or "")
+    if re.match(r"^(rl|ft):", source):
+        return specs.base_of_model_id(source), specs.resolve_model_source(source, bucket)
+    return source, source
+
+
+def _server_deployment(
+    job: dict[str, Any],
+    settings: OperatorSettings,
+    *,
+    role: str,
+    name: str,
+    replicas: int,
+    gpus_per_pod: int,
+    args: list[str],
+    suspended: bool,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    spec = job["spec"]
+    lbls = labels(job, role)
+    selector = {LABEL_JOB: lbls[LABEL_JOB], LABEL_ROLE: role}
+    port = settings.server_port
+    container = {
+        "name": role,
+        "image": _image(spec, role, settings),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["python", "-m", "posttrain_rollout", "serve", "--role", SERVER_CLI_ROLE[role], *args],
+        "args": ["--host", "0.0.0.0", "--port", str(port)],
+        "ports": [{"name": "http", "containerPort": port}],
+        "env": [*_s3_env(spec, settings), *_plain_env(settings)],
+        "resources": _resources(spec, role, gpus_per_pod, settings),
+        "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 5},
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(job, name, role, _queue_labels(spec)),
+        "spec": {
+            "replicas": 0 if suspended else replicas,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": {**lbls, **_queue_labels(spec)}},
+                "spec": {"containers": [container], **_pod_scheduling(spec)},
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, name, role),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector,
+            "ports": [{"name": "http", "port": port, "targetPort": port}],
+        },
+    }
+    return deployment, service
+
+
+def render_config_map(job: dict[str, Any], jobfile: dict[str, Any]) -> dict[str, Any]:
+    spec = job["spec"]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, config_name(job["metadata"]["name"]), ROLE_CONFIG),
+        "data": {
+            "job.json": json.dumps(jobfile, indent=2, sort_keys=True),
+            "config.toml": str(spec.get("originalToml") or ""),
+        },
+    }
+
+
+def _dataset_path(ref: Any, mount: str) -> tuple[str | None, dict[str, Any] | None]:
+    """(path or URI, ConfigMap volume source) for spec.dataset / spec.validationDataset."""
+    if isinstance(ref, str):
+        return ref, None
+    if not isinstance(ref, dict):
+        return None, None
+    if ref.get("uri"):
+        return str(ref["uri"]), None
+    cm = ref.get("configMapRef")
+    if isinstance(cm, dict) and cm.get("name"):
+        key = cm.get("key") or "train.jsonl"
+        return f"{mount}/{key}", {"name": cm["name"]}
+    return None, None
+
+
+def render_jobfile(
+    job: dict[str, Any],
+    settings: OperatorSettings,
+    *,
+    kind: str,
+    config: dict[str, Any],
+    task_app: TaskAppTarget | None = None,
+    endpoints: dict[str, Any] | None = None,
+    dataset: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The trainer's job file (trainer_image/posttrain_trainer/jobfile.py), no secrets."""
+    meta = job["metadata"]
+    spec = job["spec"]
+    base, model_path = model_ids(spec, settings)
+    storage = specs.section(spec, "storage")
+    endpoint = settings.s3_endpoint
+    return {
+        "kind": kind,
+        "job": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "group": API_VERSION.split("/")[0],
+            "version": API_VERSION.split("/")[1],
+            "plural": "rljobs" if kind == "rl" else "sftjobs",
+        },
+        "config": config,
+        "base_model": base,
+        "model_path": model_path,
+        "task_app": {"url": task_app.url, "api_key_env": "ENVIRONMENT_API_KEY"} if task_app else None,
+        "endpoints": endpoints or {"policy": [], "reference": None, "judges": {}},
+        "dataset": dataset or {"train": None, "validation": None},
+        "storage": {
+            "endpoint": endpoint,
+            "secure": endpoint.startswith("https://"),
+            "bucket": specs.get(storage, "bucket") or settings.s3_bucket,
+            "prefix": specs.job_artifact_prefix(meta["namespace"], meta["name"], meta["uid"]),
+            "region": settings.s3_region,
+        },
+        "checkpoint_every": int(
+            specs.get(specs.section(config, "training"), "checkpoint_every", 0) or settings.checkpoint_every
+        ),
+        "report": {"mode": "kubernetes", "path": None},
+        "workdir": WORKDIR,
+        "weight_sync": {"via": "s3", "shared_dir": None},
+    }
+
+
+def _wait_script(urls: list[str], timeout: int) -> str:
+    """A tiny Python program for the trainer's initContainer: wait until every server's /health is 200."""
+    return (
+        "import sys,time,urllib.request\n"
+        f"urls={urls!r}\n"
+        f"deadline=time.time()+{timeout}\n"
+        "for u in urls:\n"
+        "    while True:\n"
+        "        try:\n"
+        "            if urllib.request.urlopen(u+'/health',timeout=5).status==200: break\n"
+        "        except Exception as e: err=e\n"
+        "        if time.time()>deadline: sys.exit(f'{u} not ready')\n"
+        "        time.sleep(2)\n"
+        "    print(u,'ready',flush=True)\n"
+    )
+
+
+def render_trainer(
+    job: dict[str, Any],
+    settings: OperatorSettings,
+    *,
+    kind: str,
+    topo: Topology,
+    task_app: TaskAppTarget | None,
+    wait_for: list[str],
+    judge_env: list[dict[str, Any]],
+    dataset_volume: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The trainer Indexed Job and its headless Service (torchrun rendezvous on pod 0)."""
+    meta = job["metadata"]
+    spec = job["spec"]
+    ns = meta["namespace"]
+    name = trainer_name(meta["name"])
+    lbls = labels(job, ROLE_TRAINER)
+    port = settings.master_port
+    master = f"{name}-0.{name}.{ns}.svc"
+    env: list[dict[str, Any]] = [
+        {"name": "PET_NNODES", "value": str(topo.nodes)},
+        {"name": "PET_NPROC_PER_NODE", "value": str(topo.nproc_per_node)},
+        {
+            "name": "PET_NODE_RANK",
+            "valueFrom": {
+                "fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}
+            },
+        },
+        {"name": "MASTER_ADDR", "value": master},
+        {"name": "MASTER_PORT", "value": str(port)},
+        {"name": "PET_MASTER_ADDR", "value": master},
+        {"name": "PET_MASTER_PORT", "value": str(port)},
+        {"name": "POSTTRAIN_JOBFILE", "value": JOBFILE_PATH},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    key_env: list[dict[str, Any]] = []
+    if task_app and task_app.secret_name:
+        key_env = [
+            {
+                "name": "ENVIRONMENT_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": task_app.secret_name, "key": task_app.secret_key}},
+            }
+        ]
+    env += key_env + _s3_env(spec, settings) + judge_env + _plain_env(settings)
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_name(meta["name"])}},
+        {"name": "workspace", "emptyDir": {}},
+    ]
+    mounts = [
+        {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+        {"name": "workspace", "mountPath": WORKDIR},
+    ]
+    if dataset_volume:
+        volumes.append({"name": "data", "configMap": dataset_volume})
+        mounts.append({"name": "data", "mountPath": DATA_MOUNT, "readOnly": True})
+    image = _image(spec, ROLE_TRAINER, settings)
+    init: list[dict[str, Any]] = []
+    if task_app:
+        verify = (
+            'for i in $(seq 1 30); do posttrain verify-task-app "$TASK_APP_URL" --no-rollout && exit 0; '
+            "sleep 10; done; exit 1"
+        )
+        init.append(
+            {
+                "name": "verify-task-app",
+                "image": image,
+                "imagePullPolicy": settings.image_pull_policy,
+                "command": ["sh", "-c", verify],
+                "env": [{"name": "TASK_APP_URL", "value": task_app.url}, *key_env],
+            }
+        )
+    if wait_for:
+        init.append(
+            {
+                "name": "wait-for-servers",
+                "image": image,
+                "imagePullPolicy": settings.image_pull_policy,
+                "command": ["python", "-c", _wait_script(wait_for, settings.readiness_timeout_seconds)],
+            }
+        )
+    command = [
+        "torchrun",
+        "--nnodes=$(PET_NNODES)",
+        "--nproc-per-node=$(PET_NPROC_PER_NODE)",
+        "--node-rank=$(PET_NODE_RANK)",
+        "--master-addr=$(MASTER_ADDR)",
+        "--master-port=$(MASTER_PORT)",
+        "-m",
+        "posttrain_trainer",
+        kind,
+        "--config",
+        JOBFILE_PATH,
+    ]
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "subdomain": name,
+        "serviceAccountName": settings.trainer_service_account,
+        "initContainers": init,
+        "containers": [
+            {
+                "name": ROLE_TRAINER,
+                "image": image,
+                "imagePullPolicy": settings.image_pull_policy,
+                "command": command,
+                "env": env,
+                "ports": [{"name": "rendezvous", "containerPort": port}],
+                "resources": _resources(spec, ROLE_TRAINER, topo.trainer_gpus_per_pod, settings),
+                "volumeMounts": mounts,
+                "workingDir": WORKDIR,
+            }
+        ],
+        "volumes": volumes,
+        **_pod_scheduling(spec),
+    }
+    if not init:
+        del pod_spec["initContainers"]
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": topo.nodes,
+        "parallelism": topo.nodes,
+        "backoffLimit": settings.trainer_backoff_limit,
+        "suspend": bool(spec.get("suspend")),
+        "template": {"metadata": {"labels": {**lbls, **_queue_labels(spec)}}, "spec": pod_spec},
+    }
+    deadline = spec.get("activeDeadlineSeconds")
+    if deadline:
+        job_spec["activeDeadlineSeconds"] = int(deadline)
+    trainer = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(job, name, ROLE_TRAINER, _queue_labels(spec)),
+        "spec": job_spec,
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, name, ROLE_TRAINER),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: meta["name"], LABEL_ROLE: ROLE_TRAINER},
+            "ports": [{"name": "rendezvous", "port": port, "targetPort": port}],
+        },
+    }
+    return trainer, service
+
+
+def _judge(spec: dict[str, Any], settings: OperatorSettings) -> tuple[bool, str | None, str | None, int]:
+    """(self-hosted?, provider, model, gpus) of spec.judge; (False, None, None, 0) when there is no judge."""
+    judge = specs.section(spec, "judge")
+    options = specs.section(judge, "options")
+    if not judge or specs.get(judge, "enabled") is False:
+        return False, None, None, 0
+    provider = specs.get(options, "provider") or specs.get(judge, "provider")
+    model = specs.get(options, "model") or specs.get(judge, "model")
+    if not provider or not model:
+        return False, None, None, 0  # synth: an incomplete [judge.options] means "no judge"
+    self_hosted = str(provider).lower() in SELF_HOSTED_PROVIDERS
+    gpus = int(specs.get(options, "gpus", 0) or specs.get(judge, "gpus", 0) or 1) if self_hosted else 0
+    return self_hosted, str(provider), str(model), gpus
+
+
+def render_rljob(
+    job: dict[str, Any],
+    settings: OperatorSettings,
+    task_app: TaskAppTarget,
+    config: dict[str, Any] | None = None,
+) -> Rendered:
+    """Every child of an RLJob. `task_app` is the verified target; `config` the normalised synth config."""
+    meta = job["metadata"]
+    spec = job["spec"]
+    ns = meta["namespace"]
+    suspended = bool(spec.get("suspend"))
+    topo = topology(spec, "rl")
+    config = config if config is not None else specs.spec_to_config(spec)
+    base, model_path = model_ids(spec, settings)
+    port = settings.server_port
+    vllm = specs.section(spec, "vllm")
+    max_len = specs.get(vllm, "maxModelLen")
+    children: list[dict[str, Any]] = []
+    servers: list[str] = []
+
+    rollout_args = ["--model", model_path, "--served-model-name", base]
+    rollout_args += ["--tensor-parallel-size", str(topo.tensor_parallel)]
+    if max_len:
+        rollout_args += ["--max-model-len", str(max_len)]
+    r_name = rollout_name(meta["name"])
+    rollout_dep, rollout_svc = _server_deployment(
+        job,
+        settings,
+        role=ROLE_ROLLOUT,
+        name=r_name,
+        replicas=topo.rollout_replicas,
+        gpus_per_pod=topo.tensor_parallel if topo.gpus_for_vllm > 0 else 0,
+        args=rollout_args,
+        suspended=suspended,
+    )
+    rollout_url = service_url(r_name, ns, port)
+    servers.append(rollout_url)
+    endpoints: dict[str, Any] = {"policy": [rollout_url], "reference": None, "judges": {}}
+    server_children = [rollout_dep, rollout_svc]
+
+    if topo.reference_dedicated:
+        ref_name = reference_name(meta["name"])
+        ref_args = ["--model", model_path, "--served-model-name", base]
+        ref_args += ["--tensor-parallel-size", str(topo.gpus_for_ref)]
+        ref_dep, ref_svc = _server_deployment(
+            job,
+            settings,
+            role=ROLE_REFERENCE,
+            name=ref_name,
+            replicas=1,
+            gpus_per_pod=topo.gpus_for_ref,
+            args=ref_args,
+            suspended=suspended,
+        )
+        server_children += [ref_dep, ref_svc]
+        endpoints["reference"] = service_url(ref_name, ns, port)
+        servers.append(endpoints["reference"])
+
+    self_hosted, provider, judge_model, judge_gpus = _judge(spec, settings)
+    judge_env: list[dict[str, Any]] = []
+    if self_hosted and judge_model:
+        j_name = judge_name(meta["name"])
+        j_uri = settings.base_model_uri.format(base=judge_model)
+        j_args = ["--model", j_uri, "--served-model-name", judge_model]
+        j_args += ["--tensor-parallel-size", str(judge_gpus)]
+        j_dep, j_svc = _server_deployment(
+            job,
+            settings,
+            role=ROLE_JUDGE,
+            name=j_name,
+            replicas=1,
+            gpus_per_pod=judge_gpus,
+            args=j_args,
+            suspended=suspended,
+        )
+        server_children += [j_dep, j_svc]
+        endpoints["judges"] = {"judge": service_url(j_name, ns, port)}
+        servers.append(endpoints["judges"]["judge"])
+    elif provider:
+        judge = specs.section(spec, "judge")
+        ref = specs.get(judge, "apiKeySecretRef") or {}
+        env_name = f"{re.sub(r'[^A-Z0-9]', '_', provider.upper())}_API_KEY"
+        judge_env = [
+            {
+                "name": env_name,
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": ref.get("name") or settings.judge_secret_name,
+                        "key": ref.get("key") or env_name,
+                        "optional": True,
+                    }
+                },
+            }
+        ]
+
+    jobfile = render_jobfile(job, settings, kind="rl", config=config, task_app=task_app, endpoints=endpoints)
+    trainer, trainer_svc = render_trainer(
+        job,
+        settings,
+        kind="rl",
+        topo=topo,
+        task_app=task_app,
+        wait_for=servers,
+        judge_env=judge_env,
+    )
+    children = [render_config_map(job, jobfile), *server_children, trainer_svc, trainer]
+    return Rendered(children=children, topology=topo, jobfile=jobfile)
+
+
+def render_sftjob(
+    job: dict[str, Any], settings: OperatorSettings, config: dict[str, Any] | None = None
+) -> Rendered:
+    """Every child of an SFTJob: the ConfigMap, the trainer Job and its headless Service."""
+    spec = job["spec"]
+    topo = topology(spec, "sft")
+    config = config if config is not None else specs.spec_to_config(spec)
+    train, train_vol = _dataset_path(spec.get("dataset"), f"{DATA_MOUNT}")
+    validation, val_vol = _dataset_path(spec.get("validationDataset"), f"{DATA_MOUNT}")
+    volume = train_vol or val_vol
+    if train_vol and val_vol and val_vol["name"] != train_vol["name"]:
+        validation = None  # one ConfigMap volume only; put both files in the same ConfigMap
+    jobfile = render_jobfile(
+        job, settings, kind="sft", config=config, dataset={"train": train, "validation": validation}
+    )
+    trainer, trainer_svc = render_trainer(
+        job,
+        settings,
+        kind="sft",
+        topo=topo,
+        task_app=None,
+        wait_for=[],
+        judge_env=[],
+        dataset_volume=volume,
+    )
+    return Rendered(
+        children=[render_config_map(job, jobfile), trainer_svc, trainer], topology=topo, jobfile=jobfile
+    )
+
+
+def render_task_app(task_app: dict[str, Any], settings: OperatorSettings) -> list[dict[str, Any]]:
+    """Deployment + Service for a TaskApp with spec.image (nothing for spec.url)."""
+    spec = task_app.get("spec") or {}
+    if not spec.get("image"):
+        return []
+    meta = task_app["metadata"]
+    name = child_name(meta["name"], ROLE_TASK_APP)
+    port = int(spec.get("port") or 8000)
+    lbls = labels(task_app, ROLE_TASK_APP)
+    selector = {LABEL_JOB: meta["name"], LABEL_ROLE: ROLE_TASK_APP}
+    env = [{"name": str(k), "value": str(v)} for k, v in sorted((spec.get("env") or {}).items())]
+    if isinstance(spec.get("env"), list):
+        env = list(spec["env"])
+    secret = spec.get("apiKeySecretRef") or {}
+    if secret.get("name"):
+        env.append(
+            {
+                "name": "ENVIRONMENT_API_KEY",
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": secret["name"],
+                        "key": secret.get("key") or "ENVIRONMENT_API_KEY",
+                    }
+                },
+            }
+        )
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(task_app, name, ROLE_TASK_APP),
+        "spec": {
+            "replicas": int(spec.get("replicas") if spec.get("replicas") is not None else 1),
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": lbls},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "task-app",
+                            "image": spec["image"],
+                            "imagePullPolicy": settings.image_pull_policy,
+                            "ports": [{"name": "http", "containerPort": port}],
+                            "env": env,
+                            "readinessProbe": {"httpGet": {"path": "/", "port": port}, "periodSeconds": 5},
+                        }
+                    ]
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(task_app, name, ROLE_TASK_APP),
+        "spec": {"selector": selector, "ports": [{"name": "http", "port": port, "targetPort": port}]},
+    }
+    return [deployment, service]
+
+
+def task_app_service_url(task_app: dict[str, Any]) -> str:
+    spec = task_app.get("spec") or {}
+    meta = task_app["metadata"]
+    if spec.get("url"):
+        return str(spec["url"]).rstrip("/")
+    return service_url(
+        child_name(meta["name"], ROLE_TASK_APP), meta["namespace"], int(spec.get("port") or 8000)
+    )
+
+
+def desired_state(child: dict[str, Any]) -> dict[str, Any]:
+    """The mutable parts of a child the controller keeps in line (suspend -> replicas 0 / Job suspended)."""
+    if child["kind"] == "Deployment":
+        return {"replicas": child["spec"]["replicas"]}
+    if child["kind"] == "Job":
+        return {"suspend": bool(child["spec"].get("suspend"))}
+    return {}

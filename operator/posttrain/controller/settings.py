@@ -1,0 +1,71 @@
+"""Operator settings: environment variables with the prefix POSTTRAIN_ (e.g. POSTTRAIN_TRAINER_IMAGE), or
+keyword arguments in tests. Nothing secret lives here: S3 and judge keys are only ever *names* of Secrets."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+GROUP = "posttrain.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+LABEL_JOB = "posttrain.dev/job"
+LABEL_ROLE = "posttrain.dev/role"
+LABEL_KIND = "posttrain.dev/kind"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "posttrain-operator"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+FINALIZER = "posttrain.dev/finalizer"
+ANNOTATION_PREFIX = "posttrain.dev"
+
+
+class OperatorSettings(BaseSettings):
+    """Everything the operator needs that is not in a job's spec. A job's `spec.images` overrides the images."""
+
+    model_config = SettingsConfigDict(env_prefix="POSTTRAIN_", extra="ignore")
+
+    # Images (a job may override each in spec.images).
+    trainer_image: str = "posttrain/trainer:dev"
+    rollout_image: str = "posttrain/rollout:dev"
+    reference_image: str = ""  # empty: the rollout image (same server, --role reference)
+    judge_image: str = ""  # empty: the rollout image (same server, --role judge)
+    image_pull_policy: str = "IfNotPresent"
+
+    # Where to watch: empty = every namespace.
+    namespace: str = ""
+
+    # Task-app verification (a TaskApp's spec.verification overrides these per task app).
+    verify_timeout_seconds: float = 300.0  # give up (Failed) after this long
+    verify_backoff_initial: float = 1.0
+    verify_backoff_max: float = 30.0
+    verify_request_timeout: float = 10.0
+    reverify_period_seconds: float = 60.0  # TaskApp periodic re-verification
+
+    # Object storage: the endpoint and bucket for artifacts; credentials only as a Secret name.
+    s3_endpoint: str = "http://minio.posttrain-system.svc:9000"
+    s3_bucket: str = "posttrain"
+    s3_region: str | None = None
+    s3_secret_name: str = "posttrain-s3"  # keys S3_ACCESS_KEY_ID / S3_SECRET_ACCESS_KEY
+    base_model_uri: str = "{base}"  # how a base model id becomes the trainer/vLLM model path
+
+    # Trainer pods patch their job's status.progress/result with this ServiceAccount.
+    trainer_service_account: str = "posttrain-trainer"
+    trainer_backoff_limit: int = 0
+    master_port: int = 29500
+    gpu_resource: str = "nvidia.com/gpu"
+
+    # Rollout / reference / judge servers.
+    server_port: int = 8000
+    judge_secret_name: str = "posttrain-judge-keys"  # external judge provider keys, <PROVIDER>_API_KEY
+    readiness_timeout_seconds: int = 1800  # the trainer initContainer waits this long for the servers
+
+    # Controller behaviour.
+    resync_seconds: float = 30.0  # re-reconcile every job at least this often even without events
+    debounce_seconds: float = 0.05  # coalesce bursts of child events into one reconcile
+    checkpoint_every: int = 0
+    extra_env: dict[str, str] = Field(default_factory=dict)  # plain env for every container (no secrets)
+
+
+def load_settings(**overrides: object) -> OperatorSettings:
+    return OperatorSettings(**overrides)  # type: ignore[arg-type]

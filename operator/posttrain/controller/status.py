@@ -1,0 +1,377 @@
+"""Pure status derivation: (job, what its children look like, the task-app verification, now) -> the status
+fields the operator owns. No I/O; table-tested in tests/unit/test_status.py.
+
+Phases: Pending -> Verifying (RLJob) -> Provisioning -> Running -> Succeeded | Failed, or Suspended.
+Succeeded and Failed are terminal: a terminal job never goes back (its status is only kept)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from posttrain.controller import specs
+
+PENDING = "Pending"
+VERIFYING = "Verifying"
+PROVISIONING = "Provisioning"
+RUNNING = "Running"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+SUSPENDED = "Suspended"
+TERMINAL = {SUCCEEDED, FAILED}
+
+# Condition types (batch-Job vocabulary + ours).
+COND_VERIFIED = "TaskAppVerified"
+COND_PROVISIONED = "Provisioned"
+COND_RUNNING = "Running"
+COND_SUSPENDED = "Suspended"
+COND_COMPLETE = "Complete"
+COND_FAILED = "Failed"
+TASKAPP_VERIFIED = "Verified"
+
+OWNED_FIELDS = (
+    "phase",
+    "conditions",
+    "observedGeneration",
+    "model",
+    "linkedJobId",
+    "fineTunedModel",
+    "artifacts",
+    "startTime",
+    "completionTime",
+    "message",
+    "reason",
+)
+
+
+def iso(ts: datetime) -> str:
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------ observations
+@dataclass(frozen=True)
+class DeploymentObs:
+    name: str
+    role: str
+    replicas: int = 0  # spec.replicas
+    ready: int = 0  # status.readyReplicas
+
+    @staticmethod
+    def from_object(obj: dict[str, Any], role: str = "") -> DeploymentObs:
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return DeploymentObs(
+            name=obj["metadata"]["name"],
+            role=role or labels.get("posttrain.dev/role", ""),
+            replicas=int(spec.get("replicas") if spec.get("replicas") is not None else 1),
+            ready=int(status.get("readyReplicas") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class TrainerObs:
+    name: str
+    completions: int = 1
+    active: int = 0
+    ready: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    suspended: bool = False
+    conditions: tuple[tuple[str, str, str, str], ...] = ()  # (type, status, reason, message)
+    start_time: str | None = None
+    completion_time: str | None = None
+
+    def condition(self, ctype: str) -> tuple[str, str, str] | None:
+        for t, status, reason, message in self.conditions:
+            if t == ctype:
+                return status, reason, message
+        return None
+
+    def is_true(self, ctype: str) -> bool:
+        cond = self.condition(ctype)
+        return bool(cond and cond[0] == "True")
+
+    @staticmethod
+    def from_object(obj: dict[str, Any]) -> TrainerObs:
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        conds = tuple(
+            (
+                str(c.get("type")),
+                str(c.get("status")),
+                str(c.get("reason") or ""),
+                str(c.get("message") or ""),
+            )
+            for c in status.get("conditions") or []
+        )
+        return TrainerObs(
+            name=obj["metadata"]["name"],
+            completions=int(spec.get("completions") or 1),
+            active=int(status.get("active") or 0),
+            ready=int(status.get("ready") or 0),
+            succeeded=int(status.get("succeeded") or 0),
+            failed=int(status.get("failed") or 0),
+            suspended=bool(spec.get("suspend")),
+            conditions=conds,
+            start_time=status.get("startTime"),
+            completion_time=status.get("completionTime"),
+        )
+
+
+@dataclass
+class Observed:
+    """The job's children as the operator's watches see them, keyed by name."""
+
+    deployments: dict[str, DeploymentObs] = field(default_factory=dict)
+    trainer: TrainerObs | None = None
+    others: set[str] = field(default_factory=set)  # names of ConfigMaps / Services that exist
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the job should have, from render: names and desired replicas."""
+
+    trainer: str
+    nodes: int
+    deployments: dict[str, int] = field(default_factory=dict)  # name -> replicas
+    others: tuple[str, ...] = ()  # ConfigMap / Service names
+    roles: dict[str, str] = field(default_factory=dict)  # name -> role, for messages
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Result of verifying a task app. state: ok | failed | pending (still retrying)."""
+
+    state: str
+    target: str  # "TaskApp math (http://...)" or "task app http://..."
+    message: str = ""
+    reason: str = ""
+    http_status: int | None = None
+    task_info: dict[str, Any] | None = None
+    attempts: int = 0
+
+
+# --------------------------------------------------------------------------------------------- conditions
+def set_condition(
+    conditions: list[dict[str, Any]], ctype: str, status: str, reason: str, message: str, now: datetime
+) -> list[dict[str, Any]]:
+    """A new list with `ctype` set; lastTransitionTime only moves when the status changes."""
+    out = [dict(c) for c in conditions if c.get("type") != ctype]
+    old = next((c for c in conditions if c.get("type") == ctype), None)
+    changed = old is None or old.get("status") != status
+    out.append(
+        {
+            "type": ctype,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": iso(now) if changed else old.get("lastTransitionTime", iso(now)),
+        }
+    )
+    order = {c.get("type"): i for i, c in enumerate(conditions)}
+    out.sort(key=lambda c: order.get(c["type"], len(order)))
+    return out
+
+
+def get_condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == ctype:
+            return cond
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ derive
+def _artifacts_fallback(job: dict[str, Any], bucket: str) -> dict[str, str]:
+    meta = job["metadata"]
+    root = f"s3://{bucket}/" + specs.job_artifact_prefix(meta["namespace"], meta["name"], meta["uid"])
+    return {
+        "model": f"{root}final/",
+        "manifest": f"{root}manifest.json",
+        "checkpoints": f"{root}checkpoints/",
+        "logs": f"{root}metrics.jsonl",
+    }
+
+
+def _result(job: dict[str, Any], bucket: str) -> tuple[str, dict[str, Any], bool]:
+    """(fineTunedModel, artifacts, reported by the trainer?) from status.result, else derived from the spec."""
+    status = job.get("status") or {}
+    result = status.get("result") or {}
+    model = result.get("fineTunedModel") or result.get("fine_tuned_model")
+    artifacts = result.get("artifacts") or {}
+    if model:
+        return str(model), dict(artifacts), True
+    meta = job["metadata"]
+    spec = job.get("spec") or {}
+    m = specs.section(spec, "model")
+    base = specs.get(m, "base") or specs.base_of_model_id(str(specs.get(m, "source") or ""))
+    prefix = "rl" if job.get("kind") == "RLJob" else "ft"
+    ftm = specs.fine_tuned_model_id(prefix, str(base), meta["namespace"], meta["name"], meta["uid"])
+    return ftm, dict(artifacts) or _artifacts_fallback(job, bucket), False
+
+
+def _model(spec: dict[str, Any]) -> str | None:
+    m = specs.section(spec, "model")
+    return specs.get(m, "base") or specs.get(m, "source")
+
+
+def derive_status(
+    job: dict[str, Any],
+    *,
+    observed: Observed,
+    expected: Expected | None,
+    verification: Verification | None,
+    now: datetime,
+    bucket: str = "posttrain",
+    needs_verification: bool = True,
+) -> dict[str, Any]:
+    """The operator-owned status fields of a job (see OWNED_FIELDS). `expected` is None until the children
+    have been rendered (i.e. before the task app is verified). SFTJobs pass needs_verification=False."""
+    meta = job["metadata"]
+    spec = job.get("spec") or {}
+    status = job.get("status") or {}
+    prev = status.get("phase") or PENDING
+    conds: list[dict[str, Any]] = list(status.get("conditions") or [])
+    out: dict[str, Any] = {k: status[k] for k in OWNED_FIELDS if k in status}
+    out["observedGeneration"] = meta.get("generation", 1)
+    out["model"] = _model(spec)
+    start = parse_time(status.get("startTime")) or now
+    out["startTime"] = iso(start)
+    if prev in TERMINAL:
+        out["conditions"] = conds
+        return out
+    if expected is not None:
+        out["linkedJobId"] = f"{meta['namespace']}/{expected.trainer}"
+
+    if verification is not None:
+        v_status = {"ok": "True", "failed": "False"}.get(verification.state, "Unknown")
+        v_reason = verification.reason or {"ok": "Verified", "failed": "VerificationFailed"}.get(
+            verification.state, "Verifying"
+        )
+        conds = set_condition(conds, COND_VERIFIED, v_status, v_reason, verification.message, now)
+
+    trainer = observed.trainer
+    deadline = spec.get("activeDeadlineSeconds")
+    phase: str
+    reason: str
+    message: str
+    if trainer is not None and (trainer.is_true("Complete") or trainer.is_true("SuccessCriteriaMet")):
+        ftm, artifacts, reported = _result(job, bucket)
+        phase, reason = SUCCEEDED, "TrainerSucceeded"
+        message = f"fine-tuned model {ftm}"
+        if not reported:
+            message += " (the trainer reported no result; id and artifacts derived from the job)"
+        out["fineTunedModel"] = ftm
+        out["artifacts"] = artifacts
+        out["completionTime"] = trainer.completion_time or iso(now)
+        conds = set_condition(conds, COND_COMPLETE, "True", reason, message, now)
+    elif trainer is not None and (trainer.is_true("Failed") or trainer.is_true("FailureTarget")):
+        cond = trainer.condition("Failed") or trainer.condition("FailureTarget") or ("True", "", "")
+        job_reason = cond[1] or "TrainerFailed"
+        phase = FAILED
+        reason = "DeadlineExceeded" if job_reason == "DeadlineExceeded" else "TrainerFailed"
+        message = f"trainer Job {trainer.name} failed ({job_reason})" + (f": {cond[2]}" if cond[2] else "")
+    elif deadline and (now - start).total_seconds() > float(deadline):
+        phase, reason = FAILED, "DeadlineExceeded"
+        message = f"activeDeadlineSeconds ({int(deadline)}s) exceeded since {iso(start)}"
+    elif needs_verification and verification is not None and verification.state == "failed":
+        phase, reason = FAILED, "TaskAppVerificationFailed"
+        message = f"{verification.target}: {verification.message}"
+    elif spec.get("suspend"):
+        phase, reason, message = SUSPENDED, "Suspended", "spec.suspend is true: pods removed, job kept"
+        conds = set_condition(conds, COND_SUSPENDED, "True", "Suspended", message, now)
+    elif needs_verification and (verification is None or verification.state != "ok"):
+        phase, reason = VERIFYING, "VerifyingTaskApp"
+        target = verification.target if verification else "the task app"
+        detail = f": {verification.message}" if verification and verification.message else ""
+        message = f"verifying {target}{detail}"
+    elif expected is None:
+        phase, reason, message = PROVISIONING, "Rendering", "creating children"
+    else:
+        waiting = _waiting_for(expected, observed)
+        missing = [
+            n for n in (*expected.deployments, expected.trainer, *expected.others) if not _exists(n, observed)
+        ]
+        conds = set_condition(
+            conds,
+            COND_PROVISIONED,
+            "False" if missing else "True",
+            "ChildrenMissing" if missing else "ChildrenCreated",
+            f"missing: {', '.join(missing)}" if missing else "every child exists",
+            now,
+        )
+        if waiting:
+            phase, reason = PROVISIONING, "WaitingForPods"
+            message = "waiting for " + ", ".join(waiting)
+        else:
+            phase, reason = RUNNING, "Running"
+            message = "trainer and servers are running"
+
+    if phase != SUSPENDED and get_condition({"conditions": conds}, COND_SUSPENDED):
+        conds = set_condition(conds, COND_SUSPENDED, "False", "Resumed", "spec.suspend is false", now)
+    if phase == RUNNING:
+        conds = set_condition(conds, COND_RUNNING, "True", reason, message, now)
+    elif get_condition({"conditions": conds}, COND_RUNNING):
+        conds = set_condition(conds, COND_RUNNING, "False", reason, message, now)
+    if phase == FAILED:
+        conds = set_condition(conds, COND_FAILED, "True", reason, message, now)
+        out["completionTime"] = iso(now)
+    out.update(phase=phase, reason=reason, message=message, conditions=conds)
+    return out
+
+
+def _exists(name: str, observed: Observed) -> bool:
+    if observed.trainer is not None and observed.trainer.name == name:
+        return True
+    return name in observed.deployments or name in observed.others
+
+
+def _waiting_for(expected: Expected, observed: Observed) -> list[str]:
+    waiting: list[str] = []
+    for name, replicas in expected.deployments.items():
+        dep = observed.deployments.get(name)
+        role = expected.roles.get(name, name)
+        ready = dep.ready if dep else 0
+        if dep is None or ready < replicas:
+            waiting.append(f"{role} {ready}/{replicas} ready")
+    trainer = observed.trainer
+    ready = trainer.ready if trainer else 0
+    if trainer is None or ready < expected.nodes:
+        waiting.append(f"trainer {ready}/{expected.nodes} pods ready")
+    for name in expected.others:
+        if name not in observed.others:
+            waiting.append(f"{expected.roles.get(name, name)} {name}")
+    return waiting
+
+
+def status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    """Only the owned fields that differ (a merge patch body for /status); {} when nothing changed."""
+    return {k: v for k, v in desired.items() if current.get(k) != v}
+
+
+# --------------------------------------------------------------------------------------------- TaskApp
+def taskapp_status(
+    task_app: dict[str, Any], url: str, verification: Verification, now: datetime
+) -> dict[str, Any]:
+    status = task_app.get("status") or {}
+    conds = list(status.get("conditions") or [])
+    ok = verification.state == "ok"
+    cstatus = "True" if ok else ("False" if verification.state == "failed" else "Unknown")
+    reason = verification.reason or ("Verified" if ok else "Verifying")
+    conds = set_condition(conds, TASKAPP_VERIFIED, cstatus, reason, verification.message, now)
+    out: dict[str, Any] = {"verified": ok, "url": url, "conditions": conds}
+    if ok and verification.task_info is not None:
+        out["taskInfo"] = verification.task_info
+    elif "taskInfo" in status:
+        out["taskInfo"] = status["taskInfo"]
+    return out

@@ -1,0 +1,334 @@
+"""render.py: spec -> manifests, pure."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from posttrain.controller import render
+from posttrain.controller.settings import OperatorSettings
+
+UID = "1234abcd-5678-90ef-1234-567890abcdef"
+SETTINGS = OperatorSettings(trainer_image="reg/trainer:1", rollout_image="reg/rollout:1", s3_bucket="bkt")
+TARGET = render.TaskAppTarget(url="http://math.tasks.svc:8000", secret_name="task-key", name=None)
+
+
+def rljob(**spec_over: object) -> dict:
+    spec = {
+        "taskApp": {"url": "http://math.tasks.svc:8000", "apiKeySecretRef": {"name": "task-key"}},
+        "model": {"base": "Qwen/Qwen3-0.6B", "trainerMode": "full"},
+        "algorithm": {"type": "online", "method": "policy_gradient", "variety": "gspo"},
+        "compute": {
+            "gpuType": "H100",
+            "gpuCount": 8,
+            "nodes": 1,
+            "topology": {"gpusForVllm": 4, "gpusForTraining": 3, "gpusForRef": 1, "tensorParallel": 2},
+        },
+        "reference": {"placement": "dedicated"},
+        "training": {"numEpochs": 1, "extras": {"weird_key": 3}},
+        "originalToml": "[algorithm]\ntype = 'online'\n",
+    }
+    spec.update(spec_over)
+    return {
+        "apiVersion": "posttrain.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "math-rl", "namespace": "team-a", "uid": UID, "generation": 1},
+        "spec": spec,
+    }
+
+
+def by(children: list[dict], kind: str, role: str) -> dict:
+    found = [
+        c for c in children if c["kind"] == kind and c["metadata"]["labels"]["posttrain.dev/role"] == role
+    ]
+    assert len(found) == 1, (kind, role, [c["metadata"]["name"] for c in children])
+    return found[0]
+
+
+def env_of(container: dict) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_rljob_children_topology_and_labels() -> None:
+    out = render.render_rljob(rljob(), SETTINGS, TARGET)
+    kinds = sorted((c["kind"], c["metadata"]["name"]) for c in out.children)
+    assert kinds == [
+        ("ConfigMap", "math-rl-config"),
+        ("Deployment", "math-rl-reference"),
+        ("Deployment", "math-rl-rollout"),
+        ("Job", "math-rl-trainer"),
+        ("Service", "math-rl-reference"),
+        ("Service", "math-rl-rollout"),
+        ("Service", "math-rl-trainer"),
+    ]
+    for child in out.children:
+        meta = child["metadata"]
+        assert meta["namespace"] == "team-a"
+        assert meta["labels"]["posttrain.dev/job"] == "math-rl"
+        assert meta["labels"]["posttrain.dev/role"] in {"config", "rollout", "reference", "trainer"}
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "posttrain.dev/v1alpha1",
+                "kind": "RLJob",
+                "name": "math-rl",
+                "uid": UID,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    rollout = by(out.children, "Deployment", "rollout")
+    assert rollout["spec"]["replicas"] == 2  # 4 GPUs / TP 2
+    c = rollout["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert c["command"][:6] == ["python", "-m", "posttrain_rollout", "serve", "--role", "policy"]
+    assert "--tensor-parallel-size" in c["command"] and c["image"] == "reg/rollout:1"
+    ref = by(out.children, "Deployment", "reference")
+    assert ref["spec"]["replicas"] == 1
+    assert ref["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert out.jobfile["endpoints"]["policy"] == ["http://math-rl-rollout.team-a.svc:8000"]
+    assert out.jobfile["endpoints"]["reference"] == "http://math-rl-reference.team-a.svc:8000"
+
+
+def test_rollout_role_is_policy() -> None:
+    out = render.render_rljob(rljob(), SETTINGS, TARGET)
+    cmd = by(out.children, "Deployment", "rollout")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--role") + 1] == "policy"
+
+
+def test_trainer_indexed_job_torchrun_env() -> None:
+    spec = rljob()
+    spec["spec"]["compute"] = {
+        "gpuType": "H100",
+        "gpuCount": 24,
+        "nodes": 2,
+        "topology": {"gpusForVllm": 8, "gpusForTraining": 16, "tensorParallel": 1},
+    }
+    spec["spec"].pop("reference")
+    out = render.render_rljob(spec, SETTINGS, TARGET)
+    job = by(out.children, "Job", "trainer")
+    js = job["spec"]
+    assert js["completionMode"] == "Indexed"
+    assert js["completions"] == js["parallelism"] == 2
+    pod = js["template"]["spec"]
+    assert pod["subdomain"] == "math-rl-trainer" and pod["restartPolicy"] == "Never"
+    trainer = pod["containers"][0]
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    env = env_of(trainer)
+    assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "8"
+    assert env["PET_NODE_RANK"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+    }
+    assert env["MASTER_ADDR"] == "math-rl-trainer-0.math-rl-trainer.team-a.svc"
+    assert env["MASTER_PORT"] == "29500"
+    assert env["ENVIRONMENT_API_KEY"] == {"secretKeyRef": {"name": "task-key", "key": "ENVIRONMENT_API_KEY"}}
+    assert trainer["command"][0] == "torchrun" and "posttrain_trainer" in trainer["command"]
+    svc = by(out.children, "Service", "trainer")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    inits = [c["name"] for c in pod["initContainers"]]
+    assert inits == ["verify-task-app", "wait-for-servers"]
+    assert "posttrain verify-task-app" in pod["initContainers"][0]["command"][-1]
+    assert "math-rl-rollout.team-a.svc:8000" in pod["initContainers"][1]["command"][-1]
+    # no reference Deployment without a dedicated reference
+    assert not [c for c in out.children if c["metadata"]["labels"]["posttrain.dev/role"] == "reference"]
+
+
+def test_configmap_has_jobfile_and_toml_and_no_secret_values() -> None:
+    out = render.render_rljob(rljob(), SETTINGS, TARGET)
+    cm = by(out.children, "ConfigMap", "config")
+    assert cm["data"]["config.toml"].startswith("[algorithm]")
+    jobfile = json.loads(cm["data"]["job.json"])
+    assert jobfile["kind"] == "rl"
+    assert jobfile["job"] == {
+        "name": "math-rl",
+        "namespace": "team-a",
+        "uid": UID,
+        "group": "posttrain.dev",
+        "version": "v1alpha1",
+        "plural": "rljobs",
+    }
+    assert jobfile["base_model"] == "Qwen/Qwen3-0.6B"
+    assert jobfile["task_app"] == {"url": "http://math.tasks.svc:8000", "api_key_env": "ENVIRONMENT_API_KEY"}
+    assert jobfile["storage"]["bucket"] == "bkt"
+    assert jobfile["storage"]["prefix"] == "jobs/team-a/math-rl-1234abcd/"
+    assert jobfile["report"]["mode"] == "kubernetes"
+    assert jobfile["config"]["training"]["num_epochs"] == 1
+    assert jobfile["config"]["training"]["weird_key"] == 3
+    assert "taskApp" not in jobfile["config"] and "task_app" not in jobfile["config"]
+    # Secrets appear only as references anywhere in the rendered children.
+    for child in out.children:
+        if child["kind"] not in ("Deployment", "Job"):
+            continue
+        pod = child["spec"]["template"]["spec"]
+        for container in pod["containers"] + pod.get("initContainers", []):
+            for env in container.get("env", []):
+                if "KEY" in env["name"]:
+                    assert "value" not in env and "secretKeyRef" in env["valueFrom"], env
+
+
+def test_jobfile_validates_against_trainer_contract() -> None:
+    jobfile_mod = pytest.importorskip("posttrain_trainer.jobfile")
+    out = render.render_rljob(rljob(), SETTINGS, TARGET)
+    parsed = jobfile_mod.JobFile.model_validate(out.jobfile)
+    assert parsed.kind == "rl" and parsed.plural == "rljobs"
+
+
+def test_image_override_and_scheduling_passthrough() -> None:
+    job = rljob(
+        images={"trainer": "my/trainer:2", "rollout": "my/rollout:2"},
+        scheduling={
+            "nodeSelector": {"gpu": "h100"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "priorityClassName": "high",
+            "queueName": "team-a-queue",
+            "resources": {"requests": {"cpu": "4", "memory": "32Gi"}},
+        },
+    )
+    out = render.render_rljob(job, SETTINGS, TARGET)
+    for child in out.children:
+        if child["kind"] not in ("Deployment", "Job"):
+            continue
+        assert child["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-queue"
+        pod = child["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"gpu": "h100"}
+        assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+        assert pod["priorityClassName"] == "high"
+        res = pod["containers"][0]["resources"]
+        assert res["requests"]["cpu"] == "4" and res["requests"]["memory"] == "32Gi"
+    assert by(out.children, "Job", "trainer")["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "my/trainer:2"
+    )
+    assert by(out.children, "Deployment", "rollout")["spec"]["template"]["spec"]["containers"][0][
+        "image"
+    ] == ("my/rollout:2")
+    assert by(out.children, "Deployment", "reference")["spec"]["template"]["spec"]["containers"][0][
+        "image"
+    ] == ("reg/rollout:1")
+
+
+def test_suspend_scales_to_zero_and_suspends_job() -> None:
+    out = render.render_rljob(rljob(suspend=True), SETTINGS, TARGET)
+    assert all(d["spec"]["replicas"] == 0 for d in out.deployments())
+    assert by(out.children, "Job", "trainer")["spec"]["suspend"] is True
+    assert render.desired_state(by(out.children, "Job", "trainer")) == {"suspend": True}
+
+
+def test_judges_self_hosted_vs_external() -> None:
+    hosted = rljob(judge={"options": {"provider": "vllm", "model": "Qwen/Qwen3-0.6B", "gpus": 2}})
+    out = render.render_rljob(hosted, SETTINGS, TARGET)
+    judge = by(out.children, "Deployment", "judge")
+    assert judge["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert out.jobfile["endpoints"]["judges"] == {"judge": "http://math-rl-judge.team-a.svc:8000"}
+
+    external = rljob(judge={"options": {"provider": "openai", "model": "gpt-4o-mini"}})
+    out = render.render_rljob(external, SETTINGS, TARGET)
+    assert not [c for c in out.children if c["metadata"]["labels"]["posttrain.dev/role"] == "judge"]
+    env = env_of(by(out.children, "Job", "trainer")["spec"]["template"]["spec"]["containers"][0])
+    assert env["OPENAI_API_KEY"] == {
+        "secretKeyRef": {"name": "posttrain-judge-keys", "key": "OPENAI_API_KEY", "optional": True}
+    }
+    # incomplete judge options = no judge (synth rule)
+    out = render.render_rljob(rljob(judge={"options": {"provider": "openai"}}), SETTINGS, TARGET)
+    assert "OPENAI_API_KEY" not in json.dumps(out.children)
+
+
+@pytest.mark.parametrize(
+    ("compute", "reference", "want"),
+    [
+        ({"gpuCount": 2, "topology": {"gpusForVllm": 1, "gpusForTraining": 1}}, {}, (1, 1, 0, 1)),
+        (
+            {"gpuCount": 8, "topology": {"gpusForVllm": 5, "gpusForTraining": 2, "gpusForRef": 1}},
+            {},
+            (5, 2, 1, 5),
+        ),
+        (
+            {
+                "gpuCount": 8,
+                "topology": {"gpusForVllm": 4, "gpusForTraining": 4, "referencePlacement": "none"},
+            },
+            {"placement": "dedicated"},
+            (4, 4, 1, 4),
+        ),
+        (
+            {"gpuCount": 4, "topology": {"gpusForVllm": 4, "tensorParallel": 4, "gpusForTraining": 0}},
+            {},
+            (4, 0, 0, 1),
+        ),
+        ({"gpuCount": 4}, {}, (2, 2, 0, 2)),
+    ],
+)
+def test_topology(compute: dict, reference: dict, want: tuple) -> None:
+    topo = render.topology({"compute": compute, "reference": reference}, "rl")
+    assert (topo.gpus_for_vllm, topo.gpus_for_training, topo.gpus_for_ref, topo.rollout_replicas) == want
+
+
+def test_sftjob_children_dataset_configmap() -> None:
+    job = {
+        "apiVersion": "posttrain.dev/v1alpha1",
+        "kind": "SFTJob",
+        "metadata": {"name": "sft1", "namespace": "ns", "uid": UID, "generation": 1},
+        "spec": {
+            "model": {"base": "posttrain/tiny-random-qwen2"},
+            "compute": {"gpuType": "H100", "gpuCount": 2},
+            "hyperparameters": {"nEpochs": 1, "batchSize": 4},
+            "dataset": {"configMapRef": {"name": "sft1-data", "key": "train.jsonl"}},
+        },
+    }
+    out = render.render_sftjob(job, SETTINGS)
+    assert sorted(c["kind"] for c in out.children) == ["ConfigMap", "Job", "Service"]
+    pod = by(out.children, "Job", "trainer")["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    assert {"name": "data", "configMap": {"name": "sft1-data"}} in pod["volumes"]
+    assert out.jobfile["dataset"]["train"] == "/data/train.jsonl"
+    assert out.jobfile["kind"] == "sft" and out.jobfile["task_app"] is None
+    assert out.jobfile["config"]["hyperparameters"]["n_epochs"] == 1
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    job["spec"]["dataset"] = {"uri": "s3://bkt/datasets/x.jsonl"}
+    assert render.render_sftjob(job, SETTINGS).jobfile["dataset"]["train"] == "s3://bkt/datasets/x.jsonl"
+
+
+def test_long_names_stay_valid_and_stable() -> None:
+    job = rljob()
+    job["metadata"]["name"] = "a" * 63
+    out = render.render_rljob(job, SETTINGS, TARGET)
+    names = [c["metadata"]["name"] for c in out.children]
+    assert all(len(n) <= 63 for n in names)
+    assert len(by(out.children, "Job", "trainer")["metadata"]["name"]) <= 57
+    again = render.render_rljob(copy.deepcopy(job), SETTINGS, TARGET)
+    assert names == [c["metadata"]["name"] for c in again.children]
+
+
+def test_fine_tuned_source_resolves_to_s3() -> None:
+    job = rljob(model={"source": "ft:Qwen/Qwen3-0.6B:team-a.sft1.abcd1234"})
+    base, path = render.model_ids(job["spec"], SETTINGS)
+    assert base == "Qwen/Qwen3-0.6B"
+    assert path == "s3://bkt/jobs/team-a/sft1-abcd1234/final/"
+
+
+def test_task_app_by_name_uses_taskapp_url_and_secret() -> None:
+    spec = {"taskApp": {"name": "math"}}
+    ta = {
+        "metadata": {"name": "math", "namespace": "ns"},
+        "spec": {"image": "math:1", "port": 8100, "apiKeySecretRef": {"name": "math-key"}},
+    }
+    target = render.task_app_target(spec, ta, "ns")
+    assert target is not None
+    assert target.url == "http://math-task-app.ns.svc:8100"
+    assert target.secret_name == "math-key" and target.display.startswith("TaskApp math")
+    ta["status"] = {"url": "http://elsewhere:1"}
+    assert render.task_app_target(spec, ta, "ns").url == "http://elsewhere:1"
+
+
+def test_task_app_image_children() -> None:
+    ta = {
+        "apiVersion": "posttrain.dev/v1alpha1",
+        "kind": "TaskApp",
+        "metadata": {"name": "math", "namespace": "ns", "uid": UID},
+        "spec": {"image": "math:1", "env": {"A": "1"}, "replicas": 2, "apiKeySecretRef": {"name": "k"}},
+    }
+    dep, svc = render.render_task_app(ta, SETTINGS)
+    assert dep["spec"]["replicas"] == 2 and svc["kind"] == "Service"
+    env = env_of(dep["spec"]["template"]["spec"]["containers"][0])
+    assert env["A"] == "1" and env["ENVIRONMENT_API_KEY"]["secretKeyRef"]["name"] == "k"
+    assert dep["metadata"]["labels"]["posttrain.dev/role"] == "task-app"
+    assert render.render_task_app({**ta, "spec": {"url": "http://x"}}, SETTINGS) == []

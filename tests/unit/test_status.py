@@ -1,0 +1,234 @@
+"""status.py: (job, children, verification, now) -> status; table-tested."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from posttrain.controller.status import (
+    DeploymentObs,
+    Expected,
+    Observed,
+    TrainerObs,
+    Verification,
+    derive_status,
+    get_condition,
+    set_condition,
+    status_patch,
+    taskapp_status,
+)
+
+NOW = datetime(2026, 11, 22, 14, 0, 0, tzinfo=UTC)
+UID = "1234abcd-5678-90ef-1234-567890abcdef"
+EXPECTED = Expected(
+    trainer="j-trainer",
+    nodes=1,
+    deployments={"j-rollout": 1},
+    others=("ConfigMap/j-config", "Service/j-rollout", "Service/j-trainer"),
+    roles={"j-rollout": "rollout"},
+)
+OK = Verification(state="ok", target="task app http://t", message="GET /health 200, GET /task_info 200")
+PENDING = Verification(state="pending", target="task app http://t", message="connection refused (attempt 2)")
+BAD_KEY = Verification(
+    state="failed",
+    target="TaskApp math (http://t)",
+    message="GET /health -> HTTP 400 unauthorised: API key missing or invalid",
+    reason="Unauthorized",
+    http_status=400,
+)
+
+
+def job(kind: str = "RLJob", status: dict | None = None, **spec: Any) -> dict:
+    return {
+        "apiVersion": "posttrain.dev/v1alpha1",
+        "kind": kind,
+        "metadata": {"name": "j", "namespace": "ns", "uid": UID, "generation": 3},
+        "spec": {"model": {"base": "Qwen/Qwen3-0.6B"}, **spec},
+        "status": status or {},
+    }
+
+
+def trainer(**kw: Any) -> TrainerObs:
+    conds = tuple(kw.pop("conds", ()))
+    return TrainerObs(name="j-trainer", conditions=conds, **kw)
+
+
+def all_children(ready: int = 1, trainer_obs: TrainerObs | None = None) -> Observed:
+    return Observed(
+        deployments={"j-rollout": DeploymentObs("j-rollout", "rollout", 1, ready)},
+        trainer=trainer_obs or trainer(active=1, ready=1),
+        others={"ConfigMap/j-config", "Service/j-rollout", "Service/j-trainer"},
+    )
+
+
+@dataclass
+class Case:
+    name: str
+    job: dict
+    observed: Observed = field(default_factory=Observed)
+    expected: Expected | None = EXPECTED
+    verification: Verification | None = OK
+    phase: str = ""
+    reason: str = ""
+    message_has: str = ""
+    sft: bool = False
+
+
+CASES = [
+    Case("new job, verification not started", job(), expected=None, verification=None, phase="Verifying"),
+    Case("verification retrying", job(), expected=None, verification=PENDING, phase="Verifying",
+         message_has="connection refused"),
+    Case("bad key -> failed naming task app and HTTP status", job(), expected=None, verification=BAD_KEY,
+         phase="Failed", reason="TaskAppVerificationFailed", message_has="TaskApp math (http://t): GET /health -> HTTP 400"),
+    Case("verified, nothing observed yet", job(), phase="Provisioning", reason="WaitingForPods",
+         message_has="rollout 0/1 ready"),
+    Case("rollout not ready", job(), observed=all_children(ready=0), phase="Provisioning",
+         message_has="rollout 0/1 ready"),
+    Case("trainer pods not ready", job(), observed=all_children(trainer_obs=trainer(active=1, ready=0)),
+         phase="Provisioning", message_has="trainer 0/1 pods ready"),
+    Case("everything ready", job(), observed=all_children(), phase="Running", reason="Running"),
+    Case("trainer complete", job(), observed=all_children(trainer_obs=trainer(succeeded=1, conds=[("Complete", "True", "", "")])),
+         phase="Succeeded", reason="TrainerSucceeded", message_has="rl:Qwen/Qwen3-0.6B:ns.j.1234abcd"),
+    Case("trainer failed", job(), observed=all_children(trainer_obs=trainer(failed=1, conds=[("Failed", "True", "BackoffLimitExceeded", "Job has reached the specified backoff limit")])),
+         phase="Failed", reason="TrainerFailed", message_has="BackoffLimitExceeded"),
+    Case("trainer job deadline", job(), observed=all_children(trainer_obs=trainer(conds=[("Failed", "True", "DeadlineExceeded", "")])),
+         phase="Failed", reason="DeadlineExceeded"),
+    Case("operator deadline while verifying", job(activeDeadlineSeconds=60, status={"startTime": "2026-11-22T13:58:00Z"}),
+         expected=None, verification=PENDING, phase="Failed", reason="DeadlineExceeded"),
+    Case("deadline not reached", job(activeDeadlineSeconds=600, status={"startTime": "2026-11-22T13:58:00Z"}),
+         observed=all_children(), phase="Running"),
+    Case("suspended", job(suspend=True), observed=all_children(ready=0), phase="Suspended", reason="Suspended"),
+    Case("suspended before verification", job(suspend=True), expected=None, verification=None, phase="Suspended"),
+    Case("terminal stays terminal", job(status={"phase": "Succeeded", "fineTunedModel": "x"}),
+         observed=all_children(trainer_obs=trainer(failed=1, conds=[("Failed", "True", "", "")])), phase="Succeeded"),
+    Case("failed stays failed", job(status={"phase": "Failed", "reason": "TrainerFailed"}), observed=all_children(),
+         phase="Failed", reason="TrainerFailed"),
+    Case("sft: no verification needed", job("SFTJob"), verification=None, expected=Expected(trainer="j-trainer", nodes=1),
+         observed=Observed(trainer=trainer(active=1, ready=1)), phase="Running", sft=True),
+    Case("sft complete uses ft: prefix", job("SFTJob"), verification=None, expected=Expected(trainer="j-trainer", nodes=1),
+         observed=Observed(trainer=trainer(conds=[("Complete", "True", "", "")])), phase="Succeeded",
+         message_has="ft:Qwen/Qwen3-0.6B:ns.j.1234abcd", sft=True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_phase_table(case: Case) -> None:
+    out = derive_status(
+        case.job,
+        observed=case.observed,
+        expected=case.expected,
+        verification=case.verification,
+        now=NOW,
+        bucket="bkt",
+        needs_verification=not case.sft,
+    )
+    assert out["phase"] == case.phase
+    if case.reason:
+        assert out["reason"] == case.reason
+    if case.message_has:
+        assert case.message_has in out["message"]
+    assert out["observedGeneration"] == 3
+    assert out["model"] == "Qwen/Qwen3-0.6B"
+
+
+def test_success_copies_trainer_result() -> None:
+    result = {"fineTunedModel": "rl:Qwen/Qwen3-0.6B:ns.j.1234abcd", "artifacts": {"model": "s3://b/final/"}}
+    out = derive_status(
+        job(status={"phase": "Running", "result": result, "startTime": "2026-11-22T13:00:00Z"}),
+        observed=all_children(
+            trainer_obs=trainer(conds=[("Complete", "True", "", "")], completion_time="2026-11-22T13:59:00Z")
+        ),
+        expected=EXPECTED,
+        verification=OK,
+        now=NOW,
+    )
+    assert out["phase"] == "Succeeded"
+    assert out["fineTunedModel"] == result["fineTunedModel"]
+    assert out["artifacts"] == {"model": "s3://b/final/"}
+    assert out["completionTime"] == "2026-11-22T13:59:00Z"
+    assert out["startTime"] == "2026-11-22T13:00:00Z"
+    assert out["linkedJobId"] == "ns/j-trainer"
+    assert get_condition(out, "Complete")["status"] == "True"
+    assert (get_condition(out, "Running") or {}).get("status") != "True"
+
+
+def test_success_without_result_derives_id_and_artifacts() -> None:
+    out = derive_status(
+        job(),
+        observed=all_children(trainer_obs=trainer(conds=[("Complete", "True", "", "")])),
+        expected=EXPECTED,
+        verification=OK,
+        now=NOW,
+        bucket="bkt",
+    )
+    assert out["fineTunedModel"] == "rl:Qwen/Qwen3-0.6B:ns.j.1234abcd"
+    assert out["artifacts"]["model"] == "s3://bkt/jobs/ns/j-1234abcd/final/"
+    assert "reported no result" in out["message"]
+
+
+def test_conditions_verified_and_transition_times() -> None:
+    first = derive_status(job(), observed=Observed(), expected=None, verification=PENDING, now=NOW)
+    cond = get_condition(first, "TaskAppVerified")
+    assert cond["status"] == "Unknown" and cond["lastTransitionTime"] == "2026-11-22T14:00:00Z"
+    later = NOW + timedelta(seconds=30)
+    second = derive_status(
+        job(status=first), observed=Observed(), expected=None, verification=PENDING, now=later
+    )
+    assert get_condition(second, "TaskAppVerified")["lastTransitionTime"] == "2026-11-22T14:00:00Z"
+    third = derive_status(
+        job(status=second), observed=Observed(), expected=None, verification=BAD_KEY, now=later
+    )
+    cond = get_condition(third, "TaskAppVerified")
+    assert cond["status"] == "False" and cond["reason"] == "Unauthorized"
+    assert "HTTP 400" in cond["message"]
+    assert cond["lastTransitionTime"] == "2026-11-22T14:00:30Z"
+    assert get_condition(third, "Failed")["status"] == "True"
+    assert third["completionTime"] == "2026-11-22T14:00:30Z"
+
+
+def test_resume_after_suspend_sets_condition_false() -> None:
+    suspended = derive_status(
+        job(suspend=True), observed=Observed(), expected=EXPECTED, verification=OK, now=NOW
+    )
+    assert get_condition(suspended, "Suspended")["status"] == "True"
+    resumed = derive_status(
+        job(status=suspended), observed=all_children(), expected=EXPECTED, verification=OK, now=NOW
+    )
+    assert resumed["phase"] == "Running"
+    assert get_condition(resumed, "Suspended")["status"] == "False"
+    assert get_condition(resumed, "Suspended")["reason"] == "Resumed"
+
+
+def test_status_patch_only_changes() -> None:
+    out = derive_status(job(), observed=all_children(), expected=EXPECTED, verification=OK, now=NOW)
+    assert status_patch(out, out) == {}
+    assert status_patch({**out, "phase": "Provisioning"}, out) == {"phase": "Running"}
+
+
+def test_set_condition_keeps_order() -> None:
+    conds = set_condition([], "A", "True", "r", "m", NOW)
+    conds = set_condition(conds, "B", "True", "r", "m", NOW)
+    conds = set_condition(conds, "A", "False", "r2", "m2", NOW)
+    assert [c["type"] for c in conds] == ["A", "B"]
+
+
+def test_taskapp_status() -> None:
+    ta = {"metadata": {"name": "math", "generation": 1}, "spec": {"url": "http://t"}}
+    info = {"id": "math", "name": "Arithmetic", "rubric": True}
+    ok = taskapp_status(
+        ta, "http://t", Verification("ok", "TaskApp math", "fine", "Verified", 200, info), NOW
+    )
+    assert ok["verified"] is True and ok["taskInfo"] == info and ok["url"] == "http://t"
+    cond = get_condition(ok, "Verified")
+    assert cond["status"] == "True"
+    outage = taskapp_status(
+        {**ta, "status": ok},
+        "http://t",
+        Verification("failed", "TaskApp math", "GET /health -> HTTP 503", "Unconfigured", 503),
+        NOW + timedelta(minutes=1),
+    )
+    assert outage["verified"] is False and outage["taskInfo"] == info
+    cond = get_condition(outage, "Verified")
+    assert cond["status"] == "False" and "HTTP 503" in cond["message"] and cond["reason"] == "Unconfigured"
