@@ -221,6 +221,27 @@ def test_argocd_applications():
     assert ("RLJob", "/spec/suspend") in ignored
 
 
+@needs_kubectl
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_operator_args_and_env_are_what_posttrain_operator_accepts(rel):
+    cli = pytest.importorskip("posttrain.cli")
+    if "operator" not in cli.SUBCOMMANDS:
+        pytest.skip("`posttrain operator` has not landed")
+    from posttrain.controller.settings import OperatorSettings
+
+    (c,) = find(render(rel), "Deployment", "posttrain-operator")["spec"]["template"]["spec"]["containers"]
+    args = cli.build_parser().parse_args(["operator", *c.get("args", [])])
+    assert args.peering and args.liveness and not args.namespace
+    fields = set(OperatorSettings.model_fields)
+    for e in c["env"]:
+        if e["name"].startswith("POSTTRAIN_"):
+            assert e["name"].removeprefix("POSTTRAIN_").lower() in fields, f"{e['name']} is not a setting"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    OperatorSettings(
+        **{k.removeprefix("POSTTRAIN_").lower(): v for k, v in env.items() if k.startswith("POSTTRAIN_")}
+    )
+
+
 def test_readme_documents_every_operator_annotation_and_finalizer():
     settings = ROOT / "operator" / "posttrain" / "controller" / "settings.py"
     if not settings.exists():
