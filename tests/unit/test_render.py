@@ -52,7 +52,9 @@ def env_of(container: dict) -> dict:
 
 def test_rljob_children_topology_and_labels() -> None:
     out = render.render_rljob(rljob(), SETTINGS, TARGET)
-    kinds = sorted((c["kind"], c["metadata"]["name"]) for c in out.children)
+    kinds = sorted(
+        (c["kind"], c["metadata"]["name"]) for c in out.children if c["kind"] not in render.IDENTITY_KINDS
+    )
     assert kinds == [
         ("ConfigMap", "math-rl-config"),
         ("Deployment", "math-rl-reference"),
@@ -275,7 +277,14 @@ def test_sftjob_children_dataset_configmap() -> None:
         },
     }
     out = render.render_sftjob(job, SETTINGS)
-    assert sorted(c["kind"] for c in out.children) == ["ConfigMap", "Job", "Service"]
+    assert sorted(c["kind"] for c in out.children) == [
+        "ConfigMap",
+        "Job",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    ]
     pod = by(out.children, "Job", "trainer")["spec"]["template"]["spec"]
     assert "initContainers" not in pod
     assert {"name": "data", "configMap": {"name": "sft1-data"}} in pod["volumes"]
@@ -332,3 +341,26 @@ def test_task_app_image_children() -> None:
     assert env["A"] == "1" and env["ENVIRONMENT_API_KEY"]["secretKeyRef"]["name"] == "k"
     assert dep["metadata"]["labels"]["posttrain.dev/role"] == "task-app"
     assert render.render_task_app({**ta, "spec": {"url": "http://x"}}, SETTINGS) == []
+
+
+def test_per_job_trainer_identity() -> None:
+    out = render.render_rljob(rljob(), SETTINGS, TARGET)
+    role = by(out.children, "Role", "trainer")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["posttrain.dev"],
+            "resources": ["rljobs/status"],
+            "resourceNames": ["math-rl"],
+            "verbs": ["patch"],
+        }
+    ]
+    binding = by(out.children, "RoleBinding", "trainer")
+    assert binding["subjects"][0]["name"] == by(out.children, "ServiceAccount", "trainer")["metadata"]["name"]
+    pod = by(out.children, "Job", "trainer")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "math-rl-trainer"
+    shared = OperatorSettings(per_job_trainer_identity=False)
+    out = render.render_rljob(rljob(), shared, TARGET)
+    assert not [c for c in out.children if c["kind"] in ("Role", "RoleBinding", "ServiceAccount")]
+    assert by(out.children, "Job", "trainer")["spec"]["template"]["spec"]["serviceAccountName"] == (
+        "posttrain-trainer"
+    )

@@ -104,6 +104,8 @@ def expected_of(rendered: render.Rendered) -> Expected:
             roles[name] = role
         elif child["kind"] == "Job":
             trainer = name
+        elif child["kind"] in render.IDENTITY_KINDS:
+            continue
         else:
             others.append(f"{child['kind']}/{name}")
             roles[f"{child['kind']}/{name}"] = f"{child['kind'].lower()} ({role})"
@@ -137,6 +139,14 @@ async def ensure_children(
     applied = 0
     for child in children:
         ident = (child["kind"], child["metadata"]["name"])
+        if child["kind"] in render.IDENTITY_KINDS:
+            # Not watched (no index): made once, in the pass that creates the trainer Job.
+            if observed.trainer is not None or ident in state.applied:
+                continue
+            await rt.kube.apply(child)
+            state.applied[ident] = ({}, now)
+            applied += 1
+            continue
         want = render.desired_state(child)
         have = _observed_state(child, observed)
         recent = state.applied.get(ident)

@@ -46,6 +46,7 @@ ROLE_REFERENCE = "reference"
 ROLE_JUDGE = "judge"
 ROLE_CONFIG = "config"
 ROLE_TASK_APP = "task-app"
+IDENTITY_KINDS = {"ServiceAccount", "Role", "RoleBinding"}
 SERVER_CLI_ROLE = {"rollout": "policy", "reference": "reference", "judge": "judge"}
 
 
@@ -458,6 +459,44 @@ def render_jobfile(
     }
 
 
+def render_trainer_identity(job: dict[str, Any], settings: OperatorSettings) -> list[dict[str, Any]]:
+    """Per-job trainer identity (when settings.per_job_trainer_identity): ServiceAccount <job>-trainer, a
+    Role allowing PATCH on exactly this job's status, and its RoleBinding; all owned by the job."""
+    if not settings.per_job_trainer_identity:
+        return []
+    meta = job["metadata"]
+    name = trainer_name(meta["name"])
+    plural = "rljobs" if job["kind"] == "RLJob" else "sftjobs"
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, name, ROLE_TRAINER)}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(job, name, ROLE_TRAINER),
+        "rules": [
+            {
+                "apiGroups": [API_VERSION.split("/")[0]],
+                "resources": [f"{plural}/status"],
+                "resourceNames": [meta["name"]],
+                "verbs": ["patch"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(job, name, ROLE_TRAINER),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": meta["namespace"]}],
+    }
+    return [sa, role, binding]
+
+
+def trainer_service_account(job: dict[str, Any], settings: OperatorSettings) -> str:
+    if settings.per_job_trainer_identity:
+        return trainer_name(job["metadata"]["name"])
+    return settings.trainer_service_account
+
+
 def _wait_script(urls: list[str], timeout: int) -> str:
     """A tiny Python program for the trainer's initContainer: wait until every server's /health is 200."""
     return (
@@ -571,7 +610,7 @@ def render_trainer(
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "subdomain": name,
-        "serviceAccountName": settings.trainer_service_account,
+        "serviceAccountName": trainer_service_account(job, settings),
         "initContainers": init,
         "containers": [
             {
@@ -742,7 +781,8 @@ def render_rljob(
         wait_for=servers,
         judge_env=judge_env,
     )
-    children = [render_config_map(job, jobfile), *server_children, trainer_svc, trainer]
+    identity = render_trainer_identity(job, settings)
+    children = [render_config_map(job, jobfile), *server_children, *identity, trainer_svc, trainer]
     return Rendered(children=children, topology=topo, jobfile=jobfile)
 
 
@@ -771,9 +811,9 @@ def render_sftjob(
         judge_env=[],
         dataset_volume=volume,
     )
-    return Rendered(
-        children=[render_config_map(job, jobfile), trainer_svc, trainer], topology=topo, jobfile=jobfile
-    )
+    identity = render_trainer_identity(job, settings)
+    children = [render_config_map(job, jobfile), *identity, trainer_svc, trainer]
+    return Rendered(children=children, topology=topo, jobfile=jobfile)
 
 
 def render_task_app(task_app: dict[str, Any], settings: OperatorSettings) -> list[dict[str, Any]]:

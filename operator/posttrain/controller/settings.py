@@ -49,7 +49,10 @@ class OperatorSettings(BaseSettings):
     s3_secret_name: str = "posttrain-s3"  # keys S3_ACCESS_KEY_ID / S3_SECRET_ACCESS_KEY
     base_model_uri: str = "{base}"  # how a base model id becomes the trainer/vLLM model path
 
-    # Trainer pods patch their job's status.progress/result with this ServiceAccount.
+    # Trainer pods patch their job's status.progress/result. Default: a per-job ServiceAccount + Role
+    # (PATCH on exactly this job's status) + RoleBinding, owned by the job. Off: the shared ServiceAccount
+    # below (manifests/base/trainer-rbac.yaml binds it in each job namespace).
+    per_job_trainer_identity: bool = True
     trainer_service_account: str = "posttrain-trainer"
     trainer_backoff_limit: int = 0
     master_port: int = 29500

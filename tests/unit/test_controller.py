@@ -1,0 +1,212 @@
+"""Controller pieces without a cluster: verification against a real HTTP server on 127.0.0.1 (the synth
+task-app contract), the retry bound, and the apply-only-what-is-missing rule (with a recording client)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from posttrain.controller import render
+from posttrain.controller.reconcile import LoopState, ensure_children, expected_of
+from posttrain.controller.settings import OperatorSettings
+from posttrain.controller.status import DeploymentObs, Observed, TrainerObs
+from posttrain.controller.verify import (
+    UNAUTHORIZED,
+    UNREACHABLE,
+    Attempt,
+    VerifyPolicy,
+    check_once,
+    summarise_task_info,
+    verify_with_retries,
+)
+
+KEY = "sk_env_unit_0001"
+
+
+class TaskAppServer:
+    """A minimal synth-contract task app: /health and /task_info, X-API-Key checked (400 unauthorised)."""
+
+    def __init__(self, key: str = KEY):
+        self.status_override: int | None = None
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                if server.status_override:
+                    return self._send(server.status_override, {"detail": "down"})
+                if self.headers.get("X-API-Key") != key:
+                    err = {
+                        "detail": {"error": {"code": "unauthorised", "message": "API key missing or invalid"}}
+                    }
+                    return self._send(400, err)
+                if self.path == "/health":
+                    return self._send(200, {"healthy": True, "auth": {"required": True}})
+                if self.path == "/task_info":
+                    return self._send(
+                        200, {"taskset": {"id": "math", "name": "Arithmetic", "rubric": {"x": 1}}}
+                    )
+                return self._send(404, {"detail": "not found"})
+
+            def _send(self, code: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def task_app() -> Iterator[TaskAppServer]:
+    server = TaskAppServer()
+    yield server
+    server.close()
+
+
+def test_check_once_ok(task_app: TaskAppServer) -> None:
+    attempt = asyncio.run(check_once(task_app.url, KEY))
+    assert attempt.ok and attempt.http_status == 200
+    assert attempt.task_info == {"id": "math", "name": "Arithmetic", "rubric": True}
+
+
+def test_check_once_wrong_key_is_permanent(task_app: TaskAppServer) -> None:
+    attempt = asyncio.run(check_once(task_app.url, "wrong"))
+    assert not attempt.ok and attempt.reason == UNAUTHORIZED and attempt.http_status == 400
+    assert "HTTP 400" in attempt.message and "wrong" not in attempt.message
+    assert not attempt.retryable
+
+
+def test_check_once_5xx_is_retryable(task_app: TaskAppServer) -> None:
+    task_app.status_override = 502
+    attempt = asyncio.run(check_once(task_app.url, KEY))
+    assert not attempt.ok and attempt.http_status == 502 and attempt.retryable
+
+
+def test_check_once_unreachable() -> None:
+    attempt = asyncio.run(check_once("http://127.0.0.1:9", KEY, request_timeout=2))
+    assert attempt.reason == UNREACHABLE and attempt.retryable
+
+
+def test_retries_are_bounded_with_backoff() -> None:
+    clock = [0.0]
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        clock[0] += seconds
+
+    async def attempt() -> Attempt:
+        return Attempt(False, UNREACHABLE, "connection refused")
+
+    policy = VerifyPolicy(timeout_seconds=20, backoff_initial=1, backoff_max=8)
+    result = asyncio.run(
+        verify_with_retries(attempt, policy, "task app x", clock=lambda: clock[0], sleep=sleep)
+    )
+    assert result.state == "failed" and "gave up after" in result.message
+    assert sleeps == [1, 2, 4, 8]  # next would pass the 20 s bound
+    assert clock[0] <= 20
+
+
+def test_retry_then_success() -> None:
+    answers = [Attempt(False, UNREACHABLE, "refused"), Attempt(True, "Verified", "ok", 200, {"id": "m"})]
+
+    async def attempt() -> Attempt:
+        return answers.pop(0)
+
+    async def sleep(_: float) -> None:
+        return None
+
+    result = asyncio.run(verify_with_retries(attempt, VerifyPolicy(), "t", sleep=sleep))
+    assert result.state == "ok" and result.attempts == 2
+
+
+def test_policy_from_taskapp_spec() -> None:
+    policy = VerifyPolicy.from_settings(
+        OperatorSettings(), {"timeoutSeconds": 30, "periodSeconds": 5, "requestTimeoutSeconds": 2}
+    )
+    assert (policy.timeout_seconds, policy.period_seconds, policy.request_timeout) == (30, 5, 2)
+    assert VerifyPolicy.from_settings(OperatorSettings()).timeout_seconds == 300
+
+
+def test_summarise_task_info_shapes() -> None:
+    assert summarise_task_info({"taskset": {"task": {"id": "a", "name": "A"}, "rubric": {}}}) == {
+        "id": "a",
+        "name": "A",
+        "rubric": False,
+    }
+    assert summarise_task_info({"id": "b", "rubrics": {"outcome": {}}})["rubric"] is True
+
+
+class RecordingKube:
+    def __init__(self) -> None:
+        self.applied: list[tuple[str, str]] = []
+
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.applied.append((obj["kind"], obj["metadata"]["name"]))
+        return obj
+
+
+class FakeRuntime:
+    def __init__(self) -> None:
+        self.kube = RecordingKube()
+
+
+def _rendered() -> render.Rendered:
+    job = {
+        "apiVersion": "posttrain.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u-1"},
+        "spec": {
+            "model": {"base": "m"},
+            "compute": {"gpuCount": 2, "topology": {"gpusForVllm": 1, "gpusForTraining": 1}},
+        },
+    }
+    return render.render_rljob(job, OperatorSettings(), render.TaskAppTarget("http://t", "s"))
+
+
+def test_ensure_children_applies_only_missing_or_drifted() -> None:
+    rendered = _rendered()
+    rt = FakeRuntime()
+    state = LoopState()
+    n = asyncio.run(ensure_children(rt, rendered.children, Observed(), state))  # type: ignore[arg-type]
+    assert n == len(rendered.children)
+    # Same pass again before the watch caught up: nothing re-applied.
+    assert asyncio.run(ensure_children(rt, rendered.children, Observed(), state)) == 0  # type: ignore[arg-type]
+    # A restarted operator (empty state) that sees every child: nothing applied, no duplicates.
+    full = Observed(
+        deployments={"j-rollout": DeploymentObs("j-rollout", "rollout", 1, 1)},
+        trainer=TrainerObs(name="j-trainer", active=1),
+        others={"ConfigMap/j-config", "Service/j-rollout", "Service/j-trainer"},
+    )
+    rt2 = FakeRuntime()
+    assert asyncio.run(ensure_children(rt2, rendered.children, full, LoopState())) == 0  # type: ignore[arg-type]
+    # Drift (replicas changed behind our back) -> re-applied.
+    drift = Observed(
+        deployments={"j-rollout": DeploymentObs("j-rollout", "rollout", 3, 3)},
+        trainer=full.trainer,
+        others=full.others,
+    )
+    assert asyncio.run(ensure_children(rt2, rendered.children, drift, LoopState())) == 1  # type: ignore[arg-type]
+    assert rt2.kube.applied == [("Deployment", "j-rollout")]
+
+
+def test_expected_of_names_every_watched_child() -> None:
+    exp = expected_of(_rendered())
+    assert exp.trainer == "j-trainer" and exp.deployments == {"j-rollout": 1}
+    assert set(exp.others) == {"ConfigMap/j-config", "Service/j-rollout", "Service/j-trainer"}
