@@ -4,6 +4,7 @@ the shared Runtime, and the entry point used by `posttrain operator` and the ope
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 from typing import Any
@@ -47,6 +48,40 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     )
 
 
+@kopf.on.probe(id="posttrain")
+async def probe(memo: Any, **_: Any) -> dict[str, Any]:
+    """Served on the liveness endpoint: counters the benchmark reads (API requests, reconcile passes)."""
+    runtime = getattr(memo, "runtime", None)
+    if runtime is None:
+        return {}
+    return {
+        "operator_requests": dict(runtime.kube.requests),
+        "kopf_requests": dict(_KOPF_REQUESTS),
+        "reconciles": runtime.reconciles,
+        "loops": len(runtime.wakers),
+    }
+
+
+_KOPF_REQUESTS: collections.Counter[str] = collections.Counter()
+
+
+def count_kopf_requests() -> None:
+    """Opt-in (POSTTRAIN_COUNT_KOPF_REQUESTS=1, for the benchmark): count kopf's own API requests (watches,
+    finalizer/annotation patches, Events) by wrapping aiohttp's request method."""
+    import aiohttp
+
+    original = aiohttp.ClientSession._request
+    if getattr(original, "_posttrain_counted", False):
+        return
+
+    async def counted(self: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        _KOPF_REQUESTS[method.upper()] += 1
+        return await original(self, method, *args, **kwargs)
+
+    counted._posttrain_counted = True  # type: ignore[attr-defined]
+    aiohttp.ClientSession._request = counted  # type: ignore[method-assign]
+
+
 @kopf.on.cleanup()
 async def shutdown(memo: Any, **_: Any) -> None:
     runtime = getattr(memo, "runtime", None)
@@ -68,6 +103,8 @@ async def operate(
     """Run the operator in the current event loop until stop_flag is set (or forever)."""
     settings = settings or load_settings()
     _CONFIG.update(settings=settings, kubeconfig=kubeconfig)
+    if settings.count_kopf_requests:
+        count_kopf_requests()
     ns = namespace or settings.namespace
     await kopf.operator(
         clusterwide=not ns,
