@@ -232,3 +232,43 @@ def test_taskapp_status() -> None:
     assert outage["verified"] is False and outage["taskInfo"] == info
     cond = get_condition(outage, "Verified")
     assert cond["status"] == "False" and "HTTP 503" in cond["message"] and cond["reason"] == "Unconfigured"
+
+
+def test_pod_problems_show_in_message() -> None:
+    from posttrain.controller.status import PodObs
+
+    pod = PodObs.from_object(
+        {
+            "metadata": {"name": "j-trainer-0-x", "labels": {"posttrain.dev/role": "trainer"}},
+            "status": {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                    }
+                ],
+            },
+        }
+    )
+    observed = all_children(trainer_obs=trainer(active=1, ready=0))
+    observed.pods = [pod]
+    out = derive_status(job(), observed=observed, expected=EXPECTED, verification=OK, now=NOW)
+    assert out["phase"] == "Provisioning" and out["reason"] == "PodsNotReady"
+    assert (
+        "trainer pod Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu." in out["message"]
+    )
+    oom = PodObs.from_object(
+        {
+            "metadata": {"name": "p", "labels": {"posttrain.dev/role": "rollout"}},
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    {"name": "rollout", "state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {}}
+                ],
+            },
+        }
+    )
+    assert oom.problem == "rollout: CrashLoopBackOff"

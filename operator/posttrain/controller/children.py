@@ -12,7 +12,7 @@ import kopf
 
 from posttrain.controller.runtime import Key, runtime_of
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, MANAGER
-from posttrain.controller.status import DeploymentObs, TrainerObs
+from posttrain.controller.status import DeploymentObs, PodObs, TrainerObs
 
 SELECTOR = {LABEL_JOB: kopf.PRESENT, LABEL_MANAGED_BY: MANAGER}
 
@@ -70,4 +70,22 @@ async def posttrain_configmaps(meta: Any, memo: Any, **_: Any) -> dict[Key, str]
     return {key: meta["name"]}
 
 
-INDEX_NAMES = ("posttrain_deployments", "posttrain_jobs", "posttrain_services", "posttrain_configmaps")
+@kopf.index("", "v1", "pods", labels=SELECTOR)
+async def posttrain_pods(body: Any, meta: Any, memo: Any, **_: Any) -> dict[Key, PodObs] | None:
+    """Pods of our Deployments and Jobs (the templates carry the same labels): why they are not running."""
+    key = parent_key(meta)
+    if key is None:
+        return None
+    obs = PodObs.from_object(body)
+    if obs.problem or obs.phase != "Running":
+        _wake(memo, key)
+    return {key: obs}
+
+
+INDEX_NAMES = (
+    "posttrain_deployments",
+    "posttrain_jobs",
+    "posttrain_services",
+    "posttrain_configmaps",
+    "posttrain_pods",
+)

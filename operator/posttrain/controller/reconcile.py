@@ -29,6 +29,7 @@ from posttrain.controller.status import (
     DeploymentObs,
     Expected,
     Observed,
+    PodObs,
     TrainerObs,
     Verification,
     derive_status,
@@ -88,6 +89,7 @@ def observe(key: Key, indexes: dict[str, Any]) -> Observed:
         observed.others.add(f"Service/{name}")
     for name in indexes.get("posttrain_configmaps", {}).get(key, []):
         observed.others.add(f"ConfigMap/{name}")
+    observed.pods = [p for p in indexes.get("posttrain_pods", {}).get(key, []) if isinstance(p, PodObs)]
     return observed
 
 

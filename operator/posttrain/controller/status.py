@@ -129,6 +129,44 @@ class TrainerObs:
         )
 
 
+@dataclass(frozen=True)
+class PodObs:
+    """Why a child's pod is not running, when it is not (unschedulable, image pull, crash, OOMKilled)."""
+
+    name: str
+    role: str
+    phase: str
+    problem: str = ""
+
+    @staticmethod
+    def from_object(obj: dict[str, Any]) -> PodObs:
+        meta = obj.get("metadata") or {}
+        status = obj.get("status") or {}
+        problem = ""
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                problem = f"{cond.get('reason') or 'Unschedulable'}: {cond.get('message') or ''}".strip()
+        for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            state = cs.get("state") or {}
+            waiting = state.get("waiting") or {}
+            terminated = state.get("terminated") or {}
+            last = (cs.get("lastState") or {}).get("terminated") or {}
+            if waiting.get("reason") and waiting["reason"] not in ("ContainerCreating", "PodInitializing"):
+                problem = f"{cs.get('name')}: {waiting['reason']}"
+            elif terminated.get("reason") == "OOMKilled" or last.get("reason") == "OOMKilled":
+                problem = f"{cs.get('name')}: OOMKilled"
+            elif terminated and terminated.get("exitCode") not in (None, 0):
+                problem = f"{cs.get('name')}: exit code {terminated.get('exitCode')}"
+            if problem:
+                break
+        return PodObs(
+            name=meta.get("name", ""),
+            role=(meta.get("labels") or {}).get("posttrain.dev/role", ""),
+            phase=status.get("phase") or "Pending",
+            problem=problem[:300],
+        )
+
+
 @dataclass
 class Observed:
     """The job's children as the operator's watches see them, keyed by name."""
@@ -136,6 +174,7 @@ class Observed:
     deployments: dict[str, DeploymentObs] = field(default_factory=dict)
     trainer: TrainerObs | None = None
     others: set[str] = field(default_factory=set)  # names of ConfigMaps / Services that exist
+    pods: list[PodObs] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -313,6 +352,10 @@ def derive_status(
         if waiting:
             phase, reason = PROVISIONING, "WaitingForPods"
             message = "waiting for " + ", ".join(waiting)
+            problems = sorted({f"{p.role} pod {p.problem}" for p in observed.pods if p.problem})
+            if problems:
+                reason = "PodsNotReady"
+                message += "; " + "; ".join(problems[:3])
         else:
             phase, reason = RUNNING, "Running"
             message = "trainer and servers are running"
