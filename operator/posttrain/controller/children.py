@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from posttrain.controller.runtime import Key, runtime_of
-from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, MANAGER
+from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, MANAGER, load_settings
 from posttrain.controller.status import DeploymentObs, PodObs, TrainerObs
 
 SELECTOR = {LABEL_JOB: kopf.PRESENT, LABEL_MANAGED_BY: MANAGER}
@@ -70,7 +70,6 @@ async def posttrain_configmaps(meta: Any, memo: Any, **_: Any) -> dict[Key, str]
     return {key: meta["name"]}
 
 
-@kopf.index("", "v1", "pods", labels=SELECTOR)
 async def posttrain_pods(body: Any, meta: Any, memo: Any, **_: Any) -> dict[Key, PodObs] | None:
     """Pods of our Deployments and Jobs (the templates carry the same labels): why they are not running."""
     key = parent_key(meta)
@@ -80,6 +79,10 @@ async def posttrain_pods(body: Any, meta: Any, memo: Any, **_: Any) -> dict[Key,
     if obs.problem or obs.phase != "Running":
         _wake(memo, key)
     return {key: obs}
+
+
+if load_settings().watch_pods:  # POSTTRAIN_WATCH_PODS=false where RBAC grants no pods list/watch
+    kopf.index("", "v1", "pods", labels=SELECTOR)(posttrain_pods)
 
 
 INDEX_NAMES = (

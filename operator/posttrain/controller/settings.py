@@ -67,6 +67,7 @@ class OperatorSettings(BaseSettings):
     resync_seconds: float = 30.0  # re-reconcile every job at least this often even without events
     debounce_seconds: float = 0.05  # coalesce bursts of child events into one reconcile
     checkpoint_every: int = 0
+    watch_pods: bool = True  # pods index (list/watch pods): status messages say why pods are not running
     count_kopf_requests: bool = False  # benchmark: count kopf's own API requests too (liveness probe)
     extra_env: dict[str, str] = Field(default_factory=dict)  # plain env for every container (no secrets)
 
