@@ -71,6 +71,7 @@ class LoopState:
     delays: Any = None
     target: Any = None
     generation: Any = None
+    pruned: set[str] = field(default_factory=set)
 
 
 def snapshot(body: Any) -> dict[str, Any]:
@@ -166,7 +167,7 @@ async def patch_status(
     rt: Runtime, job: dict[str, Any], desired: dict[str, Any], state: LoopState, *, event_kind: str = ""
 ) -> bool:
     current = job.get("status") or {}
-    patch = status_patch(current, desired)
+    patch = {k: v for k, v in status_patch(current, desired).items() if k not in state.pruned}
     if not patch:
         return False
     now = time.monotonic()
@@ -174,8 +175,17 @@ async def patch_status(
         return False
     meta = job["metadata"]
     path = object_path(API_VERSION, job["kind"], meta["namespace"], meta["name"]) + "/status"
-    await rt.kube.merge_patch(path, {"status": patch})
+    response = await rt.kube.merge_patch(path, {"status": patch})
     state.last_patch = (patch, now)
+    if response is not None:
+        # A field the CRD's status schema does not declare is pruned by the API server: never chase it.
+        written = response.get("status") or {}
+        for key in patch:
+            if key not in written and patch[key] is not None:
+                state.pruned.add(key)
+                logger.warning(
+                    "status.%s is pruned by the CRD schema of %s; not writing it again", key, job["kind"]
+                )
     # Keep the snapshot in line so a second derivation in the same pass starts from what we wrote.
     job.setdefault("status", {}).update(patch)
     old = state.last_phase or current.get("phase") or PENDING
