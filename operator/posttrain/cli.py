@@ -14,6 +14,7 @@ SUBCOMMANDS: list[str] = [
     "train",
     "status",
     "verify_task_app",
+    "filter",
     "operator",
 ]
 
