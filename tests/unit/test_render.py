@@ -364,3 +364,12 @@ def test_per_job_trainer_identity() -> None:
     assert by(out.children, "Job", "trainer")["spec"]["template"]["spec"]["serviceAccountName"] == (
         "posttrain-trainer"
     )
+
+
+def test_kueue_owns_suspend_while_queued() -> None:
+    queued = rljob(scheduling={"queueName": "q"})
+    trainer = by(render.render_rljob(queued, SETTINGS, TARGET).children, "Job", "trainer")
+    assert "suspend" not in trainer["spec"] and render.desired_state(trainer) == {}
+    queued["spec"]["suspend"] = True
+    trainer = by(render.render_rljob(queued, SETTINGS, TARGET).children, "Job", "trainer")
+    assert trainer["spec"]["suspend"] is True

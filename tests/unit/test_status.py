@@ -272,3 +272,9 @@ def test_pod_problems_show_in_message() -> None:
         }
     )
     assert oom.problem == "rollout: CrashLoopBackOff"
+
+
+def test_kueue_queued_trainer_message() -> None:
+    observed = all_children(trainer_obs=trainer(suspended=True))
+    out = derive_status(job(), observed=observed, expected=EXPECTED, verification=OK, now=NOW)
+    assert out["phase"] == "Provisioning" and "Kueue admission" in out["message"]

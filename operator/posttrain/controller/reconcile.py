@@ -130,7 +130,9 @@ def _observed_state(child: dict[str, Any], observed: Observed) -> dict[str, Any]
         return None if dep is None else {"replicas": dep.replicas}
     if kind == "Job":
         tr = observed.trainer
-        return None if tr is None or tr.name != name else {"suspend": tr.suspended}
+        if tr is None or tr.name != name:
+            return None
+        return {"suspend": tr.suspended} if "suspend" in child["spec"] else {}
     return {} if f"{kind}/{name}" in observed.others else None
 
 

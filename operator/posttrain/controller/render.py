@@ -638,6 +638,9 @@ def render_trainer(
         "suspend": bool(spec.get("suspend")),
         "template": {"metadata": {"labels": {**lbls, **_queue_labels(spec)}}, "spec": pod_spec},
     }
+    if _queue_labels(spec) and not spec.get("suspend"):
+        # Kueue owns Job.spec.suspend while the job waits in its queue: do not fight its admission.
+        del job_spec["suspend"]
     deadline = spec.get("activeDeadlineSeconds")
     if deadline:
         job_spec["activeDeadlineSeconds"] = int(deadline)
@@ -890,5 +893,5 @@ def desired_state(child: dict[str, Any]) -> dict[str, Any]:
     if child["kind"] == "Deployment":
         return {"replicas": child["spec"]["replicas"]}
     if child["kind"] == "Job":
-        return {"suspend": bool(child["spec"].get("suspend"))}
+        return {"suspend": bool(child["spec"]["suspend"])} if "suspend" in child["spec"] else {}
     return {}

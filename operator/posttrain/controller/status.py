@@ -389,7 +389,9 @@ def _waiting_for(expected: Expected, observed: Observed) -> list[str]:
             waiting.append(f"{role} {ready}/{replicas} ready")
     trainer = observed.trainer
     ready = trainer.ready if trainer else 0
-    if trainer is None or ready < expected.nodes:
+    if trainer is not None and trainer.suspended:
+        waiting.append("trainer Job suspended (queued: waiting for Kueue admission)")
+    elif trainer is None or ready < expected.nodes:
         waiting.append(f"trainer {ready}/{expected.nodes} pods ready")
     for name in expected.others:
         if name not in observed.others:
