@@ -209,6 +209,12 @@ def test_sft_lowers_heldout_loss_and_uploads_artifacts(s3_env, tiny_model_dir, t
     assert manifest["metrics"]["final_eval_loss"] == pytest.approx(last, rel=1e-3)
     assert manifest["config"]["hyperparameters"]["n_epochs"] == 2
 
+    # a restarted pod of a finished job reports the stored result and trains nothing
+    run_trainer(job_path, env=s3_env.env())
+    again = report_lines(tmp_path / "run" / "report.jsonl")[len(lines) :]
+    assert [line.get("event") for line in again if "event" in line] == ["already_complete"]
+    assert again[-1]["result"] == result and not step_losses(again)
+
     # the uploaded model is the trained one: it loads from its s3:// URI and scores the held-out loss
     from posttrain_trainer.jobfile import StorageRef
     from posttrain_trainer.modeling import load_model_and_tokenizer
@@ -226,6 +232,7 @@ def test_sft_lowers_heldout_loss_and_uploads_artifacts(s3_env, tiny_model_dir, t
 
 
 def test_torchrun_two_processes_match_one(tiny_model_dir, tmp_path):
+    """1 process, 2 DDP processes and 2 DeepSpeed ZeRO-2 processes (gloo), same global batch of 8."""
     train, _ = make_dataset(tmp_path / "data", n_train=96)
     hp = {
         "n_epochs": 1,
@@ -235,16 +242,20 @@ def test_torchrun_two_processes_match_one(tiny_model_dir, tmp_path):
         "sequence_length": 128,
     }
     runs = {}
-    for nproc in (1, 2):
-        job_path, _ = make_job(
-            tmp_path / f"n{nproc}", tiny_model_dir, train, None, hp=hp, name=f"dist{nproc}"
-        )
+    for name, nproc, parallelism in (
+        ("n1", 1, None),
+        ("n2", 2, None),
+        ("ds2", 2, {"use_deepspeed": True, "deepspeed_stage": 2}),
+    ):
+        job_hp = {**hp, "parallelism": parallelism} if parallelism else hp
+        job_path, _ = make_job(tmp_path / name, tiny_model_dir, train, None, hp=job_hp, name=name)
         run_trainer(job_path, nproc=nproc)
-        runs[nproc] = step_losses(report_lines(tmp_path / f"n{nproc}" / "report.jsonl"))
-    assert sorted(runs[1]) == sorted(runs[2]) == list(range(1, 13))
-    for step, loss in runs[1].items():
-        assert runs[2][step] == pytest.approx(loss, abs=1e-4), step
-    assert runs[1][12] < runs[1][1] - 1.0  # and it learned
+        runs[name] = step_losses(report_lines(tmp_path / name / "report.jsonl"))
+    assert sorted(runs["n1"]) == sorted(runs["n2"]) == sorted(runs["ds2"]) == list(range(1, 13))
+    for step, loss in runs["n1"].items():
+        assert runs["n2"][step] == pytest.approx(loss, abs=1e-4), step
+        assert runs["ds2"][step] == pytest.approx(loss, abs=1e-4), step
+    assert runs["n1"][12] < runs["n1"][1] - 1.0  # and it learned
     from safetensors.torch import load_file
 
     one = load_file(tmp_path / "n1" / "work" / "final" / "model.safetensors")

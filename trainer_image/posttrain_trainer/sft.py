@@ -304,6 +304,16 @@ def train(job: JobFile) -> dict[str, Any]:
     history: list[dict[str, Any]] = []
     best: dict[str, Any] = {"value": None, "step": None, "bad_evals": 0}
     last_checkpoint = None
+    if client is not None and s3.exists(client, job.storage.bucket, job.storage.prefix + "manifest.json"):
+        # This job already finished (a restarted pod after success): report the stored result, train nothing.
+        manifest = s3.get_json(client, job.storage.bucket, job.storage.prefix + "manifest.json")
+        reporter.event("already_complete", steps=manifest.get("steps"))
+        reporter.result(
+            manifest["fine_tuned_model"],
+            {k: manifest["artifacts"][k] for k in ("model", "manifest", "checkpoints", "logs", "config")},
+        )
+        D.barrier()
+        return dict(manifest.get("metrics", {}), fine_tuned_model=manifest["fine_tuned_model"])
     if client is not None:
         latest = ckpt.find_latest(client, job.storage.bucket, job.storage.prefix)
         if latest is not None:
