@@ -355,6 +355,12 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
     if not is_rl or (verification is not None and verification.state == "ok" and target is not None):
         rendered = render_job(rt, job, target)
         expected = expected_of(rendered)
+    trainer = observed.trainer
+    if trainer is not None and trainer.is_true("Complete") and not status.get("result"):
+        # The trainer's result may still be on its way through our watch: read the job once, fresh.
+        fresh = await rt.kube.get(object_path(API_VERSION, job["kind"], meta["namespace"], meta["name"]))
+        if fresh and (fresh.get("status") or {}).get("result"):
+            job.setdefault("status", {})["result"] = fresh["status"]["result"]
     now = utcnow()
     desired = derive_status(
         job,
