@@ -15,6 +15,20 @@ from posttrain.controller.runtime import Key, Runtime, runtime_of
 Reconcile = Callable[[Runtime, Any, dict[str, Any], LoopState], Awaitable[float | None]]
 
 
+async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
+    """Until woken, stopped (the object is going, or the operator), or the timeout."""
+    waiters = [asyncio.ensure_future(wake.wait())]
+    if hasattr(stopped, "wait"):
+        waiters.append(asyncio.ensure_future(stopped.wait()))
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.gather(*waiters, return_exceptions=True)
+
+
 async def run_loop(
     reconcile: Reconcile,
     *,
@@ -45,8 +59,7 @@ async def run_loop(
             if wait is None:
                 logger.info("finished; the loop stops (a restart re-checks the cleanup once)")
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=wait)
+            await _sleep(wake, stopped, wait)
             await asyncio.sleep(rt.settings.debounce_seconds)
     finally:
         rt.drop(key)
