@@ -405,7 +405,8 @@ def train(job: JobFile) -> dict[str, Any]:
                 time.sleep(debug_sleep)
             elapsed = time.perf_counter() - started
             step_loss = D.all_reduce_sum(loss_total)
-            tokens_per_s = D.all_reduce_sum(float(seen)) / max(elapsed, 1e-9)
+            seen_global = D.all_reduce_sum(float(seen))  # non-padding input tokens, all ranks
+            tokens_per_s = seen_global / max(elapsed, 1e-9)
             record = {
                 "step": step,
                 "epoch": epoch,
@@ -414,6 +415,8 @@ def train(job: JobFile) -> dict[str, Any]:
                 "grad_norm": grad_norm,
                 "tokens_per_second": tokens_per_s,
                 "target_tokens": step_tokens,
+                "seen_tokens": int(seen_global),
+                "step_seconds": elapsed,
             }
             history.append(record)
             reporter.progress(
