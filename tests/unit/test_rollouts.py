@@ -1,0 +1,170 @@
+"""Pure parts of the RL rollout client: cid format, request shape, mask building, reward blending, budget."""
+
+from __future__ import annotations
+
+import pytest
+from posttrain_trainer.rollouts import (
+    ErrorBudget,
+    RolloutBudgetExceeded,
+    blend_reward,
+    build_rollout_request,
+    build_sequences,
+    episode_return,
+    inference_url,
+    local_blend_reward,
+    make_cid,
+    plan_rollouts,
+    rubric_weights,
+    run_tag,
+    semaphore_size,
+)
+
+CONFIG = {
+    "rollout": {
+        "env_name": "math",
+        "policy_name": "math-single-step",
+        "max_turns": 2,
+        "max_concurrent_rollouts": 16,
+        "env_config": {"difficulty": "medium"},
+        "policy_config": {"temperature": 1.0, "max_tokens": 48},
+    },
+    "training": {"async_semaphore_max": 4, "max_turns": 2},
+}
+
+
+def test_cid_and_inference_url():
+    run = run_tag("demo-rl", "1234abcd-5678-90ef-0000-000000000000")
+    assert run == "demo-rl-1234abcd"
+    cid = make_cid(run, 3, 17, 5)
+    assert cid == "demo-rl-1234abcd-it3-s17-r5"
+    assert make_cid("a b/c", 0, 1, 0, kind="ev") == "a-b-c-ev0-s1-r0"
+    assert inference_url("http://127.0.0.1:9000/", cid) == (
+        "http://127.0.0.1:9000/v1/chat/completions?cid=demo-rl-1234abcd-it3-s17-r5"
+    )
+
+
+def test_plan_rollouts_groups_and_round_robin():
+    specs = plan_rollouts("r", 2, [10, 11], 3, ["http://a", "http://b"])
+    assert [(s.seed, s.group, s.index) for s in specs] == [
+        (10, 0, 0), (10, 0, 1), (10, 0, 2), (11, 1, 0), (11, 1, 1), (11, 1, 2)
+    ]  # fmt: skip
+    assert [s.endpoint for s in specs] == ["http://a", "http://b"] * 3
+    assert specs[4].cid == "r-it2-s11-r1"
+    with pytest.raises(ValueError):
+        plan_rollouts("r", 0, [1], 2, [])
+
+
+def test_request_shape_follows_synth():
+    body = build_rollout_request(
+        config=CONFIG,
+        model="HuggingFaceTB/SmolLM2-135M-Instruct",
+        run_id="x-it0-s7-r0",
+        seed=7,
+        url="U?cid=x",
+    )
+    assert body["mode"] == "rl"
+    assert body["env"] == {"env_name": "math", "seed": 7, "config": {"difficulty": "medium"}}
+    cfg = body["policy"]["config"]
+    assert cfg["inference_url"] == "U?cid=x"
+    assert cfg["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert cfg["temperature"] == 1.0 and cfg["max_tokens"] == 48 and cfg["max_turns"] == 2
+    assert body["policy"]["policy_name"] == "math-single-step"
+    assert body["ops"] == ["agent", "env", "agent", "env"]
+    assert body["record"]["trajectories"] is True
+    ev = build_rollout_request(
+        config=CONFIG,
+        model="m",
+        run_id="e",
+        seed=1,
+        url="U",
+        mode="eval",
+        policy_overrides={"temperature": 0.0},
+    )
+    assert ev["mode"] == "eval" and ev["policy"]["config"]["temperature"] == 0.0
+
+
+def test_semaphore_is_the_smaller_cap():
+    assert semaphore_size(CONFIG) == 4
+    assert semaphore_size({"rollout": {"max_concurrent_rollouts": 3}}) == 3
+    assert semaphore_size({}) == 8
+
+
+def test_single_turn_sequence():
+    caps = [{"prompt_token_ids": [1, 2, 3], "completion_token_ids": [7, 8], "logprobs": [-0.5, -0.25]}]
+    (seq,) = build_sequences(caps)
+    assert seq.prompt_ids == [1, 2, 3]
+    assert seq.completion_ids == [7, 8]
+    assert seq.completion_mask == [1, 1]
+    assert seq.sampling_logprobs == [-0.5, -0.25]
+
+
+def test_multi_turn_masks_env_tokens():
+    caps = [
+        {"prompt_token_ids": [1, 2], "completion_token_ids": [3, 4], "logprobs": [-1.0, -1.0]},
+        # second prompt = first prompt + completion + env/tool tokens [90, 91]
+        {
+            "prompt_token_ids": [1, 2, 3, 4, 90, 91],
+            "completion_token_ids": [5],
+            "logprobs": [{"logprob": -2.0}],
+        },
+    ]
+    (seq,) = build_sequences(caps)
+    assert seq.prompt_ids == [1, 2]
+    assert seq.completion_ids == [3, 4, 90, 91, 5]
+    assert seq.completion_mask == [1, 1, 0, 0, 1]
+    assert seq.sampling_logprobs == [-1.0, -1.0, 0.0, 0.0, -2.0]
+    assert seq.policy_tokens == 3
+
+
+def test_multi_turn_history_rewritten_starts_new_sequence():
+    caps = [
+        {"prompt_token_ids": [1, 2], "completion_token_ids": [3, 4]},
+        {"prompt_token_ids": [1, 2, 9, 5], "completion_token_ids": [6]},  # history does not match
+        {"prompt_token_ids": [], "completion_token_ids": [6]},  # ignored: no prompt
+        {"prompt_token_ids": [1], "completion_token_ids": []},  # no policy token: dropped
+    ]
+    seqs = build_sequences(caps)
+    assert [(s.prompt_ids, s.completion_ids, s.completion_mask) for s in seqs] == [
+        ([1, 2], [3, 4], [1, 1]),
+        ([1, 2, 9, 5], [6], [1]),
+    ]
+    assert seqs[0].sampling_logprobs == [0.0, 0.0]  # absent logprobs -> zeros (diagnostics only)
+
+
+def test_reward_blending():
+    assert local_blend_reward(1.0) == 1.0
+    w = {"env": 0.5, "event": 0.2, "outcome": 0.3}
+    assert local_blend_reward(1.0, 0.5, [1.0, 0.5], w) == pytest.approx(0.5 + 0.2 * 1.5 + 0.3 * 0.5)
+    assert local_blend_reward(2.0, None, None, w) == pytest.approx(1.0)
+    assert blend_reward(1.0, 0.5, 0.25, w) == pytest.approx(0.5 + 0.05 + 0.15)
+
+
+def test_rubric_weights_need_rubric_and_judge():
+    assert rubric_weights({}) == {"env": 1.0, "event": 0.0, "outcome": 0.0}
+    rubric = {"rubric": {"enabled": True, "weights": {"env": 0.2, "event": 0.3, "outcome": 0.5}}}
+    assert rubric_weights(rubric) == {"env": 1.0, "event": 0.0, "outcome": 0.0}  # no [judge]: disabled
+    with_judge = {**rubric, "judge": {"options": {"provider": "openai", "model": "m", "outcome": True}}}
+    assert rubric_weights(with_judge) == {"env": 0.2, "event": 0.3, "outcome": 0.5}
+
+
+def test_episode_return_fallbacks():
+    assert episode_return({"metrics": {"episode_returns": [0.5], "mean_return": 9}}) == 0.5
+    assert episode_return({"metrics": {"mean_return": 0.25}}) == 0.25
+    steps = {"trajectories": [{"steps": [{"reward": 1.0}, {"reward": 0.5}, {"reward": None}]}]}
+    assert episode_return(steps) == 1.5
+
+
+def test_error_budget():
+    budget = ErrorBudget(0.25)
+    assert budget.allowed(16) == 4
+    budget.check(16, ["e"] * 4)
+    with pytest.raises(RolloutBudgetExceeded, match="5 of 16 rollouts failed"):
+        budget.check(16, ["HTTP 502"] * 5)
+    with pytest.raises(RolloutBudgetExceeded):
+        ErrorBudget(1.0).check(2, ["a", "b"])  # nothing succeeded
+    ErrorBudget(0.0).check(8, [])
+    with pytest.raises(RolloutBudgetExceeded):
+        ErrorBudget(0.0).check(8, ["x"])
+    assert ErrorBudget.from_config({"rollout": {"error_budget": 0.5}}).fraction == 0.5
+    with pytest.raises(ValueError):
+        ErrorBudget(1.5)

@@ -1,0 +1,505 @@
+"""The RL trainer's task-app client: /rollout requests in synth's shape, exact tokens from the rollout server's
+captures, rewards blended with judge scores, and an error budget.
+
+Per rollout: POST {task_app}/rollout (mode rl) with policy.config.inference_url =
+`<policy base>/v1/chat/completions?cid=<run>-it<k>-s<seed>-r<i>`; the task app calls the policy through that
+URL, the rollout server records every call under the cid; the trainer then GETs /v1/captures/{cid} on the same
+policy server (then DELETEs it) and trains on exactly those token ids (never re-tokenised text).
+
+Multi-turn episodes: calls are merged into one sequence while each call's prompt starts with the previous
+call's prompt + completion; the tokens in between (tool results, env observations, chat-template glue) join
+the completion with mask 0, so only policy-sampled tokens carry loss. When a later prompt does not extend the
+earlier text token for token (a template that drops earlier reasoning, a truncated history), a new sequence
+starts; every sequence of an episode gets the episode's advantage.
+
+Reward (synth's rubric formula): total = w_env * episode_return + w_event * events_score + w_outcome *
+outcome_score, weights from [rubric].weights when [rubric].enabled and a [judge] is configured (synth disables
+rubric scoring without [judge]), else env only. Scores come from the task app's metrics (outcome_score,
+events_score). posttrain_rollout.judge.blend_reward is used when importable; otherwise the local function
+below (same formula).
+
+Error budget: a failed rollout (HTTP error, invalid response, no capture) is dropped, its group trains on the
+rest; when more than `rollout.error_budget` (fraction of the iteration's rollouts, default 0.25) fail, or no
+rollout at all succeeds, RolloutBudgetExceeded ends the job with the collected error messages."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_ERROR_BUDGET = 0.25
+DEFAULT_TIMEOUT_S = 600.0
+CHAT_PATH = "/v1/chat/completions"
+_CID_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class RolloutBudgetExceeded(RuntimeError):
+    """More task-app rollouts failed in one iteration than the error budget allows."""
+
+
+# -- pure helpers ---------------------------------------------------------------------------------------
+
+
+def run_tag(name: str, uid: str) -> str:
+    """The run part of a correlation id: `<job name>-<uid8>`, only URL-safe characters."""
+    tag = f"{name}-{uid.replace('-', '')[:8]}"
+    return _CID_SAFE.sub("-", tag).strip("-") or "run"
+
+
+def make_cid(run: str, iteration: int, seed: int, index: int, *, kind: str = "it") -> str:
+    """`<run>-it<k>-s<seed>-r<i>` (training) or `<run>-ev<k>-s<seed>-r<i>` (evaluation)."""
+    return f"{_CID_SAFE.sub('-', run)}-{kind}{int(iteration)}-s{int(seed)}-r{int(index)}"
+
+
+def inference_url(base: str, cid: str, path: str = CHAT_PATH) -> str:
+    return f"{base.rstrip('/')}{path}?cid={cid}"
+
+
+def section(config: dict[str, Any], name: str) -> dict[str, Any]:
+    value = config.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def semaphore_size(config: dict[str, Any]) -> int:
+    """min(rollout.max_concurrent_rollouts, training.async_semaphore_max), whichever are given (default 8)."""
+    caps = [
+        section(config, "rollout").get("max_concurrent_rollouts"),
+        section(config, "training").get("async_semaphore_max"),
+        section(config, "rollout").get("async_semaphore_max"),
+    ]
+    caps = [int(c) for c in caps if isinstance(c, (int, float)) and c > 0]
+    return min(caps) if caps else 8
+
+
+def policy_sampling_config(config: dict[str, Any], model: str) -> dict[str, Any]:
+    """policy.config without inference_url: model, sampling params (rollout.policy_config wins over
+    [policy]'s temperature/top_p/max_tokens), max_turns; everything in rollout.policy_config passes through."""
+    policy = section(config, "policy")
+    rollout = section(config, "rollout")
+    out: dict[str, Any] = {"model": policy.get("served_model_name") or model}
+    for key in ("temperature", "top_p", "max_tokens", "thinking_mode", "thinking_budget"):
+        if policy.get(key) is not None:
+            out[key] = policy[key]
+    out.update(dict(rollout.get("policy_config") or {}))
+    max_turns = rollout.get("max_turns") or section(config, "training").get("max_turns")
+    if max_turns and "max_turns" not in out:
+        out["max_turns"] = int(max_turns)
+    return out
+
+
+def build_rollout_request(
+    *,
+    config: dict[str, Any],
+    model: str,
+    run_id: str,
+    seed: int,
+    url: str,
+    mode: str = "rl",
+    policy_overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A synth RolloutRequest (section 4.3/4.5 of the compat brief)."""
+    rollout = section(config, "rollout")
+    max_turns = int(rollout.get("max_turns") or section(config, "training").get("max_turns") or 1)
+    policy_config = policy_sampling_config(config, model)
+    policy_config.update(policy_overrides or {})
+    policy_config["inference_url"] = url
+    ops = rollout.get("ops")
+    ops = list(ops) * max_turns if isinstance(ops, list) and ops else ["agent", "env"] * max_turns
+    return {
+        "run_id": run_id,
+        "mode": mode,
+        "env": {
+            "env_name": rollout.get("env_name"),
+            "seed": int(seed),
+            "config": dict(rollout.get("env_config") or {}),
+        },
+        "policy": {"policy_name": rollout.get("policy_name"), "config": policy_config},
+        "ops": ops,
+        "record": {
+            "trajectories": True,
+            "logprobs": False,
+            "value": False,
+            "return_trace": False,
+            "trace_format": "compact",
+        },
+        "on_done": "reset",
+        "safety": {"max_ops": 100000, "max_time_s": float(rollout.get("timeout_s") or DEFAULT_TIMEOUT_S)},
+        "training_session_id": None,
+        "synth_base_url": None,
+    }
+
+
+def episode_return(response: dict[str, Any]) -> float:
+    """metrics.episode_returns[0], else metrics.mean_return, else the sum of step rewards."""
+    metrics = response.get("metrics") or {}
+    returns = metrics.get("episode_returns")
+    if isinstance(returns, list) and returns:
+        return float(returns[0])
+    if metrics.get("mean_return") is not None:
+        return float(metrics["mean_return"])
+    total = 0.0
+    for trajectory in response.get("trajectories") or []:
+        for step in trajectory.get("steps") or []:
+            total += float(step.get("reward") or 0.0)
+    return total
+
+
+def rubric_weights(config: dict[str, Any]) -> dict[str, float]:
+    """{env, event, outcome}: [rubric].weights (or [judge].reward_blend) when rubric scoring is on and a
+    judge is configured; {env: 1} otherwise."""
+    rubric = section(config, "rubric")
+    judge = section(config, "judge")
+    weights = {"env": 1.0, "event": 0.0, "outcome": 0.0}
+    enabled = bool(rubric.get("enabled")) and bool(judge) and judge.get("enabled", True) is not False
+    if not enabled:
+        return weights
+    given = rubric.get("weights") or rubric.get("reward_blend") or judge.get("reward_blend") or {}
+    for key, value in dict(given).items():
+        name = {"events": "event", "env_return": "env"}.get(key, key)
+        if name in weights and value is not None:
+            weights[name] = float(value)
+    return weights
+
+
+def local_blend_reward(
+    env_return: float,
+    outcome_score: float | None = None,
+    event_scores: float | Sequence[float] | None = None,
+    weights: dict[str, float] | None = None,
+) -> float:
+    """total = env * env_return + event * sum(event_scores) + outcome * outcome_score (missing scores = 0)."""
+    w = {"env": 1.0, "event": 0.0, "outcome": 0.0, **(weights or {})}
+    if isinstance(event_scores, (list, tuple)):
+        events = float(sum(float(x) for x in event_scores if x is not None))
+    else:
+        events = float(event_scores or 0.0)
+    return w["env"] * float(env_return) + w["event"] * events + w["outcome"] * float(outcome_score or 0.0)
+
+
+def blend_reward(
+    env_return: float,
+    outcome_score: float | None = None,
+    event_scores: float | Sequence[float] | None = None,
+    weights: dict[str, float] | None = None,
+) -> float:
+    """posttrain_rollout.judge.blend_reward when installed, else local_blend_reward (same formula)."""
+    try:
+        from posttrain_rollout.judge import blend_reward as shared
+    except Exception:
+        shared = None
+    if shared is not None:
+        try:
+            return float(
+                shared(
+                    env_return=env_return,
+                    outcome_score=outcome_score,
+                    event_scores=event_scores,
+                    weights=weights,
+                )
+            )
+        except TypeError:  # a different signature: the formula is the same
+            pass
+    return local_blend_reward(env_return, outcome_score, event_scores, weights)
+
+
+@dataclass
+class EpisodeSequence:
+    """One training sequence of an episode: the first call's prompt; the completion is every later token
+    (policy tokens mask 1, env/tool/template tokens mask 0); sampling logprobs per completion token (0.0 for
+    non-policy tokens), kept for diagnostics only (the trainer recomputes old logprobs)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    completion_mask: list[int] = field(default_factory=list)
+    sampling_logprobs: list[float] = field(default_factory=list)
+    weight_versions: list[Any] = field(default_factory=list)
+
+    @property
+    def policy_tokens(self) -> int:
+        return int(sum(self.completion_mask))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_ids": self.prompt_ids,
+            "completion_ids": self.completion_ids,
+            "completion_mask": self.completion_mask,
+            "sampling_logprobs": self.sampling_logprobs,
+            "weight_versions": self.weight_versions,
+        }
+
+
+def _logprob_list(entry: dict[str, Any], n: int) -> list[float]:
+    raw = entry.get("logprobs")
+    if not isinstance(raw, list) or len(raw) != n:
+        return [0.0] * n
+    out = []
+    for value in raw:
+        if isinstance(value, dict):  # {"logprob": x, ...}
+            value = value.get("logprob")
+        try:
+            out.append(float(value) if value is not None and math.isfinite(float(value)) else 0.0)
+        except (TypeError, ValueError):
+            out.append(0.0)
+    return out
+
+
+def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]:
+    """Captures of one episode (call order) -> training sequences with a policy-token mask."""
+    sequences: list[EpisodeSequence] = []
+    current: EpisodeSequence | None = None
+    for entry in captures:
+        prompt = [int(t) for t in entry.get("prompt_token_ids") or []]
+        completion = [int(t) for t in entry.get("completion_token_ids") or []]
+        logprobs = _logprob_list(entry, len(completion))
+        version = entry.get("weight_version")
+        if not prompt:
+            continue
+        if current is not None:
+            so_far = current.prompt_ids + current.completion_ids
+            if len(prompt) >= len(so_far) and prompt[: len(so_far)] == so_far:
+                glue = prompt[len(so_far) :]
+                current.completion_ids += glue + completion
+                current.completion_mask += [0] * len(glue) + [1] * len(completion)
+                current.sampling_logprobs += [0.0] * len(glue) + logprobs
+                current.weight_versions.append(version)
+                continue
+            sequences.append(current)
+        current = EpisodeSequence(
+            prompt_ids=prompt,
+            completion_ids=list(completion),
+            completion_mask=[1] * len(completion),
+            sampling_logprobs=logprobs,
+            weight_versions=[version],
+        )
+    if current is not None:
+        sequences.append(current)
+    return [s for s in sequences if s.policy_tokens > 0]
+
+
+class ErrorBudget:
+    """Allows up to floor(fraction * total) failed rollouts per iteration (at least `min_failures`)."""
+
+    def __init__(self, fraction: float = DEFAULT_ERROR_BUDGET, min_failures: int = 0):
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"error_budget must be a fraction in [0, 1], got {fraction}")
+        self.fraction = float(fraction)
+        self.min_failures = int(min_failures)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ErrorBudget:
+        rollout = section(config, "rollout")
+        value = rollout.get("error_budget", section(config, "training").get("rollout_error_budget"))
+        return cls(DEFAULT_ERROR_BUDGET if value is None else float(value))
+
+    def allowed(self, total: int) -> int:
+        return max(self.min_failures, int(math.floor(self.fraction * total + 1e-9)))
+
+    def check(self, total: int, errors: Sequence[str]) -> None:
+        """Raise RolloutBudgetExceeded when the failures exceed the budget or nothing succeeded."""
+        failed = len(errors)
+        if total and (failed > self.allowed(total) or failed >= total):
+            shown = "; ".join(sorted(set(errors))[:5])
+            raise RolloutBudgetExceeded(
+                f"{failed} of {total} rollouts failed (budget {self.allowed(total)}, "
+                f"rollout.error_budget = {self.fraction}): {shown}"
+            )
+
+
+# -- the async client ----------------------------------------------------------------------------------
+
+
+@dataclass
+class RolloutSpec:
+    seed: int
+    group: int  # index of the seed within the iteration (rollouts of one group share a seed)
+    index: int  # member of the group
+    cid: str
+    endpoint: str  # policy server base URL
+
+
+@dataclass
+class RolloutResult:
+    spec: RolloutSpec
+    ok: bool
+    error: str | None = None
+    env_return: float = 0.0
+    outcome_score: float | None = None
+    events_score: float | None = None
+    reward: float = 0.0
+    sequences: list[EpisodeSequence] = field(default_factory=list)
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_rollouts(
+    run: str,
+    iteration: int,
+    seeds: Sequence[int],
+    group_size: int,
+    endpoints: Sequence[str],
+    *,
+    kind: str = "it",
+) -> list[RolloutSpec]:
+    """seeds x group_size rollouts, group after group; endpoints round-robin over rollouts."""
+    if not endpoints:
+        raise ValueError("no policy endpoint to roll out against")
+    specs = []
+    for g, seed in enumerate(seeds):
+        for i in range(group_size):
+            n = len(specs)
+            specs.append(
+                RolloutSpec(
+                    seed=int(seed),
+                    group=g,
+                    index=i,
+                    cid=make_cid(run, iteration, seed, i, kind=kind),
+                    endpoint=endpoints[n % len(endpoints)],
+                )
+            )
+    return specs
+
+
+def api_headers(api_key: str | None) -> dict[str, str]:
+    if not api_key:
+        return {}
+    return {"X-API-Key": api_key, "Authorization": f"Bearer {api_key}"}
+
+
+class RolloutClient:
+    """Async client over one task app and the policy servers. Use `asyncio.run(client.collect(...))`."""
+
+    def __init__(
+        self,
+        *,
+        task_url: str,
+        config: dict[str, Any],
+        model: str,
+        api_key: str | None = None,
+        api_key_env: str = "ENVIRONMENT_API_KEY",
+        concurrency: int | None = None,
+        timeout_s: float | None = None,
+        retries: int = 1,
+    ):
+        self.task_url = task_url.rstrip("/")
+        self.config = config
+        self.model = model
+        self.api_key = api_key if api_key is not None else os.environ.get(api_key_env)
+        self.concurrency = concurrency or semaphore_size(config)
+        rollout = section(config, "rollout")
+        self.timeout_s = float(timeout_s or rollout.get("timeout_s") or DEFAULT_TIMEOUT_S)
+        self.retries = retries
+        self.weights = rubric_weights(config)
+
+    async def collect(
+        self,
+        specs: Sequence[RolloutSpec],
+        *,
+        mode: str = "rl",
+        want_tokens: bool = True,
+        policy_overrides: dict[str, Any] | None = None,
+    ) -> list[RolloutResult]:
+        import httpx
+
+        semaphore = asyncio.Semaphore(max(1, self.concurrency))
+        limits = httpx.Limits(max_connections=max(4, 2 * self.concurrency))
+        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as http:
+
+            async def one(spec: RolloutSpec) -> RolloutResult:
+                async with semaphore:
+                    return await self._run_one(http, spec, mode, want_tokens, policy_overrides)
+
+            return list(await asyncio.gather(*(one(s) for s in specs)))
+
+    async def _post_rollout(self, http, body: dict[str, Any]) -> dict[str, Any]:
+        import httpx
+
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                response = await http.post(
+                    f"{self.task_url}/rollout", json=body, headers=api_headers(self.api_key)
+                )
+            except httpx.TransportError as err:  # connection reset, timeout: retry
+                last = err
+                await asyncio.sleep(0.5 * (attempt + 1))
+                continue
+            if response.status_code >= 400:
+                detail = response.text[:300].replace("\n", " ")
+                raise RuntimeError(f"task app /rollout HTTP {response.status_code}: {detail}")
+            data = response.json()
+            if not isinstance(data, dict):
+                raise RuntimeError("task app /rollout returned a non-object")
+            return data
+        raise RuntimeError(f"task app /rollout unreachable: {type(last).__name__}: {last}")
+
+    async def _run_one(self, http, spec, mode, want_tokens, policy_overrides) -> RolloutResult:
+        started = time.perf_counter()
+        url = inference_url(spec.endpoint, spec.cid)
+        body = build_rollout_request(
+            config=self.config,
+            model=self.model,
+            run_id=spec.cid,
+            seed=spec.seed,
+            url=url,
+            mode=mode,
+            policy_overrides=policy_overrides,
+        )
+        result = RolloutResult(spec=spec, ok=False)
+        try:
+            data = await self._post_rollout(http, body)
+            if data.get("aborted"):
+                raise RuntimeError("task app reported the rollout aborted")
+            metrics = data.get("metrics") or {}
+            result.env_return = episode_return(data)
+            result.outcome_score = _maybe_float(metrics.get("outcome_score"))
+            result.events_score = _maybe_float(metrics.get("events_score"))
+            result.reward = blend_reward(
+                result.env_return, result.outcome_score, result.events_score, self.weights
+            )
+            result.details = {
+                k: metrics.get(k) for k in ("mean_return", "num_steps") if metrics.get(k) is not None
+            }
+            if want_tokens:
+                captures = await self._captures(http, spec)
+                result.sequences = build_sequences(captures)
+                if not result.sequences:
+                    raise RuntimeError(f"no policy tokens captured under cid {spec.cid}")
+            else:
+                await self._drop_captures(http, spec)
+            result.ok = True
+        except Exception as err:
+            result.error = f"{type(err).__name__}: {err}"
+            await self._drop_captures(http, spec)
+        result.seconds = time.perf_counter() - started
+        return result
+
+    async def _captures(self, http, spec: RolloutSpec) -> list[dict[str, Any]]:
+        response = await http.get(f"{spec.endpoint.rstrip('/')}/v1/captures/{spec.cid}")
+        if response.status_code == 404:
+            raise RuntimeError(
+                f"rollout server has no capture for cid {spec.cid} (did the task app keep ?cid=?)"
+            )
+        response.raise_for_status()
+        data = response.json()
+        await self._drop_captures(http, spec)
+        if isinstance(data, dict):  # tolerate {"captures": [...]}
+            data = data.get("captures") or []
+        return list(data)
+
+    async def _drop_captures(self, http, spec: RolloutSpec) -> None:
+        with contextlib.suppress(Exception):  # best effort: the server bounds its capture store
+            await http.delete(f"{spec.endpoint.rstrip('/')}/v1/captures/{spec.cid}")
+
+
+def _maybe_float(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
