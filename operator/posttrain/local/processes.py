@@ -5,6 +5,7 @@ Ctrl-C (SIGTERM to the group, then SIGKILL after a grace period)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -93,8 +94,17 @@ class ManagedProcess:
 class ProcessSet:
     """Starts processes and stops all of them, newest first, when the `with` block ends (any way)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pid_file: Path | None = None) -> None:
         self.processes: list[ManagedProcess] = []
+        self.pid_file = pid_file
+        self._pids: dict[str, int] = {}
+
+    def record(self, name: str, pid: int) -> None:
+        """Note a pid in pid_file (JSON {name: pid}): what was started, for people and tests."""
+        self._pids[name] = pid
+        if self.pid_file is not None:
+            self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+            self.pid_file.write_text(json.dumps(self._pids, indent=2))
 
     def start(
         self,
@@ -106,6 +116,7 @@ class ProcessSet:
     ) -> ManagedProcess:
         proc = ManagedProcess(name, argv, log_path, env=env, cwd=cwd)
         self.processes.append(proc)
+        self.record(name, proc.pid)
         return proc
 
     def check_alive(self) -> None:

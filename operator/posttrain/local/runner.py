@@ -256,10 +256,12 @@ def run_local(opts: LocalOptions) -> LocalResult:
     message = ""
     env_key = os.environ.get("ENVIRONMENT_API_KEY") or "sk_env_local_" + secrets.token_hex(12)
 
-    with sigterm_as_keyboard_interrupt(), ProcessSet() as procs:
+    with sigterm_as_keyboard_interrupt(), ProcessSet(run_dir / "pids.json") as procs:
         s3 = None
         try:
             s3 = s3server.start(opts.runs_dir / "s3")
+            if s3.process is not None:
+                procs.record("s3", s3.process.pid)
             storage = s3.storage(prefix)
             printer.line(f"storage: embedded S3 {s3.url} bucket {s3.bucket} (data {opts.runs_dir / 's3'})")
             child_env = {
@@ -372,7 +374,7 @@ def run_local(opts: LocalOptions) -> LocalResult:
                 f"torchrun --nproc-per-node {opts.nproc} -m posttrain_trainer {opts.kind} "
                 f"--config {job_path} (log {trainer.log_path})",
             )
-            offset = 0
+            offset, last_step, last_fields = 0, None, set()
             deadline = time.monotonic() + opts.timeout if opts.timeout else None
             while True:
                 code = trainer.poll()
@@ -380,7 +382,12 @@ def run_local(opts: LocalOptions) -> LocalResult:
                 for line in lines:
                     if "progress" in line:
                         progress.append(line["progress"])
-                        printer.line(f"  {format_progress(line['progress'])}")
+                        text = format_progress(line["progress"])
+                        fields = {k for k, v in line["progress"].items() if v is not None} - {"updatedAt"}
+                        step = line["progress"].get("step")
+                        if text and not (step == last_step and fields <= last_fields):
+                            printer.line(f"  {text}")
+                        last_step, last_fields = step, fields
                     elif "result" in line:
                         result = line["result"]
                     elif "event" in line:
