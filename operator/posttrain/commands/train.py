@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -68,89 +67,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # ------------------------------------------------------------------------------------------ config
 
 
-def read_toml(path: Path) -> dict[str, Any]:
+def read_text(path: Path) -> str:
     if not path.is_file():
         raise UserError(Problem(f"config file not found: {path}", fix="pass --config PATH to a synth TOML"))
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise UserError(Problem(f"not valid TOML: {err}", file=str(path))) from err
+    return path.read_text()
 
 
-def infer_type(raw: dict[str, Any]) -> str | None:
-    """synth's config_finder rules, shortened."""
-    algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), dict) else {}
-    if raw.get("job_type") in ("rl", "sft"):
-        return raw["job_type"]
-    if algorithm.get("type") == "online" or algorithm.get("variety") in ("gspo", "grpo", "ppo"):
-        return "rl"
-    if algorithm.get("type") == "offline" or algorithm.get("method") in ("sft", "supervised_finetune"):
-        return "sft"
-    if isinstance(raw.get("services"), dict) or isinstance(raw.get("rollout"), dict):
-        return "rl"
-    if isinstance(raw.get("job"), dict) or isinstance(raw.get("hyperparameters"), dict):
-        return "sft"
-    return None
-
-
-def job_type(args: argparse.Namespace, raw: dict[str, Any]) -> str:
-    inferred = infer_type(raw)
-    if args.job_type and inferred and args.job_type != inferred:
-        raise UserError(
-            Problem(f"--type {args.job_type} but the config is a {inferred} config", file=str(args.config))
-        )
-    kind = args.job_type or inferred
-    if kind is None:
-        raise UserError(Problem("cannot tell whether this is an RL or SFT config", file=str(args.config),
-                                fix="pass --type rl or --type sft"))  # fmt: skip
-    return kind
-
-
-def _api():
-    """issue 2's conversion module (posttrain.api.convert)."""
+def load_job(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(kind, raw TOML dict, normalised synth config) through posttrain.api.convert (`posttrain convert`'s
+    parser: lenient aliases, synth's rules, one problem per line); warnings go to stderr."""
     from posttrain.api import convert
+    from posttrain.api.config import normalized_config
 
-    return convert
-
-
-def normalised_config(path: Path, kind: str) -> dict[str, Any]:
-    """The synth config the trainer reads (validated by posttrain.api when it is importable)."""
-    raw = read_toml(path)
-    try:
-        convert = _api()
-    except ImportError:
-        return raw
-    for name in ("load_config", "normalise_config", "normalize_config", "parse_config"):
-        fn = getattr(convert, name, None)
-        if fn is not None:
-            result = fn(path, kind) if name == "load_config" else fn(raw, kind)
-            return (
-                result.model_dump(by_alias=False, exclude_none=True)
-                if hasattr(result, "model_dump")
-                else result
-            )
-    return raw
-
-
-def to_custom_resource(path: Path, kind: str, *, name: str | None, namespace: str) -> dict[str, Any]:
-    try:
-        convert = _api()
-    except ImportError as err:
-        raise UserError(
-            Problem("this posttrain has no TOML -> custom resource converter (posttrain.api.convert)")
-        ) from err
-    for fn_name in ("toml_file_to_cr", "convert_file", "toml_to_cr", "convert"):
-        fn = getattr(convert, fn_name, None)
-        if fn is None:
-            continue
-        try:
-            manifest = fn(path, kind=kind, name=name, namespace=namespace)
-        except TypeError:
-            manifest = fn(path)
-        if isinstance(manifest, list):
-            manifest = next(m for m in manifest if m.get("kind") in ("RLJob", "SFTJob"))
-        return manifest
-    raise UserError(Problem("posttrain.api.convert exposes no TOML -> custom resource function"))
+    text = read_text(args.config)
+    raw = convert.parse_toml(text, str(args.config))
+    kind, config, warnings = convert.load(text, kind=args.job_type, file=str(args.config))
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return kind, raw, normalized_config(config)
 
 
 # ------------------------------------------------------------------------------------------- dataset
@@ -159,7 +93,7 @@ def to_custom_resource(path: Path, kind: str, *, name: str | None, namespace: st
 def dataset_file(args: argparse.Namespace, raw: dict[str, Any]) -> Path | None:
     job = raw.get("job") if isinstance(raw.get("job"), dict) else {}
     value = args.dataset or job.get("data") or job.get("data_path")
-    if not value:
+    if not value or str(value).startswith("s3://"):
         return None
     for candidate in (Path(value), args.config.parent / value):
         if candidate.is_file():
@@ -168,30 +102,37 @@ def dataset_file(args: argparse.Namespace, raw: dict[str, Any]) -> Path | None:
                             fix="pass --dataset PATH (relative paths resolve against the current folder)"))  # fmt: skip
 
 
-def upload_dataset(path: Path, api: Any, namespace: str, job_name: str) -> dict[str, Any]:
-    """S3 when S3_* env is set (s3://<bucket>/datasets/<sha>.jsonl), else a ConfigMap. Returns spec.dataset."""
+def upload_dataset_s3(path: Path) -> dict[str, Any] | None:
+    """Validate the JSONL; upload it to s3://$S3_BUCKET/datasets/<sha>-<name> when S3_ENDPOINT and the keys
+    are set (returns spec.dataset), else None (the caller puts it in a ConfigMap)."""
     from posttrain.local.runner import _validate_jsonl
 
     _validate_jsonl(path)
-    data = path.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()[:16]
     endpoint = os.environ.get("S3_ENDPOINT")
-    if endpoint and os.environ.get("S3_ACCESS_KEY_ID") and os.environ.get("S3_SECRET_ACCESS_KEY"):
-        from posttrain_trainer import storage
+    if not (endpoint and os.environ.get("S3_ACCESS_KEY_ID") and os.environ.get("S3_SECRET_ACCESS_KEY")):
+        return None
+    from posttrain_trainer import storage
 
-        bucket = os.environ.get("S3_BUCKET", "posttrain")
-        client = storage.client_from_env({"endpoint": endpoint, "bucket": bucket})
-        storage.ensure_bucket(client, bucket)
-        key = f"datasets/{digest}-{path.name}"
-        client.fput_object(bucket, key, str(path))
-        print(f"dataset: {path} -> s3://{bucket}/{key}")
-        return {"uri": f"s3://{bucket}/{key}"}
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    bucket = os.environ.get("S3_BUCKET", "posttrain")
+    client = storage.client_from_env({"endpoint": endpoint, "bucket": bucket})
+    storage.ensure_bucket(client, bucket)
+    key = f"datasets/{digest}-{path.name}"
+    client.fput_object(bucket, key, str(path))
+    print(f"dataset: {path} -> s3://{bucket}/{key}")
+    return {"uri": f"s3://{bucket}/{key}"}
+
+
+def upload_dataset_configmap(path: Path, api: Any, namespace: str, job_name: str) -> dict[str, Any]:
+    """A small dataset as a ConfigMap beside the job (server-side apply); returns spec.dataset."""
+    from kubernetes import client
+
+    data = path.read_bytes()
     if len(data) > CONFIGMAP_LIMIT:
         raise UserError(Problem(f"dataset {path} is {len(data)} bytes: too big for a ConfigMap",
                                 fix="set S3_ENDPOINT, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY to upload it to S3"))  # fmt: skip
-    from kubernetes import client
-
-    name = f"{job_name}-dataset-{digest[:8]}"[:63]
+    digest = hashlib.sha256(data).hexdigest()[:8]
+    name = f"{job_name}-dataset-{digest}"[:63].rstrip("-")
     body = {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "labels": {"posttrain.dev/job": job_name, "posttrain.dev/role": "dataset"}},
             "data": {"train.jsonl": data.decode()}}  # fmt: skip
@@ -211,14 +152,13 @@ def upload_dataset(path: Path, api: Any, namespace: str, job_name: str) -> dict[
 
 
 def run(args: argparse.Namespace) -> int:
-    raw = read_toml(args.config)
-    kind = job_type(args, raw)
+    kind, raw, config = load_job(args)
     if args.local:
-        return run_local(args, kind)
+        return run_local(args, kind, config)
     return run_cluster(args, kind, raw)
 
 
-def run_local(args: argparse.Namespace, kind: str) -> int:
+def run_local(args: argparse.Namespace, kind: str, config: dict[str, Any]) -> int:
     from posttrain.local.runner import RUNS_DIR, LocalOptions
     from posttrain.local.runner import run_local as run
 
@@ -227,7 +167,7 @@ def run_local(args: argparse.Namespace, kind: str) -> int:
     options = LocalOptions(
         kind=kind,
         config_path=args.config,
-        config=normalised_config(args.config, kind),
+        config=config,
         dataset=args.dataset,
         nproc=args.nproc,
         name=args.name,
@@ -247,21 +187,22 @@ def run_cluster(args: argparse.Namespace, kind: str, raw: dict[str, Any]) -> int
 
     api, namespace = load_kube(args.context)
     namespace = args.namespace or namespace
-    manifest = to_custom_resource(args.config, kind, name=args.name, namespace=namespace)
-    manifest.setdefault("metadata", {})["namespace"] = namespace
-    if args.name:
-        manifest["metadata"]["name"] = args.name
-    name = manifest["metadata"].get("name")
-    if not name:
-        raise UserError(Problem("the converted job has no name", fix="pass --name NAME"))
-    spec = manifest.setdefault("spec", {})
-    if args.task_url or os.environ.get("TASK_APP_URL"):
-        spec.setdefault("taskApp", {})["url"] = args.task_url or os.environ["TASK_APP_URL"]
-        spec["taskApp"].pop("name", None)
-    if kind == "sft":
+    from posttrain.api.convert import toml_to_cr
+
+    dataset_spec, path = None, None
+    if kind == "sft" and str(args.dataset or "").startswith("s3://"):
+        dataset_spec = {"uri": args.dataset}
+    elif kind == "sft":
         path = dataset_file(args, raw)
         if path is not None:
-            spec["dataset"] = upload_dataset(path, api, namespace, name)
+            dataset_spec = upload_dataset_s3(path)
+    manifest, _ = toml_to_cr(
+        read_text(args.config), kind=kind, name=args.name, namespace=namespace, task_url=args.task_url,
+        dataset=(dataset_spec or {}).get("uri"), file=str(args.config),
+    )  # fmt: skip
+    name = manifest["metadata"]["name"]
+    if path is not None and dataset_spec is None:
+        manifest["spec"]["dataset"] = upload_dataset_configmap(path, api, namespace, name)
 
     objects = client.CustomObjectsApi(api)
     try:
