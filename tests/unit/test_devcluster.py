@@ -1,0 +1,57 @@
+"""Pure parts of the control-plane harness: certificates, kubeconfig, node manifests, arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from posttrain.devcluster import (
+    DISABLED_CONTROLLERS,
+    GPU_RESOURCE,
+    KWOK_NODE_ANNOTATION,
+    DevCluster,
+    kubeconfig_dict,
+    write_certificates,
+)
+
+
+def test_certificates_are_signed_by_one_ca_and_admin_is_system_masters(tmp_path: Path):
+    write_certificates(tmp_path)
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    server = x509.load_pem_x509_certificate((tmp_path / "apiserver.crt").read_bytes())
+    admin = x509.load_pem_x509_certificate((tmp_path / "admin.crt").read_bytes())
+    for cert in (server, admin):
+        cert.verify_directly_issued_by(ca)
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in sans.get_values_for_type(x509.DNSName)
+    assert [o.value for o in admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)] == [
+        "system:masters"
+    ]
+    assert (tmp_path / "sa.key").stat().st_mode & 0o077 == 0
+
+
+def test_kubeconfig_points_at_the_server_with_client_certs(tmp_path: Path):
+    cfg = kubeconfig_dict("https://127.0.0.1:6443", tmp_path)
+    assert cfg["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:6443"
+    assert cfg["users"][0]["user"]["client-certificate"].endswith("admin.crt")
+    assert cfg["current-context"] == cfg["contexts"][0]["name"]
+
+
+def test_nodes_are_kwok_managed_with_the_configured_gpus(tmp_path: Path):
+    node = DevCluster(tmp_path, gpus_per_node=4).node_manifest(2)
+    assert node["metadata"]["name"] == "kwok-gpu-2"
+    assert node["metadata"]["annotations"][KWOK_NODE_ANNOTATION] == "fake"
+    assert node["status"]["allocatable"][GPU_RESOURCE] == "4"
+
+
+def test_controller_manager_runs_gc_and_jobs_but_not_node_lifecycle(tmp_path: Path):
+    cluster = DevCluster(tmp_path)
+    cluster.ports.update(apiserver=1, etcd=2, scheduler=3)
+    flag = next(a for a in cluster._controller_manager_args() if a.startswith("--controllers="))
+    enabled = flag.split("=", 1)[1].split(",")
+    assert enabled[0] == "*"
+    assert "-node-lifecycle-controller" in enabled
+    assert "-garbage-collector-controller" not in enabled and "-job-controller" not in enabled
+    assert len(DISABLED_CONTROLLERS) == len(enabled) - 1
+    assert all("127.0.0.1" in a for a in cluster._apiserver_args() if a.startswith("--bind-address"))
