@@ -187,7 +187,9 @@ def _vllm_env(base_env: dict[str, str], runs_dir: Path, run_dir: Path, kv_gib: i
     env = dict(base_env)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_gib))
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")
-    env.setdefault("VLLM_CACHE_ROOT", str(runs_dir / "cache" / "vllm"))  # shared: warm compiles
+    # One compile cache for every local run (keyed by vLLM itself on model and settings): a second start of
+    # the same model skips most of torch.compile (minutes on 2 busy cores).
+    env.setdefault("VLLM_CACHE_ROOT", str(RUNS_DIR / "cache" / "vllm"))
     tmp = run_dir / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     env["TMPDIR"] = str(tmp)
