@@ -11,6 +11,9 @@ from posttrain.errors import UserError
 
 # Order is the order shown in --help.
 SUBCOMMANDS: list[str] = [
+    "convert",
+    "validate",
+    "crds",
     "train",
     "status",
     "verify_task_app",

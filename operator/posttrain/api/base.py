@@ -1,7 +1,7 @@
 """Base classes shared by the TOML config models and the custom-resource models.
 
 One model hierarchy serves both shapes of a job:
-- the synth TOML / normalized config: snake_case keys, unknown keys inline (validate with `by_name=True`);
+- the synth TOML / normalized config: snake_case keys, unknown keys inline (validate by field name);
 - the custom resource: camelCase keys, a section's unknown keys gathered under `extras`
   (validate and dump with `context=CR_CONTEXT`, `by_alias=True`).
 """
@@ -40,6 +40,7 @@ class CRModel(BaseModel):
         validate_by_name=True,
         validate_by_alias=True,
         serialize_by_alias=True,
+        protected_namespaces=(),
     )
 
 
@@ -54,6 +55,7 @@ class Section(BaseModel):
         alias_generator=to_camel,
         validate_by_name=True,
         validate_by_alias=True,
+        protected_namespaces=(),
     )
 
     @model_validator(mode="before")
@@ -74,10 +76,3 @@ class Section(BaseModel):
             if extras:
                 data[EXTRAS_KEY] = extras
         return data
-
-
-class Passthrough(BaseModel):
-    """A free dict handed verbatim to another program (e.g. rollout.policy_config goes to the task app):
-    keys keep their original spelling in the custom resource too; a few well-known keys are typed."""
-
-    model_config = ConfigDict(extra="allow")

@@ -1,0 +1,329 @@
+"""TOML <-> custom resource, and spec -> the normalised synth config the trainer reads.
+
+- `config_to_spec(config, kind)`: a validated RLConfig/SFTConfig -> the RLJob/SFTJob spec (camelCase).
+- `spec_to_config(spec, kind)`: an RLJob/SFTJob spec (dict) -> the normalised snake_case synth config
+  (unknown keys inline). spec_to_config(config_to_spec(c)) == normalized_config(c).
+- `toml_to_cr(text, ...)`: what `posttrain convert` does (flags as in synth: --model, --task-url, ...).
+- `load_config(path, kind)` / `toml_file_to_cr(path, ...)`: the same from a file, raising UserError with
+  file:line for every problem (used by `posttrain train` and the local runner).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from posttrain.api import model_ids
+from posttrain.api.base import CR_CONTEXT, EXTRAS_KEY
+from posttrain.api.config import (
+    ConfigError,
+    RLConfig,
+    SFTConfig,
+    infer_type,
+    load_rl,
+    load_sft,
+    normalized_config,
+    sft_trainer_mode,
+)
+from posttrain.api.resources import API_VERSION, RLJobSpec, SFTJobSpec
+from posttrain.errors import Problem, UserError
+from posttrain.toml_locate import locate
+
+PLACEHOLDER_URLS = {"", "placeholder"}
+# spec fields that are the operator's business, not the trainer's config (snake_case)
+OPERATOR_ONLY = (
+    "suspend",
+    "task_app",
+    "original_toml",
+    "images",
+    "scheduling",
+    "active_deadline_seconds",
+    "storage",
+    "dataset",
+    "validation_dataset",
+)
+KIND_NAMES = {"rl": "RLJob", "sft": "SFTJob"}
+
+
+# ------------------------------------------------------------------------------------ config <-> spec
+
+
+def _dump_cr(model: Any) -> dict[str, Any]:
+    return model.model_dump(by_alias=True, exclude_none=True, context=CR_CONTEXT)
+
+
+def config_to_spec(config: RLConfig | SFTConfig, kind: str) -> dict[str, Any]:
+    """A validated config -> the job spec (camelCase; unknown keys under each section's `extras`)."""
+    data = _dump_cr(config)
+    extras: dict[str, Any] = dict(data.pop(EXTRAS_KEY, {}) or {})
+    if kind == "rl":
+        assert isinstance(config, RLConfig)
+        services = data.pop("services", None) or {}
+        spec: dict[str, Any] = {}
+        task_url = services.pop("taskUrl", None)
+        if task_url and task_url not in PLACEHOLDER_URLS:
+            spec["taskApp"] = {"url": task_url}
+        judge_url = services.pop("judgeUrl", None)
+        if judge_url:
+            data.setdefault("judge", {})["url"] = judge_url
+        services_extras = services.pop(EXTRAS_KEY, None)
+        if services_extras:
+            extras["services"] = services_extras
+        spec.update(data)
+    else:
+        assert isinstance(config, SFTConfig)
+        job = data.pop("job")
+        model_id = job.pop("model")
+        model: dict[str, Any] = {"source" if model_ids.is_fine_tuned_id(model_id) else "base": model_id}
+        model["trainerMode"] = sft_trainer_mode(config)
+        spec = {"model": model}
+        if job:
+            spec["job"] = job
+        spec.update(data)
+    if extras:
+        spec[EXTRAS_KEY] = extras
+    # validate the shape (raises on a programming error, not on user input: the config was valid)
+    spec_class = RLJobSpec if kind == "rl" else SFTJobSpec
+    if kind == "rl" and "taskApp" not in spec:
+        probe = {**spec, "taskApp": {"url": "http://x"}}
+        spec_class.model_validate(probe, context=CR_CONTEXT)
+    else:
+        spec_class.model_validate(spec, context=CR_CONTEXT)
+    return spec
+
+
+def spec_to_config(spec: dict[str, Any], kind: str = "rl") -> dict[str, Any]:
+    """An RLJob/SFTJob spec -> the normalised snake_case synth config the trainer reads."""
+    spec_class = RLJobSpec if kind == "rl" else SFTJobSpec
+    spec = copy.deepcopy(spec)
+    if kind == "rl" and not spec.get("taskApp"):
+        spec["taskApp"] = {"name": "unset"}
+    parsed = spec_class.model_validate(spec, context=CR_CONTEXT)
+    data = parsed.model_dump(by_alias=False, exclude_none=True)
+    task_app = data.get("task_app") or {}
+    for key in OPERATOR_ONLY:
+        data.pop(key, None)
+    if kind == "rl":
+        services = data.get("services") if isinstance(data.get("services"), dict) else {}
+        if task_app.get("url"):
+            services["task_url"] = task_app["url"]
+        judge = data.get("judge")
+        if isinstance(judge, dict):
+            judge.pop("api_key_secret_ref", None)
+            if judge.get("url"):
+                services["judge_url"] = judge.pop("url")
+            if not judge:
+                data.pop("judge")
+        if services:
+            data["services"] = services
+    else:
+        model = data.pop("model")
+        job = data.get("job") or {}
+        job["model"] = model.get("source") or model.get("base")
+        data["job"] = job
+    return data
+
+
+# ------------------------------------------------------------------------------------ TOML -> CR
+
+
+def _problems_with_lines(problems: list[Problem], text: str | None, file: str | None) -> list[Problem]:
+    out = []
+    for p in problems:
+        line = p.line or (locate(text, p.field) if text else None)
+        out.append(Problem(p.message, file=file or p.file, line=line, field=p.field, fix=p.fix))
+    return out
+
+
+def parse_toml(text: str, file: str | None = None) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        match = re.search(r"line (\d+)", str(err))
+        raise UserError(
+            Problem(
+                f"not valid TOML: {err}",
+                file=file,
+                line=int(match.group(1)) if match else None,
+                fix="fix the TOML syntax",
+            )  # fmt: skip
+        ) from err
+
+
+def detect_kind(raw: dict[str, Any], requested: str | None, file: str | None = None) -> str:
+    inferred = infer_type(raw)
+    if requested and inferred and requested != inferred:
+        raise UserError(Problem(f"--type {requested} but this is an {inferred} config", file=file,
+                                fix=f"pass --type {inferred} or fix [algorithm]"))  # fmt: skip
+    kind = requested or inferred
+    if kind not in ("rl", "sft"):
+        raise UserError(Problem("cannot tell whether this is an RL or SFT config", file=file, field="algorithm",
+                                fix="pass --type rl or --type sft (or add [algorithm])"))  # fmt: skip
+    return kind
+
+
+def apply_model_override(raw: dict[str, Any], kind: str, model: str) -> dict[str, Any]:
+    """--model: a fine-tuned id becomes model.source (clearing base); a base id becomes model.base."""
+    raw = copy.deepcopy(raw)
+    if kind == "sft":
+        raw.setdefault("job", {})["model"] = model
+        return raw
+    key, other = ("source", "base") if model_ids.is_fine_tuned_id(model) else ("base", "source")
+    if isinstance(raw.get("model"), dict) or not isinstance(raw.get("policy"), dict):
+        section = raw.setdefault("model", {})
+        section[key] = model
+        section.pop(other, None)
+    else:
+        policy = raw["policy"]
+        for k in ("model", "model_name", "source"):
+            policy.pop(k, None)
+        policy["source" if key == "source" else "model_name"] = model
+    return raw
+
+
+def load(
+    text: str,
+    *,
+    kind: str | None = None,
+    file: str | None = None,
+    model: str | None = None,
+) -> tuple[str, RLConfig | SFTConfig, list[str]]:
+    """TOML text -> (kind, validated config, warnings); UserError with file:line per problem."""
+    raw = parse_toml(text, file)
+    kind = detect_kind(raw, kind, file)
+    if model:
+        raw = apply_model_override(raw, kind, model)
+    try:
+        config, warnings = load_rl(raw) if kind == "rl" else load_sft(raw)
+    except ConfigError as err:
+        raise UserError(_problems_with_lines(err.problems, text, file)) from err
+    return kind, config, warnings
+
+
+def _dns_label(text: str) -> str:
+    text = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    return re.sub(r"-{2,}", "-", text)[:40].strip("-")
+
+
+def content_name(kind: str, spec: dict[str, Any]) -> str:
+    """A name derived from the content: the same TOML and flags always give the same object."""
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:8]
+    label = spec.get("model", {}).get("label") or (spec.get("tags") or {}).get("name") or ""
+    prefix = _dns_label(str(label)) or kind
+    return f"{prefix}-{digest}"
+
+
+def toml_to_cr(
+    text: str,
+    *,
+    kind: str | None = None,
+    name: str | None = None,
+    namespace: str | None = None,
+    model: str | None = None,
+    task_url: str | None = None,
+    task_app: str | None = None,
+    api_key_secret: str | None = None,
+    dataset: str | None = None,
+    file: str | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """`posttrain convert`: TOML text -> (custom resource dict, warnings)."""
+    env = dict(os.environ) if env is None else env
+    kind, config, warnings = load(text, kind=kind, file=file, model=model)
+    spec = config_to_spec(config, kind)
+    if kind == "rl":
+        url = task_url or env.get("TASK_APP_URL") or (spec.get("taskApp") or {}).get("url")
+        if task_app and (task_url or env.get("TASK_APP_URL")):
+            raise UserError(Problem("--task-app and --task-url both name the task app", file=file,
+                                    fix="pass one of them"))  # fmt: skip
+        if task_app:
+            spec["taskApp"] = {"name": task_app}
+        elif url and url not in PLACEHOLDER_URLS:
+            spec["taskApp"] = {"url": url}
+        else:
+            raise UserError(
+                Problem(
+                    "no task app: the config has no services.task_url",
+                    file=file,
+                    line=locate(text, "services.task_url"),
+                    field="services.task_url",
+                    fix="pass --task-url URL or --task-app NAME (a TaskApp), or set [services] task_url",
+                )  # fmt: skip
+            )
+        if api_key_secret:
+            spec["taskApp"]["apiKeySecretRef"] = {"name": api_key_secret, "key": "ENVIRONMENT_API_KEY"}
+    else:
+        if api_key_secret:
+            warnings.append("--api-key-secret is ignored for SFT (no task app)")
+        if task_url or task_app:
+            warnings.append("--task-url/--task-app are ignored for SFT (no task app)")
+        job = spec.get("job") or {}
+        uri = dataset or (job.get("data") if str(job.get("data", "")).startswith("s3://") else None)
+        if uri:
+            spec["dataset"] = {"uri": uri}
+        else:
+            warnings.append(
+                "the SFTJob names no dataset (spec.dataset): pass --dataset s3://... or use `posttrain train`, "
+                "which uploads [job].data"
+            )
+        validation = (spec.get("data") or {}).get("validationPath")
+        if validation and str(validation).startswith("s3://"):
+            spec["validationDataset"] = {"uri": validation}
+    spec["originalToml"] = text
+    metadata: dict[str, Any] = {"name": name or content_name(kind, spec)}
+    if namespace:
+        metadata["namespace"] = namespace
+    # key order: the spec's own order is kept; originalToml last for readable YAML
+    spec = {k: v for k, v in spec.items() if k != "originalToml"} | {"originalToml": text}
+    resource = {"apiVersion": API_VERSION, "kind": KIND_NAMES[kind], "metadata": metadata, "spec": spec}
+    return resource, warnings
+
+
+def _read(path: str | Path) -> str:
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError as err:
+        raise UserError(Problem("no such file", file=str(path), fix="check the --config path")) from err
+    except OSError as err:
+        raise UserError(Problem(f"cannot read: {err}", file=str(path))) from err
+
+
+def load_config(path: str | Path, kind: str | None = None) -> dict[str, Any]:
+    """A TOML file -> the normalised synth config dict (snake_case, unknown keys kept)."""
+    text = _read(path)
+    _, config, _ = load(text, kind=kind, file=str(path))
+    return normalized_config(config)
+
+
+def toml_file_to_cr(
+    path: str | Path,
+    kind: str | None = None,
+    name: str | None = None,
+    namespace: str | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """A TOML file -> the custom resource dict (see toml_to_cr)."""
+    resource, _ = toml_to_cr(_read(path), kind=kind, name=name, namespace=namespace, file=str(path), **kwargs)
+    return resource
+
+
+def to_yaml(resource: dict[str, Any]) -> str:
+    """Stable YAML: keys in model order, multi-line strings as literal blocks."""
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):
+        pass
+
+    def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+        if "\n" in value:
+            return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value)
+
+    _Dumper.add_representer(str, _str)
+    return yaml.dump(resource, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=110)

@@ -1,0 +1,231 @@
+"""Model ids: synth's allowlist (synth-compat.md 1.10) with experimental gating, fine-tuned ids, and where a
+posttrain job's weights live in S3.
+
+- Base ids are looked up case-insensitively and normalised to their canonical spelling.
+- Experimental models (235B/480B and every *-Thinking-2507) need SDK_EXPERIMENTAL=1 (or
+  POSTTRAIN_EXPERIMENTAL=1).
+- Fine-tuned ids start with ft:, fft:, qft: or rl: and must contain a known base as one of their
+  ':'-separated segments. Only model.source may carry a prefix.
+- posttrain's own fine-tuned ids: `<rl|ft>:<base>:<namespace>.<name>.<uid8>`; their weights live at
+  `s3://<bucket>/jobs/<namespace>/<name>-<uid8>/final/`.
+- A base given as a local folder or an s3:// URI is your own weights and is not checked against the list.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+FT_PREFIXES = ("ft", "fft", "qft", "rl")
+
+_QWEN3_RL = [
+    "Qwen3-0.6B",
+    "Qwen3-1.7B",
+    "Qwen3-4B",
+    "Qwen3-8B",
+    "Qwen3-14B",
+    "Qwen3-30B-A3B",
+    "Qwen3-4B-2507",
+    "Qwen3-4B-Instruct-2507",
+    "Qwen3-4B-Instruct-2507-FP8",
+    "Qwen3-30B-A3B-Instruct-2507",
+    "Qwen3-30B-A3B-Instruct-2507-FP8",
+    "Qwen3-4B-Thinking-2507",
+    "Qwen3-4B-Thinking-2507-FP8",
+    "Qwen3-30B-A3B-Thinking-2507",
+    "Qwen3-30B-A3B-Thinking-2507-FP8",
+    "Qwen3-Coder-30B-A3B-Instruct",
+    "Qwen3-Coder-30B-A3B-Instruct-FP8",
+    "Qwen3-VL-2B-Instruct",
+    "Qwen3-VL-2B-Thinking",
+    "Qwen3-VL-4B-Instruct",
+    "Qwen3-VL-4B-Thinking",
+    "Qwen3-VL-8B-Instruct",
+    "Qwen3-VL-8B-Thinking",
+]
+_QWEN3_SFT_ONLY = [
+    "Qwen3-32B",
+    "Qwen3-235B-A22B",
+    "Qwen3-235B-A22B-Instruct-2507",
+    "Qwen3-235B-A22B-Instruct-2507-FP8",
+    "Qwen3-235B-A22B-Thinking-2507",
+    "Qwen3-235B-A22B-Thinking-2507-FP8",
+    "Qwen3-Coder-480B-A35B-Instruct",
+    "Qwen3-Coder-480B-A35B-Instruct-FP8",
+    "Qwen3-VL-30B-A3B-Instruct",
+    "Qwen3-VL-30B-A3B-Thinking",
+    "Qwen3-VL-32B-Instruct",
+    "Qwen3-VL-32B-Thinking",
+    "Qwen3-VL-235B-A22B-Instruct",
+    "Qwen3-VL-235B-A22B-Thinking",
+]
+# posttrain's own additions (CPU demo and tests).
+_EXTENSION = ["HuggingFaceTB/SmolLM2-135M-Instruct", "posttrain/tiny-random-qwen2"]
+
+
+@dataclass(frozen=True)
+class SupportedModel:
+    id: str
+    modes: frozenset[str]  # {"rl", "sft"}
+    experimental: bool = False
+
+    @property
+    def vision(self) -> bool:
+        return "-VL-" in self.id
+
+
+def _experimental(model_id: str) -> bool:
+    return "235B" in model_id or "480B" in model_id or "Thinking-2507" in model_id
+
+
+SUPPORTED_MODELS: dict[str, SupportedModel] = {}
+for _name in _QWEN3_RL:
+    _id = f"Qwen/{_name}"
+    SUPPORTED_MODELS[_id.lower()] = SupportedModel(_id, frozenset({"rl", "sft"}), _experimental(_id))
+for _name in _QWEN3_SFT_ONLY:
+    _id = f"Qwen/{_name}"
+    SUPPORTED_MODELS[_id.lower()] = SupportedModel(_id, frozenset({"sft"}), _experimental(_id))
+for _id in _EXTENSION:
+    SUPPORTED_MODELS[_id.lower()] = SupportedModel(_id, frozenset({"rl", "sft"}))
+
+
+class ModelIdError(ValueError):
+    """A model id that the allowlist or the id rules refuse; the message says what to do."""
+
+
+def experimental_enabled() -> bool:
+    return any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes")
+        for v in ("SDK_EXPERIMENTAL", "POSTTRAIN_EXPERIMENTAL")
+    )
+
+
+def is_local_weights(value: str) -> bool:
+    """A local folder or an object-store URI: the user's own weights, not an allowlist id."""
+    return value.startswith(("/", "./", "../", "s3://", "file://"))
+
+
+def is_fine_tuned_id(value: str) -> bool:
+    prefix, sep, _ = value.partition(":")
+    return bool(sep) and prefix.lower() in FT_PREFIXES
+
+
+def lookup(model_id: str) -> SupportedModel | None:
+    return SUPPORTED_MODELS.get(model_id.strip().lower())
+
+
+def normalize_base(model_id: str, mode: str) -> str:
+    """The canonical spelling of an allowlisted base id usable for `mode` ("rl" or "sft")."""
+    model_id = model_id.strip()
+    if is_local_weights(model_id):
+        return model_id
+    if is_fine_tuned_id(model_id):
+        raise ModelIdError(
+            f"{model_id!r} is a fine-tuned model id; only model.source may name one (model.base takes a base model)"
+        )
+    model = lookup(model_id)
+    if model is None:
+        raise ModelIdError(
+            f"unsupported model {model_id!r}; supported for {mode}: e.g. Qwen/Qwen3-4B, "
+            "HuggingFaceTB/SmolLM2-135M-Instruct (see posttrain.api.model_ids.SUPPORTED_MODELS)"
+        )
+    if mode not in model.modes:
+        raise ModelIdError(f"{model.id} supports {', '.join(sorted(model.modes))} training only, not {mode}")
+    if model.experimental and not experimental_enabled():
+        raise ModelIdError(f"{model.id} is experimental; set SDK_EXPERIMENTAL=1 to use it")
+    return model.id
+
+
+def base_of_fine_tuned(model_id: str) -> str:
+    """The base a fine-tuned id was trained from: the first ':'-separated run of segments naming a known
+    base (synth scans the segments the same way). Raises ModelIdError when there is none."""
+    if not is_fine_tuned_id(model_id):
+        raise ModelIdError(
+            f"{model_id!r} is not a fine-tuned model id (expected ft:/fft:/qft:/rl:<base>:...)"
+        )
+    segments = model_id.split(":")[1:]
+    for start in range(len(segments)):
+        for end in range(len(segments), start, -1):
+            candidate = ":".join(segments[start:end])
+            model = lookup(candidate)
+            if model is not None:
+                return model.id
+    raise ModelIdError(
+        f"fine-tuned id {model_id!r} names no known base model; use the id an earlier job printed, "
+        "e.g. rl:Qwen/Qwen3-4B:<namespace>.<name>.<uid8>"
+    )
+
+
+def normalize_source(model_id: str, mode: str) -> str:
+    """Check a model.source: a fine-tuned id containing a known base usable for `mode`; returned with the
+    base segment spelled canonically."""
+    model_id = model_id.strip()
+    if is_local_weights(model_id):
+        return model_id
+    if not is_fine_tuned_id(model_id):
+        raise ModelIdError(
+            f"model.source {model_id!r} is not a fine-tuned id (ft:/fft:/qft:/rl:<base>:...); "
+            "a base model goes in model.base"
+        )
+    base = base_of_fine_tuned(model_id)
+    normalize_base(base, mode)
+    prefix, _, rest = model_id.partition(":")
+    pattern = re.compile(re.escape(base), re.IGNORECASE)
+    return f"{prefix.lower()}:{pattern.sub(base, rest, count=1)}"
+
+
+# ------------------------------------------------------------------------------ posttrain's own ids
+
+
+def uid8(uid: str) -> str:
+    """First 8 characters of a Kubernetes uid without dashes."""
+    return uid.replace("-", "")[:8]
+
+
+def fine_tuned_model_id(kind_prefix: str, base: str, namespace: str, name: str, uid: str) -> str:
+    """`rl:<base>:<ns>.<name>.<uid8>` (kind_prefix "rl") or `ft:...` (SFT)."""
+    if kind_prefix not in FT_PREFIXES:
+        raise ValueError(f"kind_prefix must be one of {FT_PREFIXES}, not {kind_prefix!r}")
+    return f"{kind_prefix}:{base}:{namespace}.{name}.{uid8(uid)}"
+
+
+def job_artifact_prefix(namespace: str, name: str, uid: str) -> str:
+    """Where a job's artifacts live in the bucket: `jobs/<ns>/<name>-<uid8>/`."""
+    return f"jobs/{namespace}/{name}-{uid8(uid)}/"
+
+
+@dataclass(frozen=True)
+class FineTunedId:
+    prefix: str
+    base: str
+    namespace: str
+    name: str
+    uid8: str
+
+    def __str__(self) -> str:
+        return f"{self.prefix}:{self.base}:{self.namespace}.{self.name}.{self.uid8}"
+
+
+_TAIL = re.compile(r"^(?P<ns>[^.:/]+)\.(?P<name>[^:/]+)\.(?P<uid8>[0-9A-Za-z]{1,8})$")
+
+
+def parse_fine_tuned_id(model_id: str) -> FineTunedId:
+    """Parse a posttrain fine-tuned id `<prefix>:<base>:<ns>.<name>.<uid8>`; ModelIdError if it is not one
+    (a namespace has no dots, so the name is everything between the first and the last dot)."""
+    prefix, sep, rest = model_id.partition(":")
+    base, sep2, tail = rest.rpartition(":")
+    match = _TAIL.match(tail) if sep and sep2 else None
+    if prefix.lower() not in FT_PREFIXES or not base or match is None:
+        raise ModelIdError(
+            f"{model_id!r} is not a posttrain fine-tuned model id (<ft|rl>:<base>:<namespace>.<name>.<uid8>)"
+        )
+    return FineTunedId(prefix.lower(), base, match["ns"], match["name"], match["uid8"])
+
+
+def resolve_model_source(model_id: str, bucket: str) -> str:
+    """The S3 URI of the final/ folder of the job that produced `model_id`."""
+    if model_id.startswith("s3://"):
+        return model_id
+    parsed = parse_fine_tuned_id(model_id)
+    return f"s3://{bucket}/jobs/{parsed.namespace}/{parsed.name}-{parsed.uid8}/final/"

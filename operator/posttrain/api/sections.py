@@ -1,0 +1,407 @@
+"""The sections of synth-ai's RL and SFT TOML configs (synth-compat.md sections 1 and 2), typed.
+
+Every section keeps unknown keys (synth forwards them verbatim). The same classes are the sections of the
+RLJob / SFTJob spec (camelCase there, unknown keys under `extras`). Cross-section rules and lenient aliases
+live in posttrain.api.config; the per-section rules live here."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from posttrain.api.base import Section
+
+# ------------------------------------------------------------------------------------------ shared
+
+
+class LoraConfig(Section):
+    """LoRA adapter settings (`[training.lora]`; top-level `[lora]` is the deprecated alias)."""
+
+    r: int | None = Field(None, ge=1, description="LoRA rank.")
+    alpha: int | None = Field(None, ge=1, description="LoRA alpha (scaling = alpha / r).")
+    dropout: float | None = Field(None, ge=0, le=1, description="Dropout on the LoRA path.")
+    target_modules: list[str] | None = Field(
+        None,
+        max_length=64,
+        description='Modules to adapt, e.g. ["all-linear"]; keep projector targets (mm_projector) for VL.',
+    )
+
+
+class TopologyConfig(Section):
+    """How the job's GPUs split between rollout inference (vLLM), training and the reference model."""
+
+    type: str | None = Field(None, description='"single_node_split" (or "multi_node").')
+    gpus_for_vllm: int | None = Field(None, ge=0, description="GPUs serving the rollout policy (vLLM).")
+    gpus_for_training: int | None = Field(None, ge=0, description="Trainer GPUs.")
+    gpus_for_ref: int | None = Field(None, ge=0, description="Reference-model GPUs (KL reference).")
+    tensor_parallel: int | None = Field(
+        None, ge=1, description="vLLM tensor-parallel degree; must divide gpus_for_vllm."
+    )
+    reference_placement: Literal["none", "shared", "dedicated"] | None = Field(
+        None, description='Where the reference model runs: "none", "shared" or "dedicated".'
+    )
+
+
+class ComputeConfig(Section):
+    """The hardware the job asks for."""
+
+    gpu_type: str = Field(description='GPU model, e.g. "H100", "A100", "L40S" ("CPU" for local runs).')
+    gpu_count: int = Field(ge=1, description="Total GPUs for the job.")
+    nodes: int | None = Field(None, ge=1, description="Node count; must divide the trainer GPUs.")
+    topology: TopologyConfig | None = Field(None, description="GPU roles (top-level [topology] is an alias).")
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_type_nonempty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("gpu_type must not be empty")
+        return value
+
+
+class PolicySection(Section):
+    """`[policy]`: the policy model and its sampling defaults (synth PolicyConfig)."""
+
+    model_name: str | None = Field(None, description="Base model (like model.base); `model` is an alias.")
+    source: str | None = Field(None, description="Fine-tuned checkpoint id (like model.source).")
+    max_tokens: int = Field(512, ge=1, description="Sampling: maximum new tokens.")
+    temperature: float = Field(0.7, ge=0, description="Sampling temperature.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling.")
+    top_k: int | None = Field(None, description="Top-k sampling.")
+    repetition_penalty: float = Field(1.0, gt=0, description="Repetition penalty.")
+    stop_sequences: list[str] | None = Field(None, max_length=64, description="Stop strings.")
+    trainer_mode: Literal["lora", "qlora", "full"] | None = Field(
+        None, description="lora, qlora or full (required when [policy] names the model)."
+    )
+    label: str | None = Field(None, description="Human-readable run/model label.")
+    inference_url: str | None = Field(None, description="Optional inference URL override.")
+
+
+# ------------------------------------------------------------------------------------------ RL
+
+
+class AlgorithmConfig(Section):
+    """`[algorithm]`: RL is (online, policy_gradient, gspo); SFT is (offline, sft|supervised_finetune,
+    fft|lora|qlora)."""
+
+    type: str = Field(description='"online" (RL) or "offline" (SFT).')
+    method: str = Field(description='"policy_gradient" (RL); "sft" or "supervised_finetune" (SFT).')
+    variety: str = Field(description='"gspo" (RL); "fft", "lora" or "qlora" (SFT).')
+
+
+class ModelSection(Section):
+    """`[model]`: the starting weights. Exactly one of `base` (a model id) and `source` (a fine-tuned id)."""
+
+    base: str | None = Field(None, description="Base model id, e.g. Qwen/Qwen3-4B (cold start).")
+    source: str | None = Field(
+        None, description="Fine-tuned model id (ft:/fft:/qft:/rl:<base>:...) from an earlier job."
+    )
+    trainer_mode: Literal["lora", "qlora", "full"] | None = Field(
+        None, description="lora, qlora or full (required for RL)."
+    )
+    label: str | None = Field(None, description="Human-readable run/model label (required for RL).")
+    supports_vision: bool | None = Field(
+        None, description="Load the vision processor (auto-set for Qwen3-VL models)."
+    )
+    max_images_per_message: int | None = Field(
+        None, ge=1, description="Images kept per message; extra images are trimmed (Qwen3-VL default 1)."
+    )
+    vision_processor_id: str | None = Field(
+        None, description="HF processor id, e.g. Qwen/Qwen3-VL-4B-Instruct (auto-set for Qwen3-VL)."
+    )
+
+
+class PolicyConfigSection(Section):
+    """`[rollout.policy_config]`: merged into the task app's `policy.config` for every rollout."""
+
+    model: str | None = Field(None, description="Model name the task app sends to the inference server.")
+    temperature: float | None = Field(None, ge=0, description="Sampling temperature.")
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling.")
+    max_tokens: int | None = Field(None, ge=1, description="Maximum new tokens per call.")
+    max_llm_calls: int | None = Field(None, ge=1, description="LLM calls per rollout.")
+    use_vision: bool | None = Field(None, description="Include image segments in prompts.")
+    image_only_mode: bool | None = Field(
+        None, description="Send images without text observations (implies use_vision)."
+    )
+    use_tools: bool | None = Field(None, description="Let the policy call tools.")
+    thinking_mode: Literal["think", "no_think"] | None = Field(
+        None, description='"think" or "no_think" (set it for -Thinking models).'
+    )
+    thinking_budget: int | None = Field(None, ge=1, description="Token budget for <think>.")
+
+
+class EnvConfigSection(Section):
+    """`[rollout.env_config]`: forwarded to the task app as `env.config`."""
+
+    difficulty: str | None = Field(None, description="Task difficulty, where the task app knows one.")
+    split: str | None = Field(None, description="Dataset split the task app samples from.")
+
+
+class RolloutConfig(Section):
+    """`[rollout]`: how episodes are collected from the task app."""
+
+    env_name: str = Field(description="Environment name the task app recognises (env.env_name).")
+    policy_name: str = Field(description="Policy name (policy.policy_name).")
+    env_config: EnvConfigSection | None = Field(None, description="Forwarded as env.config.")
+    policy_config: PolicyConfigSection | None = Field(None, description="Merged into policy.config.")
+    max_turns: int = Field(ge=1, description="Steps per episode.")
+    episodes_per_batch: int = Field(ge=1, description="Episodes collected per batch.")
+    max_concurrent_rollouts: int = Field(ge=1, description="Parallel /rollout calls to the task app.")
+    batches_per_step: int | None = Field(None, ge=1, description="Batches per training step (default 1).")
+    ops: list[str] | None = Field(None, max_length=64, description='Op pattern, e.g. ["agent", "env"].')
+    use_vision: bool | None = Field(None, description="Policy prompts include image segments.")
+    image_only_mode: bool | None = Field(None, description="Images without text observations.")
+    max_images_per_step: int | None = Field(None, ge=1, description="Images kept per step.")
+    task_app_origin_rewards_only: bool | None = Field(None, description="Use only the task app's rewards.")
+
+    @field_validator("env_name", "policy_name")
+    @classmethod
+    def _nonempty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+
+class WeightSyncConfig(Section):
+    """`[training.weight_sync]`: pushing trainer weights to the rollout servers."""
+
+    enable: bool | None = Field(None, description="Sync weights to vLLM during training.")
+    targets: list[str] | None = Field(None, max_length=8, description='Servers to update, e.g. ["policy"].')
+    mode: str | None = Field(None, description='Sync mode, e.g. "direct".')
+    direct: bool | None = Field(None, description="Direct sync.")
+    verify_every_k: int | None = Field(None, ge=1, description="Verify the sync every k updates.")
+
+
+class RewardsConfig(Section):
+    """`[training.rewards]`: the nested form of the step_rewards_* fields."""
+
+    step_rewards_enabled: bool | None = Field(None, description="Per-decision rewards.")
+    step_rewards_mode: Literal["off", "decision_stepwise", "env_sparse"] | None = Field(
+        None, description="off, decision_stepwise or env_sparse."
+    )
+    step_rewards_indicator_lambda: float | None = Field(None, description="Indicator weight.")
+    step_rewards_beta: float | None = Field(None, description="Step reward beta.")
+    step_rewards_strategy: str | None = Field(None, description='e.g. "consistent", "per_achievement".')
+    event_rewards_kind: Literal["unique", "absolute"] | None = Field(None, description="unique or absolute.")
+
+
+class RLTrainingConfig(Section):
+    """`[training]` for RL (GSPO)."""
+
+    num_epochs: int = Field(ge=1, description="Epochs.")
+    iterations_per_epoch: int = Field(ge=1, description="Training iterations per epoch.")
+    max_turns: int = Field(ge=1, description="Maximum turns per episode.")
+    batch_size: int = Field(ge=1, description="Training batch (groups).")
+    group_size: int = Field(ge=2, description="GSPO group size: rollouts per prompt/seed (at least 2).")
+    learning_rate: float = Field(gt=0, description="Learning rate.")
+    gradient_accumulation_steps: int | None = Field(None, ge=1, description="Default 1.")
+    max_accumulated_minibatch: int | None = Field(None, ge=1, description="Cap on accumulated minibatches.")
+    log_interval: int | None = Field(None, ge=1, description="Log every N steps.")
+    weight_sync_interval: int | None = Field(None, ge=1, description="Push weights to vLLM every N steps.")
+    weight_sync: WeightSyncConfig | None = Field(None, description="Weight sync settings.")
+    lora: LoraConfig | None = Field(None, description="LoRA settings (top-level [lora] is an alias).")
+    rewards: RewardsConfig | None = Field(None, description="Nested step-reward settings.")
+    step_rewards_enabled: bool | None = Field(None, description="Deprecated flat form of rewards.*.")
+    step_rewards_mode: Literal["off", "decision_stepwise", "env_sparse"] | None = Field(
+        None, description="off, decision_stepwise or env_sparse."
+    )
+    step_rewards_indicator_lambda: float | None = Field(None, description="Indicator weight.")
+    step_rewards_beta: float | None = Field(None, description="Step reward beta.")
+    step_rewards_strategy: str | None = Field(None, description='e.g. "consistent".')
+    event_rewards_kind: Literal["unique", "absolute"] | None = Field(None, description="unique or absolute.")
+    async_semaphore_max: int | None = Field(None, ge=1, description="Cap on concurrent in-flight async work.")
+    supports_vision: bool | None = Field(None, description="Mirror of model.supports_vision.")
+    max_images_per_message: int | None = Field(
+        None, ge=1, description="Mirror of model.max_images_per_message."
+    )
+
+
+class EvaluationConfig(Section):
+    """`[evaluation]`: periodic evaluation on fixed seeds."""
+
+    instances: int = Field(ge=1, description="Evaluation episodes.")
+    every_n_iters: int = Field(ge=1, description="Evaluate every N iterations.")
+    seeds: list[int] = Field(max_length=100000, description="Seeds sent to the task app.")
+
+
+class RubricWeights(Section):
+    env: float = Field(1.0, ge=0, description="Weight of the environment return.")
+    event: float = Field(0.0, ge=0, description="Weight of the summed event scores.")
+    outcome: float = Field(0.0, ge=0, description="Weight of the outcome score.")
+
+
+class RubricConfig(Section):
+    """`[rubric]` (deprecated in favour of judge.reward_blend): total = env*return + event*sum(events) +
+    outcome*outcome_score."""
+
+    enabled: bool = Field(False, description="Blend judge scores into the reward.")
+    weights: RubricWeights | None = Field(None, description="Blend weights (at least one non-zero).")
+    reward_blend: dict[str, float] | None = Field(None, max_length=16, description="Blend weights by name.")
+
+
+class RubricCriterion(Section):
+    id: str = Field(description="Criterion id.")
+    weight: float | None = Field(None, description="Weight.")
+    scale: str | None = Field(None, description='"binary" or "bounded".')
+    description: str | None = Field(None, description="What the judge looks for.")
+
+
+class RubricOverride(Section):
+    goal_text: str | None = Field(None, description="What the episode should achieve.")
+    aggregation: str | None = Field(None, description='e.g. "weighted_sum".')
+    criteria: list[RubricCriterion] | None = Field(None, max_length=64, description="Criteria.")
+
+
+class RubricOverrides(Section):
+    event: RubricOverride | None = Field(None, description="Per-event rubric.")
+    outcome: RubricOverride | None = Field(None, description="Outcome rubric.")
+
+
+class JudgeOptionsConfig(Section):
+    """`[judge.options]`: which judge model scores rollouts. provider and model are required for a judge."""
+
+    provider: str | None = Field(
+        None, description='openai, groq, gemini, or "self-hosted"/"vllm" (served next to the job).'
+    )
+    model: str | None = Field(None, description="Judge model name.")
+    rubric_id: str | None = Field(None, description="Stored rubric id.")
+    event: bool | None = Field(None, description="Score events (default true).")
+    outcome: bool | None = Field(None, description="Score the outcome (default true).")
+    timeout_s: float | None = Field(None, gt=0, description="Judge call timeout.")
+    weights: dict[str, float] | None = Field(None, max_length=16, description="Score weights by name.")
+    rubric_overrides: RubricOverrides | None = Field(None, description="Inline rubric.")
+    gpus: int | None = Field(None, ge=1, description="posttrain: GPUs for a self-hosted judge (default 1).")
+
+
+class SecretKeyRef(Section):
+    """A key of a Secret in the job's namespace."""
+
+    name: str = Field(description="Secret name.")
+    key: str | None = Field(None, description="Key in the Secret.")
+
+
+class JudgeConfig(Section):
+    """`[judge]` (`[verifier]` in later synth): LLM judges whose scores are blended into the reward."""
+
+    type: str | None = Field(None, description="Judge type.")
+    timeout_s: float | None = Field(None, gt=0, description="Judge call timeout (migrated into options).")
+    enabled: bool | None = Field(None, description="Turn the judge on or off.")
+    reward_blend: dict[str, float] | None = Field(
+        None, max_length=16, description="Blend weights, e.g. {env = 0.5, outcome = 0.5}."
+    )
+    rubric: RubricConfig | None = Field(None, description="Rubric settings.")
+    options: JudgeOptionsConfig | None = Field(None, description="Judge provider, model and rubric.")
+    url: str | None = Field(None, description="Judge service base URL (services.judge_url).")
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        None, description="posttrain: Secret holding the judge provider's API key."
+    )
+
+
+class ServicesConfig(Section):
+    """`[services]`: where the task app (and optionally a judge service) lives."""
+
+    task_url: str | None = Field(None, description="Task app base URL (--task-url / TASK_APP_URL win).")
+    judge_url: str | None = Field(None, description="Judge service base URL (`verifier_url` is an alias).")
+
+
+class VllmConfig(Section):
+    """`[vllm]`: rollout inference server settings."""
+
+    tensor_parallel_size: int | None = Field(None, ge=1, description="Align with topology.tensor_parallel.")
+    max_model_len: int | None = Field(None, ge=1, description="Context length.")
+    limit_mm_per_prompt: dict[str, int] | None = Field(
+        None, max_length=8, description="Multimodal limits, e.g. {image = 1}."
+    )
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM GPU memory fraction.")
+
+
+class ReferenceConfig(Section):
+    """`[reference]`: the KL reference model server."""
+
+    placement: Literal["none", "shared", "dedicated"] | None = Field(
+        None, description="none, shared or dedicated (wins over an injected reference_placement = none)."
+    )
+    port: int | None = Field(None, ge=1, le=65535, description="Server port.")
+    tp: int | None = Field(None, ge=1, description="Tensor-parallel degree.")
+    health_max_wait_s: float | None = Field(None, gt=0, description="Startup wait.")
+    health_interval_ms: float | None = Field(None, gt=0, description="Health poll interval.")
+
+
+# ------------------------------------------------------------------------------------------ SFT
+
+
+class SFTJobSection(Section):
+    """`[job]` of an SFT config."""
+
+    model: str | None = Field(None, description="Base model (SFT allowlist) or a fine-tuned id.")
+    data: str | None = Field(None, description="Training JSONL (--dataset wins; relative to the CWD).")
+    data_path: str | None = Field(None, description="Alias of data.")
+    poll_seconds: int | None = Field(None, ge=1, description="Poll interval.")
+
+
+class DataTopology(Section):
+    container_count: int | None = Field(None, ge=1, description="Containers.")
+
+
+class SFTDataSection(Section):
+    """`[data]` of an SFT config."""
+
+    topology: DataTopology | None = Field(None, description="Forwarded as effective_config.data.topology.")
+    validation_path: str | None = Field(None, description="Validation JSONL.")
+
+
+class ValidationConfig(Section):
+    """`[training.validation]`: held-out evaluation during SFT."""
+
+    enabled: bool | None = Field(None, description="Evaluate on the validation set.")
+    evaluation_strategy: str | None = Field(None, description='"steps" or "epoch".')
+    eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps.")
+    save_best_model_at_end: bool | None = Field(None, description="Keep the best checkpoint.")
+    metric_for_best_model: str | None = Field(None, description='e.g. "val.loss".')
+    greater_is_better: bool | None = Field(None, description="Direction of the metric.")
+
+
+class SFTTrainingConfig(Section):
+    """`[training]` of an SFT config."""
+
+    mode: str | None = Field(None, description='"sft_offline", "lora" or "full_finetune".')
+    use_qlora: bool | None = Field(None, description="QLoRA (mode = lora + use_qlora = true).")
+    validation: ValidationConfig | None = Field(None, description="Validation settings.")
+    lora: LoraConfig | None = Field(None, description="LoRA settings.")
+
+
+class ParallelismConfig(Section):
+    """`[hyperparameters.parallelism]`."""
+
+    use_deepspeed: bool | None = Field(None, description="Train with DeepSpeed.")
+    deepspeed_stage: int | None = Field(None, ge=0, le=3, description="ZeRO stage.")
+    fsdp: bool | None = Field(None, description="FSDP.")
+    bf16: bool | None = Field(None, description="bf16 weights/compute.")
+    fp16: bool | None = Field(None, description="fp16.")
+    activation_checkpointing: bool | None = Field(None, description="Gradient checkpointing.")
+    tensor_parallel_size: int | None = Field(None, ge=1, description="Tensor parallel degree.")
+    pipeline_parallel_size: int | None = Field(None, ge=1, description="Pipeline parallel degree.")
+
+
+class HyperparametersConfig(Section):
+    """`[hyperparameters]` of an SFT config."""
+
+    n_epochs: int = Field(1, ge=0, description="Epochs.")
+    total_steps: int | None = Field(None, ge=0, description="Total optimizer steps.")
+    train_steps: int | None = Field(None, ge=0, description="Alias of total_steps.")
+    steps: int | None = Field(None, ge=0, description="Alias of total_steps.")
+    batch_size: int | None = Field(None, ge=1, description="Batch size.")
+    global_batch: int | None = Field(None, ge=1, description="Global batch.")
+    per_device_batch: int | None = Field(None, ge=1, description="Per-device batch.")
+    gradient_accumulation_steps: int | None = Field(None, ge=1, description="Gradient accumulation.")
+    sequence_length: int | None = Field(None, ge=1, description="Maximum tokens per example.")
+    learning_rate: float | None = Field(None, gt=0, description="Learning rate.")
+    warmup_ratio: float | None = Field(None, ge=0, le=1, description="Warmup fraction in [0, 1].")
+    train_kind: Literal["fft", "peft"] | None = Field(None, description='"fft" or "peft".')
+    weight_decay: float | None = Field(None, ge=0, description="Weight decay.")
+    parallelism: ParallelismConfig | None = Field(None, description="Parallelism settings.")
+    evaluation_strategy: str | None = Field(None, description='"steps" or "epoch".')
+    eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps.")
+    save_best_model_at_end: bool | None = Field(None, description="Keep the best checkpoint.")
+    metric_for_best_model: str | None = Field(None, description='e.g. "val.loss".')
+    greater_is_better: bool | None = Field(None, description="Direction of the metric.")
