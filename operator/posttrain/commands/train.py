@@ -51,6 +51,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-n", "--namespace", help="namespace (default: the kube context's)")
     parser.add_argument("--context", help="kube context (default: current)")
     parser.add_argument("--task-url", help="task app URL (overrides [services].task_url and TASK_APP_URL)")
+    parser.add_argument(
+        "--task-app", dest="task_app_name", help="name of a TaskApp in the namespace (cluster mode)"
+    )
+    parser.add_argument(
+        "--api-key-secret",
+        help="Secret holding the task app key (key ENVIRONMENT_API_KEY); default: one made from $ENVIRONMENT_API_KEY",
+    )
     parser.add_argument("--no-poll", dest="poll", action="store_false", help="apply and return")
     parser.add_argument("--poll-timeout", type=float, default=3600.0, help="seconds (default 3600)")
     parser.add_argument("--poll-interval", type=float, default=5.0, help="seconds (default 5)")
@@ -60,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="trainer CPU processes under torchrun (default 1)")  # fmt: skip
     local.add_argument("--runs-dir", type=Path, help="run folders and the embedded S3 data (default .runs/)")
     local.add_argument("--model-path", help="local Hugging Face folder with the base model's weights")
-    local.add_argument("--task-app", type=Path, help="task app script to start (default: the math task app)")
+    local.add_argument("--task-app-script", dest="task_app", type=Path,
+                       help="task app script to start (default: the math task app)")  # fmt: skip
     parser.set_defaults(func=run)
 
 
@@ -121,6 +129,25 @@ def upload_dataset_s3(path: Path) -> dict[str, Any] | None:
     client.fput_object(bucket, key, str(path))
     print(f"dataset: {path} -> s3://{bucket}/{key}")
     return {"uri": f"s3://{bucket}/{key}"}
+
+
+KEY_SECRET = "posttrain-environment-api-key"
+
+
+def apply_key_secret(api: Any, namespace: str, key: str) -> str:
+    """$ENVIRONMENT_API_KEY into the Secret the job references (synth registers it with its backend; here
+    it travels only as a Secret). Returns the Secret's name."""
+    from kubernetes import client
+
+    body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": KEY_SECRET, "labels": {"app.kubernetes.io/managed-by": "posttrain"}},
+            "stringData": {"ENVIRONMENT_API_KEY": key}}  # fmt: skip
+    client.CoreV1Api(api).patch_namespaced_secret(
+        KEY_SECRET, namespace, body, field_manager=FIELD_MANAGER, force=True,
+        _content_type="application/apply-patch+yaml",
+    )  # fmt: skip
+    print(f"task app key: $ENVIRONMENT_API_KEY -> Secret {namespace}/{KEY_SECRET}")
+    return KEY_SECRET
 
 
 def upload_dataset_configmap(path: Path, api: Any, namespace: str, job_name: str) -> dict[str, Any]:
@@ -196,8 +223,12 @@ def run_cluster(args: argparse.Namespace, kind: str, raw: dict[str, Any]) -> int
         path = dataset_file(args, raw)
         if path is not None:
             dataset_spec = upload_dataset_s3(path)
+    secret = args.api_key_secret
+    if kind == "rl" and not secret and os.environ.get("ENVIRONMENT_API_KEY"):
+        secret = apply_key_secret(api, namespace, os.environ["ENVIRONMENT_API_KEY"])
     manifest, _ = toml_to_cr(
         read_text(args.config), kind=kind, name=args.name, namespace=namespace, task_url=args.task_url,
+        task_app=args.task_app_name, api_key_secret=secret if kind == "rl" else None,
         dataset=(dataset_spec or {}).get("uri"), file=str(args.config),
     )  # fmt: skip
     name = manifest["metadata"]["name"]
