@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import os
 import re
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from posttrain.api import model_ids
-from posttrain.api.base import CR_CONTEXT, EXTRAS_KEY
+from posttrain.api.base import CR_CONTEXT, EXTRAS_KEY, Section
 from posttrain.api.config import (
     ConfigError,
     RLConfig,
@@ -98,14 +102,62 @@ def config_to_spec(config: RLConfig | SFTConfig, kind: str) -> dict[str, Any]:
     return spec
 
 
-def spec_to_config(spec: dict[str, Any], kind: str = "rl") -> dict[str, Any]:
-    """An RLJob/SFTJob spec -> the normalised snake_case synth config the trainer reads."""
+def _field_type(annotation: Any) -> Any:
+    """The pydantic model inside an annotation (Optional[X], list[X]) or None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if inspect.isclass(candidate) and issubclass(candidate, BaseModel):
+            return candidate
+        for inner in typing.get_args(candidate):
+            if inspect.isclass(inner) and issubclass(inner, BaseModel):
+                return inner
+    return None
+
+
+def _to_config_shape(cls: type[BaseModel] | None, value: Any) -> Any:
+    """camelCase CR data -> snake_case config data, guided by the model (no validation: the API server's
+    schema already checked the object; partial specs convert too). A section's extras go inline, keys kept."""
+    if isinstance(value, list):
+        return [_to_config_shape(cls, v) for v in value]
+    if cls is None or not isinstance(value, dict):
+        return copy.deepcopy(value)
+    by_alias = {}
+    generator = cls.model_config.get("alias_generator")
+    hints = typing.get_type_hints(cls)
+    for name, field in cls.model_fields.items():
+        alias = field.alias or (generator(name) if callable(generator) else name)
+        by_alias[alias] = (name, _field_type(hints[name]))
+        by_alias.setdefault(name, (name, _field_type(hints[name])))
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key == EXTRAS_KEY and isinstance(item, dict) and issubclass(cls, Section):
+            continue
+        if item is None:
+            continue
+        name, sub = by_alias.get(key, (key, None))
+        out[name] = _to_config_shape(sub, item)
+    extras = value.get(EXTRAS_KEY)
+    if isinstance(extras, dict) and issubclass(cls, Section):
+        for key, item in extras.items():
+            out.setdefault(key, copy.deepcopy(item))
+    return out
+
+
+def spec_kind(spec: dict[str, Any]) -> str | None:
+    """The kind ("rl" or "sft") from a spec's content (None when it cannot tell)."""
+    algo = spec.get("algorithm") if isinstance(spec.get("algorithm"), dict) else {}
+    if algo.get("type") == "offline" or any(k in spec for k in ("hyperparameters", "dataset", "job")):
+        return "sft"
+    if algo.get("type") == "online" or any(k in spec for k in ("rollout", "taskApp")):
+        return "rl"
+    return None
+
+
+def spec_to_config(spec: dict[str, Any], kind: str | None = None) -> dict[str, Any]:
+    """An RLJob/SFTJob spec -> the normalised snake_case synth config the trainer reads. `kind` ("rl",
+    "sft", "RLJob", "SFTJob") is read from the spec's content when that is unambiguous."""
+    kind = spec_kind(spec) or {"RLJob": "rl", "SFTJob": "sft"}.get(kind or "", kind) or "rl"
     spec_class = RLJobSpec if kind == "rl" else SFTJobSpec
-    spec = copy.deepcopy(spec)
-    if kind == "rl" and not spec.get("taskApp"):
-        spec["taskApp"] = {"name": "unset"}
-    parsed = spec_class.model_validate(spec, context=CR_CONTEXT)
-    data = parsed.model_dump(by_alias=False, exclude_none=True)
+    data = _to_config_shape(spec_class, spec)
     task_app = data.get("task_app") or {}
     for key in OPERATOR_ONLY:
         data.pop(key, None)
@@ -123,9 +175,10 @@ def spec_to_config(spec: dict[str, Any], kind: str = "rl") -> dict[str, Any]:
         if services:
             data["services"] = services
     else:
-        model = data.pop("model")
+        model = data.pop("model", None) or {}
         job = data.get("job") or {}
-        job["model"] = model.get("source") or model.get("base")
+        if model.get("source") or model.get("base"):
+            job["model"] = model.get("source") or model.get("base")
         data["job"] = job
     return data
 
