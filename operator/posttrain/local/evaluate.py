@@ -82,6 +82,45 @@ def evaluate_url(
     return mean, len(good), len(returns) - len(good)
 
 
+def materialize(model_path: str, out_dir: Path, s3: Any) -> Path:
+    """A plain local HF folder for a model path: itself when it is one; else (an s3:// final/ folder, full
+    weights or a LoRA adapter on a chain of bases) loaded with the trainer's loader, merged, saved bf16."""
+    local = Path(model_path)
+    if not model_path.startswith("s3://") and (local / "config.json").exists():
+        return local
+    import torch
+    from posttrain_trainer.jobfile import StorageRef
+    from posttrain_trainer.modeling import load_model_and_tokenizer, save_merged
+
+    if (out_dir / "config.json").exists():
+        return out_dir
+    storage = StorageRef.model_validate(s3.storage())
+    saved = {k: os.environ.get(k) for k in s3.env()}
+    os.environ.update(s3.env())
+    try:
+        model, tokenizer = load_model_and_tokenizer(model_path, storage=storage, dtype=torch.bfloat16)
+        save_merged(model, tokenizer, out_dir)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return out_dir
+
+
+def _swap_weights(base: str, path: Path, version: int) -> bool:
+    """Load new full weights into the running rollout server (POST /v1/weights); False when it cannot."""
+    import httpx
+
+    try:
+        response = httpx.post(f"{base}/v1/weights", json={"path": str(path), "format": "full", "version": version},
+                              timeout=600)  # fmt: skip
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
 def evaluate_models(
     models: list[str],
     seeds: list[int],
@@ -92,6 +131,9 @@ def evaluate_models(
     max_model_len: int = 512,
     out: Any = None,
 ) -> list[EvalResult]:
+    """Every model on the same held-out seeds, through one task app and one rollout server (the weights of
+    the 2nd, 3rd... model are swapped in with POST /v1/weights; a fresh server when that fails). Models of
+    different architectures need separate calls."""
     from posttrain import s3server
 
     out = out or sys.stdout
@@ -99,28 +141,37 @@ def evaluate_models(
     run_dir = runs_dir / f"eval-{uuid.uuid4().hex[:8]}"
     logs = run_dir / "logs"
     api_key = "sk_env_eval_" + secrets.token_hex(8)
-    with sigterm_as_keyboard_interrupt(), ProcessSet() as procs:
+    with sigterm_as_keyboard_interrupt(), ProcessSet(run_dir / "pids.json") as procs:
         s3 = s3server.start(runs_dir / "s3")
         try:
             env = {**os.environ, **s3.env(), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
             task_url, _ = start_taskapp(procs, api_key=api_key, log_dir=logs)
-            for model in models:
-                resolved = resolve_model(None if model.startswith(("ft:", "rl:", "fft:", "qft:")) else model,
-                                         model if model.startswith(("ft:", "rl:", "fft:", "qft:")) else None,
+            server: tuple[Any, str, str] | None = None  # (process, base url, served name)
+            for index, model in enumerate(models):
+                fine_tuned = model.startswith(("ft:", "rl:", "fft:", "qft:"))
+                resolved = resolve_model(None if fine_tuned else model, model if fine_tuned else None,
                                          bucket=s3.bucket)  # fmt: skip
                 started = time.monotonic()
-                port = free_port()
-                argv = _rollout_argv("policy", resolved.model_path, port, resolved.base_model, max_model_len)
-                proc = procs.start(f"eval-{len(results)}", argv, logs / f"rollout-{len(results)}.log",
-                                   env=_vllm_env(env, runs_dir, run_dir, 1))  # fmt: skip
-                base = f"http://127.0.0.1:{port}"
-                wait_http(f"{base}/health", timeout=600, proc=proc, interval=1.0)
+                folder = materialize(resolved.model_path, run_dir / "models" / f"m{index}", s3)
+                if server is not None and not _swap_weights(server[1], folder, index + 1):
+                    print(
+                        f"  (weight swap refused; starting a fresh server for {model})", file=out, flush=True
+                    )
+                    server[0].stop()
+                    procs.processes.remove(server[0])
+                    server = None
+                if server is None:
+                    port = free_port()
+                    argv = _rollout_argv("policy", str(folder), port, resolved.base_model, max_model_len)
+                    proc = procs.start(f"eval-{index}", argv, logs / f"rollout-{index}.log",
+                                       env=_vllm_env(env, runs_dir, run_dir, 1))  # fmt: skip
+                    base = f"http://127.0.0.1:{port}"
+                    wait_http(f"{base}/health", timeout=900, proc=proc, interval=1.0)
+                    server = (proc, base, resolved.base_model)
                 mean, episodes, errors = evaluate_url(
-                    task_url, api_key, base, resolved.base_model, seeds,
+                    task_url, api_key, server[1], server[2], seeds,
                     env_config=env_config, policy_config=policy_config,
                 )  # fmt: skip
-                proc.stop()
-                procs.processes.remove(proc)
                 result = EvalResult(model, mean, episodes, errors, time.monotonic() - started)
                 print(f"eval {model}: mean_return {mean:.3f} on {episodes} held-out seeds"
                       f"{f' ({errors} errors)' if errors else ''} [{result.seconds:.0f} s]", file=out, flush=True)  # fmt: skip
