@@ -205,7 +205,9 @@ def run_local(args: argparse.Namespace, kind: str, config: dict[str, Any]) -> in
         timeout=args.poll_timeout if args.poll_timeout != 3600.0 else None,
     )
     result = run(options)
-    return 0 if result.phase == "Succeeded" else EXIT_FAILED
+    if result.phase == "Succeeded":
+        return 0
+    return 130 if result.message == "interrupted" else EXIT_FAILED
 
 
 def run_cluster(args: argparse.Namespace, kind: str, raw: dict[str, Any]) -> int:

@@ -163,13 +163,15 @@ def wait_http(
 
 @contextlib.contextmanager
 def sigterm_as_keyboard_interrupt():
-    """Turn SIGTERM into KeyboardInterrupt so that `finally` blocks stop the children."""
+    """SIGTERM and SIGINT raise KeyboardInterrupt (also where SIGINT was inherited as ignored, e.g. a
+    background job of a script), so that `finally` blocks stop the children."""
 
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
