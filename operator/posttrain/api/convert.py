@@ -332,8 +332,13 @@ def toml_to_cr(
     metadata: dict[str, Any] = {"name": name or content_name(kind, spec)}
     if namespace:
         metadata["namespace"] = namespace
-    # key order: the spec's own order is kept; originalToml last for readable YAML
-    spec = {k: v for k, v in spec.items() if k != "originalToml"} | {"originalToml": text}
+    # key order: taskApp first, then the TOML's sections, originalToml last (readable YAML)
+    head = {k: spec[k] for k in ("taskApp", "model") if k in spec}
+    spec = (
+        head
+        | {k: v for k, v in spec.items() if k not in head and k != "originalToml"}
+        | {"originalToml": text}
+    )
     resource = {"apiVersion": API_VERSION, "kind": KIND_NAMES[kind], "metadata": metadata, "spec": spec}
     return resource, warnings
 

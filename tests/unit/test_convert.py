@@ -1,0 +1,206 @@
+"""posttrain convert: examples, determinism, flags, errors, spec <-> config round trips."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from posttrain.api.config import normalized_config
+from posttrain.api.convert import config_to_spec, load, spec_to_config, toml_to_cr
+from posttrain.api.resources import RLJob, SFTJob, TaskApp
+from posttrain.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.toml"))
+FLAGS_MARK = "# posttrain convert flags:"
+
+
+@pytest.fixture(autouse=True)
+def _no_task_url_env(monkeypatch):
+    monkeypatch.delenv("TASK_APP_URL", raising=False)
+    monkeypatch.delenv("SDK_EXPERIMENTAL", raising=False)
+    monkeypatch.delenv("POSTTRAIN_EXPERIMENTAL", raising=False)
+
+
+def _flags(path: Path) -> list[str]:
+    for line in path.read_text().splitlines():
+        if line.startswith(FLAGS_MARK):
+            return shlex.split(line[len(FLAGS_MARK) :])
+    return []
+
+
+def test_examples_exist():
+    names = {p.stem for p in EXAMPLES}
+    assert {
+        "rl_qwen3_4b",
+        "rl_from_ft",
+        "rl_vision_qwen3vl4b",
+        "rl_judge_blend",
+        "sft_lora",
+        "sft_full",
+    } <= names
+
+
+@pytest.mark.parametrize("toml_path", EXAMPLES, ids=lambda p: p.stem)
+def test_committed_cr_equals_convert_output(toml_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert main(["convert", "--config", str(toml_path.relative_to(REPO)), *_flags(toml_path)]) == 0
+    committed = REPO / "examples" / "crs" / f"{toml_path.stem}.yaml"
+    out = capsys.readouterr().out
+    assert committed.is_file(), f"missing {committed}"
+    assert committed.read_text() == out, f"{committed} is stale: posttrain convert --config {toml_path} ..."
+
+
+@pytest.mark.parametrize("toml_path", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_are_valid_resources_and_round_trip(toml_path):
+    doc = yaml.safe_load((REPO / "examples" / "crs" / f"{toml_path.stem}.yaml").read_text())
+    model = {"RLJob": RLJob, "SFTJob": SFTJob}[doc["kind"]]
+    model.model_validate(doc, context={"cr": True})
+    assert doc["spec"]["originalToml"] == toml_path.read_text()
+    kind, config, _ = load(toml_path.read_text())
+    expected = normalized_config(config)
+    back = spec_to_config(doc["spec"], kind)
+    if "taskApp" in doc["spec"]:  # the flags chose the task app; the rest is the TOML's
+        assert back.pop("services", {}).get("task_url") == doc["spec"]["taskApp"].get("url")
+        expected.get("services", {}).pop("task_url", None)
+        if not expected.get("services"):
+            expected.pop("services", None)
+    assert back == expected
+
+
+def test_taskapp_example_is_valid():
+    doc = yaml.safe_load((REPO / "examples" / "crs" / "taskapp-math.yaml").read_text())
+    app = TaskApp.model_validate(doc)
+    assert app.spec.image and app.spec.api_key_secret_ref.key == "ENVIRONMENT_API_KEY"
+
+
+def _rl_text(**model: str) -> str:
+    lines = "\n".join(f'{k} = "{v}"' for k, v in model.items())
+    return (
+        (REPO / "examples" / "rl_qwen3_4b.toml")
+        .read_text()
+        .replace('base = "Qwen/Qwen3-4B"\ntrainer_mode', f"{lines}\ntrainer_mode")
+    )
+
+
+def test_name_is_deterministic_and_content_derived():
+    text = (REPO / "examples" / "rl_qwen3_4b.toml").read_text()
+    a, _ = toml_to_cr(text, env={})
+    b, _ = toml_to_cr(text, env={})
+    assert a == b
+    assert a["metadata"]["name"].startswith("math-rl-qwen3-4b-")
+    c, _ = toml_to_cr(text.replace("learning_rate = 5e-5", "learning_rate = 4e-5"), env={})
+    assert c["metadata"]["name"] != a["metadata"]["name"]
+    d, _ = toml_to_cr(text, name="mine", namespace="team", env={})
+    assert d["metadata"] == {"name": "mine", "namespace": "team"}
+
+
+def test_task_url_precedence_and_secret():
+    text = (REPO / "examples" / "rl_qwen3_4b.toml").read_text()
+    cr, _ = toml_to_cr(text, env={})
+    assert cr["spec"]["taskApp"] == {"url": "http://math-task-app:8000"}
+    cr, _ = toml_to_cr(text, env={"TASK_APP_URL": "http://env:1"})
+    assert cr["spec"]["taskApp"]["url"] == "http://env:1"
+    cr, _ = toml_to_cr(
+        text, task_url="http://flag:2", api_key_secret="k", env={"TASK_APP_URL": "http://env:1"}
+    )
+    assert cr["spec"]["taskApp"] == {
+        "url": "http://flag:2",
+        "apiKeySecretRef": {"name": "k", "key": "ENVIRONMENT_API_KEY"},
+    }
+    cr, _ = toml_to_cr(text, task_app="math", env={})
+    assert cr["spec"]["taskApp"] == {"name": "math"}
+    assert list(cr["spec"])[0] == "taskApp" and list(cr["spec"])[-1] == "originalToml"
+
+
+def test_no_task_app_is_a_user_error(capsys, tmp_path):
+    src = (REPO / "examples" / "rl_from_ft.toml").read_text()
+    path = tmp_path / "rl.toml"
+    path.write_text(src)
+    assert main(["convert", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "services.task_url" in err and "--task-url" in err and "Traceback" not in err
+
+
+def test_model_override():
+    text = (REPO / "examples" / "rl_qwen3_4b.toml").read_text()
+    cr, _ = toml_to_cr(text, model="rl:Qwen/Qwen3-4B:team.prev.0a1b2c3d", env={})
+    assert cr["spec"]["model"]["source"] == "rl:Qwen/Qwen3-4B:team.prev.0a1b2c3d"
+    assert "base" not in cr["spec"]["model"]
+    cr, _ = toml_to_cr(text, model="qwen/qwen3-8b", env={})
+    assert cr["spec"]["model"]["base"] == "Qwen/Qwen3-8B"
+    sft = (REPO / "examples" / "sft_lora.toml").read_text()
+    cr, _ = toml_to_cr(sft, model="Qwen/Qwen3-32B", dataset="s3://b/d.jsonl", env={})
+    assert cr["spec"]["model"]["base"] == "Qwen/Qwen3-32B"
+
+
+def test_sft_dataset_flag_and_type_detection(tmp_path, capsys):
+    sft = REPO / "examples" / "sft_lora.toml"
+    cr, warnings = toml_to_cr(sft.read_text(), dataset="s3://b/train.jsonl", env={})
+    assert cr["kind"] == "SFTJob" and cr["spec"]["dataset"] == {"uri": "s3://b/train.jsonl"}
+    cr, warnings = toml_to_cr(sft.read_text(), env={})
+    assert "dataset" not in cr["spec"] and any("dataset" in w for w in warnings)
+    # --type contradicting the content
+    assert main(["convert", "--config", str(sft), "--type", "rl"]) == 2
+    assert "--type rl" in capsys.readouterr().err
+    # a local --dataset is checked
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    assert main(["convert", "--config", str(sft), "--dataset", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:1" in err and "at least 2" in err
+
+
+def test_output_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "sub" / "job.yaml"
+    flags = _flags(REPO / "examples" / "sft_full.toml")
+    assert main(["convert", "--config", "examples/sft_full.toml", *flags, "-o", str(out)]) == 0
+    assert out.read_text() == (REPO / "examples" / "crs" / "sft_full.yaml").read_text()
+
+
+def test_invalid_name_and_missing_file(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert main(["convert", "--config", "examples/sft_full.toml", "--name", "Bad_Name"]) == 2
+    assert main(["convert", "--config", str(tmp_path / "nope.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "invalid --name" in err and "no such file" in err
+
+
+def test_bad_toml_syntax_has_a_line(tmp_path, capsys):
+    path = tmp_path / "x.toml"
+    path.write_text('[algorithm]\ntype = "online"\nmethod = \n')
+    assert main(["convert", "--config", str(path)]) == 2
+    assert f"{path}:3" in capsys.readouterr().err
+
+
+def test_unknown_keys_travel_in_extras_and_back():
+    text = (REPO / "examples" / "rl_qwen3_4b.toml").read_text() + (
+        '\n[data]\nsplit = "train"\nseed_start = 3\n[rollout.env_config.step_rewards]\nenabled = true\n'
+    )
+    text = text.replace("async_semaphore_max = 4", "async_semaphore_max = 4\nmy_knob = 7")
+    text = text.replace('task_url = "http://math-task-app:8000"', 'task_url = "http://t"\nenvironment = "x"')
+    cr, _ = toml_to_cr(text, env={})
+    spec = cr["spec"]
+    assert spec["extras"]["data"] == {"split": "train", "seed_start": 3}
+    assert spec["extras"]["services"] == {"environment": "x"}
+    assert spec["training"]["extras"] == {"my_knob": 7}
+    assert spec["rollout"]["envConfig"]["extras"] == {"step_rewards": {"enabled": True}}
+    config = spec_to_config(spec, "rl")
+    assert config["data"] == {"split": "train", "seed_start": 3}
+    assert config["training"]["my_knob"] == 7 and config["services"] == {
+        "task_url": "http://t",
+        "environment": "x",
+    }
+    kind, model, _ = load(text)
+    assert config == normalized_config(model)
+    assert config_to_spec(model, kind)["training"]["extras"] == {"my_knob": 7}
+
+
+def test_spec_to_config_is_lenient_with_partial_specs():
+    config = spec_to_config({"model": {"base": "x"}, "hyperparameters": {"nEpochs": 1}}, "rl")
+    assert config == {"hyperparameters": {"n_epochs": 1}, "job": {"model": "x"}}
+    config = spec_to_config({"taskApp": {"name": "m"}, "training": {"numEpochs": 2, "extras": {"k": 1}}})
+    assert config == {"training": {"num_epochs": 2, "k": 1}}
