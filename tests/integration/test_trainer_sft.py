@@ -165,11 +165,15 @@ def test_sft_lowers_heldout_loss_and_uploads_artifacts(s3_env, tiny_model_dir, t
             "metric_for_best_model": "val.loss",
         },
     }
+    # the dataset travels through S3, as the CLI uploads it for an SFTJob
+    client = s3.client_from_env(s3_env.storage())
+    train_uri = s3.upload_file(client, train, s3_env.bucket, "datasets/learn/train.jsonl")
+    val_uri = s3.upload_file(client, val, s3_env.bucket, "datasets/learn/val.jsonl")
     job_path, job = make_job(
         tmp_path / "run",
         tiny_model_dir,
-        train,
-        val,
+        train_uri,
+        val_uri,
         hp=hp,
         training=training,
         storage=s3_env.storage(),

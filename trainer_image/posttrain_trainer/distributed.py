@@ -236,6 +236,22 @@ class TrainEngine:
         return float(self.optimizer.param_groups[0]["lr"])
 
 
+def zero_stage(engine: TrainEngine) -> int:
+    if engine.kind != "deepspeed":
+        return 0
+    return int(engine.model.zero_optimization_stage())
+
+
+def gathered_parameters(engine: TrainEngine) -> contextlib.AbstractContextManager:
+    """Collective (every rank enters it): under ZeRO-3 the full parameters are gathered on every rank for
+    the duration (to save or merge weights); a no-op for every other engine."""
+    if zero_stage(engine) < 3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
+
+
 def build_engine(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,

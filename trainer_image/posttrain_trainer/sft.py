@@ -179,7 +179,11 @@ def _local_path(uri: str | None, job: JobFile, name: str) -> str | None:
     if s3.is_s3_uri(uri):
         if job.storage is None:
             raise DataError(f"dataset {uri} is in S3 but the job file has no storage section")
-        return str(s3.download_file(s3.client_from_env(job.storage), uri, Path(job.workdir) / "data" / name))
+        return str(
+            s3.download_file(
+                s3.client_from_env(job.storage), uri, Path(job.workdir) / "data" / f"rank-{D.rank()}" / name
+            )
+        )
     return uri
 
 
@@ -351,7 +355,8 @@ def train(job: JobFile) -> dict[str, Any]:
         )
         if better:
             best.update(value=value, step=at_step, bad_evals=0)
-            if cfg.validation.save_best_model_at_end:
+            # best weights are kept in memory, except under ZeRO-3 (partitioned): there the last weights are saved
+            if cfg.validation.save_best_model_at_end and D.zero_stage(engine) < 3:
                 best_weights = ckpt.trainable_state_dict(engine.module)
         else:
             best["bad_evals"] += 1
@@ -483,10 +488,22 @@ def train(job: JobFile) -> dict[str, Any]:
         "engine": engine.kind,
         "trainer_mode": cfg.trainer_mode,
     }
-    if D.is_main():
-        model_id, artifacts = finalize(
-            job, engine.module, tokenizer, metrics=metrics, steps=step, metrics_lines=history, client=client
+    with D.gathered_parameters(engine):  # ZeRO-3: full weights on every rank while rank 0 saves
+        saved = (
+            finalize(
+                job,
+                engine.module,
+                tokenizer,
+                metrics=metrics,
+                steps=step,
+                metrics_lines=history,
+                client=client,
+            )
+            if D.is_main()
+            else None
         )
+    if D.is_main():
+        model_id, artifacts = saved
         reporter.progress(
             step=step,
             total=total,
