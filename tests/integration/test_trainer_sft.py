@@ -348,3 +348,34 @@ def test_killed_run_resumes_from_checkpoint(s3_env, tiny_model_dir, tmp_path):
     keys = set(s3.list_prefix(s3.client_from_env(s3_env.storage()), s3_env.bucket, job["storage"]["prefix"]))
     assert job["storage"]["prefix"] + "final/adapter_config.json" in keys
     assert job["storage"]["prefix"] + "final/posttrain-base.json" in keys
+
+
+def test_eval_cadence_early_stop_and_best_model(tiny_model_dir, tmp_path):
+    """In-process run: evaluation every 2 steps; an improvement threshold no eval can meet makes patience 1
+    stop at the second evaluation, and save_best_model_at_end restores the step-0 weights."""
+    from posttrain_trainer.jobfile import load_jobfile
+    from posttrain_trainer.sft import train
+
+    train_file, val = make_dataset(tmp_path / "data", n_train=64, n_val=16)
+    hp = {"n_epochs": 1, "batch_size": 8, "learning_rate": 3e-3, "sequence_length": 128}
+    training = {
+        "mode": "full_finetune",
+        "validation": {
+            "enabled": True,
+            "evaluation_strategy": "steps",
+            "eval_steps": 2,
+            "metric_for_best_model": "val.loss",
+            "save_best_model_at_end": True,
+            "early_stopping_patience": 1,
+            "early_stopping_threshold": 100.0,
+        },
+    }
+    job_path, _ = make_job(
+        tmp_path / "run", tiny_model_dir, train_file, val, hp=hp, training=training, name="es"
+    )
+    metrics = train(load_jobfile(job_path))
+    lines = report_lines(tmp_path / "run" / "report.jsonl")
+    assert [line["step"] for line in lines if line.get("event") == "evaluation"] == [0, 2]
+    assert [line["step"] for line in lines if line.get("event") == "early_stop"] == [2]
+    assert metrics["stopped_early"] and metrics["steps"] == 2 and metrics["best_eval"]["step"] == 0
+    assert metrics["final_eval_loss"] == pytest.approx(metrics["first_eval_loss"], abs=1e-5)  # best = step 0
