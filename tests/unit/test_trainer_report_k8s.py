@@ -120,3 +120,20 @@ def test_patch_failure_does_not_stop_training(tmp_path, monkeypatch, capsys):
     )
     Reporter(job).progress(step=1, total=2, loss=1.0)
     assert "status patch failed" in capsys.readouterr().err
+
+
+def test_status_patches_are_throttled_but_last_step_is_sent(api_server):
+    job = JobFile.model_validate(
+        {
+            "kind": "sft",
+            "base_model": "b",
+            "model_path": "/m",
+            "report": {"mode": "kubernetes"},
+            "job": {"name": "j", "namespace": "n"},
+        }
+    )
+    reporter = Reporter(job, min_patch_interval_s=60)
+    for step in range(1, 11):
+        reporter.progress(step=step, total=10, loss=1.0)
+    assert [r["body"]["status"]["progress"]["step"] for r in api_server] == [1, 10]
+    assert api_server[0]["path"].endswith("/namespaces/n/sftjobs/j/status")

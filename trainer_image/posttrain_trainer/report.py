@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -63,10 +64,14 @@ class Reporter:
     """Reporter(jobfile).progress(step=..., total=..., loss=...); .result(fine_tuned_model, artifacts);
     .event(name, **fields) for extra JSONL lines (file mode) such as evaluations and resumes."""
 
-    def __init__(self, job: JobFile, *, enabled: bool = True, min_patch_interval_s: float = 0.0):
+    def __init__(self, job: JobFile, *, enabled: bool = True, min_patch_interval_s: float | None = None):
         self.job = job
         self.mode = job.report.mode
         self.enabled = enabled
+        # Status patches are throttled (default 1 s, POSTTRAIN_STATUS_INTERVAL_S) so that fast steps do not
+        # flood the API server; the last step and the result are always sent. stdout/file get every step.
+        if min_patch_interval_s is None:
+            min_patch_interval_s = float(os.environ.get("POSTTRAIN_STATUS_INTERVAL_S", "1.0"))
         self.min_patch_interval_s = min_patch_interval_s
         self._last_patch = 0.0
         self._api = None
@@ -83,14 +88,18 @@ class Reporter:
             handle.write(json.dumps(line, default=str) + "\n")
 
     def _k8s_api(self):
+        """In-cluster config in a pod; elsewhere the kubeconfig named by $KUBECONFIG (read now, not at import)."""
         if self._api is None:
             from kubernetes import client, config
 
+            configuration = client.Configuration()
             try:
-                config.load_incluster_config()
+                config.load_incluster_config(client_configuration=configuration)
             except config.ConfigException:
-                config.load_kube_config()
-            self._api = client.CustomObjectsApi()
+                config.load_kube_config(
+                    config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
+                )
+            self._api = client.CustomObjectsApi(client.ApiClient(configuration))
         return self._api
 
     def _patch_status(self, status: dict[str, Any]) -> None:
@@ -123,7 +132,7 @@ class Reporter:
         elif self.mode == "kubernetes":
             now = time.monotonic()
             final = fields.get("step") is not None and fields.get("step") == fields.get("total")
-            if final or now - self._last_patch >= self.min_patch_interval_s:
+            if final or not self._last_patch or now - self._last_patch >= self.min_patch_interval_s:
                 self._last_patch = now
                 self._patch_status({"progress": progress})
         return progress
