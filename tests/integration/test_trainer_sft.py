@@ -384,3 +384,17 @@ def test_eval_cadence_early_stop_and_best_model(tiny_model_dir, tmp_path):
     assert [line["step"] for line in lines if line.get("event") == "early_stop"] == [2]
     assert metrics["stopped_early"] and metrics["steps"] == 2 and metrics["best_eval"]["step"] == 0
     assert metrics["final_eval_loss"] == pytest.approx(metrics["first_eval_loss"], abs=1e-5)  # best = step 0
+
+
+def test_bad_dataset_fails_with_the_line(tiny_model_dir, tmp_path, capsys):
+    from posttrain_trainer.jobfile import load_jobfile
+    from posttrain_trainer.sft import main
+
+    train_file, _ = make_dataset(tmp_path / "data", n_train=8)
+    with train_file.open("a") as handle:
+        handle.write(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    job_path, _ = make_job(
+        tmp_path / "run", tiny_model_dir, train_file, None, hp={"batch_size": 4}, name="bad"
+    )
+    assert main(load_jobfile(job_path)) == 2
+    assert "error: train.jsonl:9: messages needs at least 2 entries" in capsys.readouterr().out

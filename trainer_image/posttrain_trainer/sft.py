@@ -518,12 +518,24 @@ def train(job: JobFile) -> dict[str, Any]:
     return metrics
 
 
+def _termination_message(text: str, path: str = "/dev/termination-log") -> None:
+    """Kubernetes shows this file's content as the container's termination message (kubectl describe)."""
+    if not os.path.exists(path):  # only where the kubelet provides it (never create files in /dev)
+        return
+    try:
+        with open(path, "w") as handle:
+            handle.write(text[:4000])
+    except OSError:
+        pass
+
+
 def main(job: JobFile) -> int:
     try:
         train(job)
     except DataError as err:
         if D.is_main():
             print(f"error: {err}", flush=True)
+            _termination_message(f"dataset error: {err}")
         D.shutdown()
         return 2
     D.shutdown()
