@@ -117,3 +117,16 @@ def test_exited_child_is_reported_with_its_log(tmp_path):
         with pytest.raises(ProcessFailed) as err:
             procs.check_alive()
     assert "code 3" in str(err.value) and "boom" in str(err.value)
+
+
+def test_demo_chains_the_sft_model_into_the_rl_config(tmp_path):
+    import tomllib
+
+    from posttrain.local import demo
+    from posttrain.local.evaluate import parse_seeds
+
+    ft = "ft:HuggingFaceTB/SmolLM2-135M-Instruct:local.demo-sft.1a2b3c4d"
+    out = demo.chained_config(demo.DEMO_DIR / "rl.toml", ft, tmp_path / "rl.toml")
+    model = tomllib.loads(out.read_text())["model"]
+    assert model["source"] == ft and "base" not in model
+    assert parse_seeds("1000000-1000003,7") == [1000000, 1000001, 1000002, 1000003, 7]
