@@ -50,7 +50,7 @@ class LocalOptions:
     model_path: str | None = None
     timeout: float | None = None  # seconds for the whole run
     vllm_kv_cache_gib: int = 1
-    rollout_ready_timeout: float = 600.0
+    rollout_ready_timeout: float = 900.0  # a cold torch.compile of SmolLM2 took 5.5 min on 2 busy cores
     extra_env: dict[str, str] = field(default_factory=dict)
     out: Any = None  # where lines go (default sys.stdout)
 
