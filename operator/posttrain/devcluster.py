@@ -455,6 +455,23 @@ class DevCluster:
         for index in range(self.nodes):
             self._api("POST", "/api/v1/nodes", self.node_manifest(index))
 
+    def _untaint(self, nodes: list[dict]) -> None:
+        """The API server's TaintNodesByCondition admission taints new nodes not-ready; the node lifecycle
+        controller that would lift it is off (no kubelet heartbeats), so lift it once kwok made them Ready."""
+        for node in nodes:
+            if node["spec"].get("taints"):
+                self._api_merge_patch(f"/api/v1/nodes/{node['metadata']['name']}", {"spec": {"taints": None}})
+
+    def _api_merge_patch(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(
+            f"{self.server}{path}",
+            data=json.dumps(body).encode(),
+            method="PATCH",
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        with urllib.request.urlopen(req, timeout=10, context=self._ssl_context()) as resp:
+            return json.loads(resp.read() or b"{}")
+
     def _wait_ready(self) -> None:
         """Ready means: every node Ready with its GPUs, and the default ServiceAccount exists (pods can be
         admitted)."""
@@ -476,6 +493,7 @@ class DevCluster:
             except urllib.error.HTTPError:
                 has_sa = False
             if len(ready) == self.nodes and has_sa:
+                self._untaint(ready)
                 return
             time.sleep(0.2)
         raise ClusterError(f"cluster not ready after {self.start_timeout:.0f}s (see {self.workdir / 'logs'})")
