@@ -109,6 +109,18 @@ def materialize(model_path: str, out_dir: Path, s3: Any) -> Path:
     return out_dir
 
 
+def _eval_server_argv(folder: Path, port: int, served_name: str, max_model_len: int) -> list[str]:
+    """The rollout server (policy role) when installed; else vLLM's own OpenAI server: evaluation needs
+    only chat completions, no captures."""
+    import importlib.util
+
+    if importlib.util.find_spec("posttrain_rollout.__main__") is not None:
+        return _rollout_argv("policy", str(folder), port, served_name, max_model_len)
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", "bfloat16", "--max-model-len", str(max_model_len)]  # fmt: skip
+
+
 def _swap_weights(base: str, path: Path, version: int) -> bool:
     """Load new full weights into the running rollout server (POST /v1/weights); False when it cannot."""
     import httpx
@@ -162,7 +174,7 @@ def evaluate_models(
                     server = None
                 if server is None:
                     port = free_port()
-                    argv = _rollout_argv("policy", str(folder), port, resolved.base_model, max_model_len)
+                    argv = _eval_server_argv(folder, port, resolved.base_model, max_model_len)
                     proc = procs.start(f"eval-{index}", argv, logs / f"rollout-{index}.log",
                                        env=_vllm_env(env, runs_dir, run_dir, 1))  # fmt: skip
                     base = f"http://127.0.0.1:{port}"
