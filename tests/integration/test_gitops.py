@@ -384,6 +384,26 @@ def test_no_diff_after_the_operator_reconciled(platform, namespace, math_taskapp
             for f in finalizers:
                 assert f"`{f}`" in readme, f"{obj['kind']}: finalizer {f} not in manifests/README.md"
 
+        # The trainer's identity the operator rendered: PATCH on exactly its own job's status.
+        for d in docs:
+            if d["kind"] != "RLJob":
+                continue
+            roles = yaml.safe_load(kubectl(kcfg, "get", "roles", "-n", ns, "-o", "yaml").stdout)["items"]
+            mine = [
+                rule
+                for role in roles
+                for rule in role.get("rules", [])
+                if d["metadata"]["name"] in (rule.get("resourceNames") or [])
+            ]
+            assert mine == [
+                {
+                    "apiGroups": ["posttrain.dev"],
+                    "resources": ["rljobs/status"],
+                    "resourceNames": [d["metadata"]["name"]],
+                    "verbs": ["patch"],
+                }
+            ], mine
+
         # The ClusterRole was enough: no request of the operator was forbidden.
         if own_token and enforced:
             forbidden = [
