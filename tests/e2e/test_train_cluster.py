@@ -148,3 +148,21 @@ def test_status_of_a_missing_job_exits_3(cluster, namespace, co):
         capture_output=True, text=True, cwd=REPO, env=env, timeout=60,
     )  # fmt: skip
     assert result.returncode == 3 and "no RLJob or SFTJob named 'nope'" in result.stdout
+
+
+def test_sft_dataset_goes_into_a_configmap_the_job_references(cluster, namespace, co, tmp_path):
+    from kubernetes import client
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("S3_")}
+    env["KUBECONFIG"] = kubeconfig_of(cluster)
+    result = subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", "train", "--type", "sft", "--config",
+         str(REPO / "examples" / "demo" / "sft.toml"), "-n", namespace, "--name", "demo-sft", "--no-poll"],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = co.get_namespaced_custom_object(GROUP, VERSION, namespace, "sftjobs", "demo-sft")
+    ref = job["spec"]["dataset"]["configMapRef"]
+    cm = client.CoreV1Api(api_client_of(cluster)).read_namespaced_config_map(ref["name"], namespace)
+    rows = cm.data[ref["key"]].splitlines()
+    assert len(rows) == 16 and '"messages"' in rows[0]
