@@ -352,7 +352,19 @@ def test_no_diff_after_the_operator_reconciled(platform, namespace, math_taskapp
             # A status write of the operator in between also moves resourceVersion: allow only those.
             for k in changed:
                 kind, name = k.split("/")
-                obj = get(kcfg, kind.lower() + "s.posttrain.dev", name, ns)
+                obj = yaml.safe_load(
+                    kubectl(
+                        kcfg,
+                        "get",
+                        kind.lower() + "s.posttrain.dev",
+                        name,
+                        "-n",
+                        ns,
+                        "-o",
+                        "yaml",
+                        "--show-managed-fields",
+                    ).stdout
+                )
                 last = max(f.get("time", "") for f in obj["metadata"]["managedFields"])
                 writers = {
                     f["manager"] for f in obj["metadata"]["managedFields"] if f.get("time", "") == last
@@ -383,6 +395,16 @@ def test_no_diff_after_the_operator_reconciled(platform, namespace, math_taskapp
                 )
             for f in finalizers:
                 assert f"`{f}`" in readme, f"{obj['kind']}: finalizer {f} not in manifests/README.md"
+
+        # Argo CD's view of the live objects (the Lua health checks over what the operator really wrote).
+        lua51 = pytest.importorskip("lupa.lua51")
+        for obj in objs:
+            lua = lua51.LuaRuntime(unpack_returned_tuples=True, register_eval=False)
+            lua.globals().obj = lua.table_from(obj, recursive=True)
+            hs = dict(lua.execute((MANIFESTS / "argocd" / "health" / f"{obj['kind']}.lua").read_text()))
+            print(obj["kind"], obj["metadata"]["name"], "Argo CD health:", hs)
+            want = "Healthy" if obj["kind"] == "TaskApp" else "Progressing"
+            assert hs["status"] == want, (obj.get("status"), hs)
 
         # The trainer's identity the operator rendered: PATCH on exactly its own job's status.
         for d in docs:

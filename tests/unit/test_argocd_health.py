@@ -148,7 +148,8 @@ def test_taskapp_not_verified_yet_is_progressing(status):
 
 
 def test_taskapp_progressing_shows_verification_message():
-    cond = {"type": "Verified", "status": "False", "reason": "Unreachable", "message": "GET /health: refused"}
+    # What the operator writes while it still retries: Verified condition Unknown.
+    cond = {"type": "Verified", "status": "Unknown", "reason": "Verifying", "message": "GET /health: refused"}
     hs = run_health("TaskApp", taskapp({"verified": False, "phase": "Verifying", "conditions": [cond]}))
     assert hs == {"status": "Progressing", "message": "GET /health: refused"}
 
@@ -161,6 +162,18 @@ def test_taskapp_failed_is_degraded_with_message():
         "status": "Degraded",
         "message": "gave up",
     }
+
+
+def test_taskapp_verification_given_up_is_degraded():
+    # What the operator writes when it gives up, or when a verified task app stops answering.
+    cond = {
+        "type": "Verified",
+        "status": "False",
+        "reason": "VerificationFailed",
+        "message": "TaskApp math: /health answered 401: check apiKeySecretRef",
+    }
+    hs = run_health("TaskApp", taskapp({"verified": False, "url": "http://math:8000", "conditions": [cond]}))
+    assert hs == {"status": "Degraded", "message": cond["message"]}
 
 
 def test_taskapp_suspended():

@@ -1,8 +1,9 @@
 -- Argo CD health check for posttrain.dev/TaskApp (Lua 5.1, as Argo CD runs it; `obj` is the resource).
 -- Healthy:     status.verified is true (GET /health and /task_info answered with the API key)
--- Degraded:    phase Failed, or a Failed/Degraded condition that is True (message: why)
+-- Degraded:    the Verified condition is False (the operator gave up, or a verified task app stopped
+--              answering), phase Failed, or a Failed/Degraded condition that is True (message: why)
 -- Suspended:   phase Suspended
--- Progressing: anything else: no status yet, Pending, Verifying (message: the verification condition's)
+-- Progressing: anything else: no status yet, Verified condition Unknown (still trying), Pending, Verifying
 -- Tested by tests/unit/test_argocd_health.py.
 local hs = {}
 local status = obj.status or {}
@@ -37,8 +38,15 @@ if status.verified == true then
   return hs
 end
 
+local verifying = condition("Verified") or condition("TaskAppVerified")
 local failed = condition("Failed") or condition("Degraded")
-if status.phase == "Failed" or (failed ~= nil and failed.status == "True") then
+if failed == nil or failed.status ~= "True" then
+  failed = nil
+end
+if verifying ~= nil and verifying.status == "False" then
+  failed = verifying
+end
+if status.phase == "Failed" or failed ~= nil then
   hs.status = "Degraded"
   if nonempty(status.message) then
     hs.message = status.message
@@ -59,7 +67,6 @@ if status.phase == "Suspended" then
 end
 
 hs.status = "Progressing"
-local verifying = condition("Verified") or condition("TaskAppVerified") or condition("Ready")
 if verifying ~= nil and nonempty(verifying.message) then
   hs.message = verifying.message
 elseif nonempty(status.message) then
