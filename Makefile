@@ -34,6 +34,7 @@ cluster-down:
 
 crds: setup
 	$(POSTTRAIN) crds -o crds
+	$(PY) manifests/sync_crds.py  # kustomize's copies in manifests/base/crds
 
 lint: setup
 	$(VENV)/bin/ruff check operator trainer_image rollout_image examples tests hack
