@@ -110,7 +110,7 @@ async def operate(
         clusterwide=not ns,
         namespaces=[ns] if ns else (),
         standalone=peering is None,
-        peering_name=peering or "default",
+        peering_name=peering,  # None: no peering at all (a name makes kopf require the peering CRD)
         priority=priority,
         liveness_endpoint=liveness,
         stop_flag=stop_flag,

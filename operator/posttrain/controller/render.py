@@ -260,12 +260,10 @@ def _queue_labels(spec: dict[str, Any]) -> dict[str, str]:
 def _resources(spec: dict[str, Any], role: str, gpus: int, settings: OperatorSettings) -> dict[str, Any]:
     """spec.scheduling.resources: a ResourceRequirements for every role, or one per role name."""
     given = specs.get(specs.section(spec, "scheduling"), "resources") or {}
-    if isinstance(given, dict) and role in given and isinstance(given[role], dict):
-        given = given[role]
-    elif isinstance(given, dict) and not set(given) <= {"requests", "limits", "claims"}:
-        given = {}
-    requests = dict(given.get("requests") or {})
-    limits = dict(given.get("limits") or {})
+    given = given if isinstance(given, dict) else {}
+    per_role = given.get(role) if isinstance(given.get(role), dict) else {}
+    requests = {**(given.get("requests") or {}), **(per_role.get("requests") or {})}
+    limits = {**(given.get("limits") or {}), **(per_role.get("limits") or {})}
     if gpus > 0:
         requests[settings.gpu_resource] = str(gpus)
         limits[settings.gpu_resource] = str(gpus)

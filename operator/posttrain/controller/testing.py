@@ -204,3 +204,64 @@ def ensure_crds(api: Any, timeout: float = 30.0) -> str:
             return source
         time.sleep(0.2)
     raise TimeoutError("CRDs not established")
+
+
+KWOK_EXIT_ANNOTATION = "posttrain.dev/kwok-exit"  # issue 3's kwok stages end a running pod with this code
+
+
+def complete_trainer(
+    api: Any, namespace: str, job_name: str, *, succeed: bool = True, timeout: float = 30
+) -> int:
+    """Drive the trainer Job's pods to exit (0 or 1) through the devcluster's kwok stage annotation."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    deadline = time.monotonic() + timeout
+    while True:
+        pods = core.list_namespaced_pod(
+            namespace, label_selector=f"batch.kubernetes.io/job-name={job_name}"
+        ).items
+        running = [p for p in pods if p.status.phase == "Running"]
+        if running or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for pod in running:
+        core.patch_namespaced_pod(
+            pod.metadata.name,
+            namespace,
+            {"metadata": {"annotations": {KWOK_EXIT_ANNOTATION: "0" if succeed else "1"}}},
+        )
+    return len(running)
+
+
+def add_gpu_nodes(cluster: Any, count: int, start: int = 100) -> None:
+    """Extra kwok GPU nodes on issue 3's DevCluster (the session cluster has 4 x 8 GPUs)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    dev = getattr(cluster, "devcluster", cluster)
+    core = client.CoreV1Api(api_client_of(cluster))
+    names = []
+    for index in range(start, start + count):
+        manifest = dev.node_manifest(index)
+        names.append(manifest["metadata"]["name"])
+        try:
+            core.create_node(manifest)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        nodes = [core.read_node(n) for n in names]
+        ready = [
+            n
+            for n in nodes
+            if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+        ]
+        for node in ready:
+            if node.spec.taints:
+                core.patch_node(node.metadata.name, {"spec": {"taints": None}})
+        if len(ready) == len(names):
+            return
+        time.sleep(0.3)
+    raise TimeoutError("extra kwok nodes not Ready")
