@@ -4,4 +4,5 @@ pytest_plugins = [
     "fixtures.models",
     "fixtures.taskapp",
     "fixtures.s3",
+    "fixtures.vllm",
 ]

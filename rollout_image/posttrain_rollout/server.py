@@ -1,0 +1,373 @@
+"""The public proxy in front of vLLM's OpenAI server (which listens on an internal 127.0.0.1 port).
+
+Routes: /health, /v1/models, /v1/chat/completions, /v1/completions (captured per `cid` query parameter),
+GET|DELETE /v1/captures/{cid}, GET|POST /v1/weights, POST /v1/score. Every response carries
+X-Weight-Version. vLLM's development endpoints (collective_rpc, reset_prefix_cache, ...) are never routed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from posttrain_rollout import reference, weights
+from posttrain_rollout.captures import CaptureStore, entries_from_response
+from posttrain_rollout.weights import WeightGate
+
+log = logging.getLogger("posttrain_rollout")
+
+VERSION_HEADER = "X-Weight-Version"
+# hop-by-hop and length headers are recomputed by the proxy
+_DROP_HEADERS = {
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "content-encoding",
+    "keep-alive",
+    "date",
+    "server",
+}
+_THINK_ON = {"think", "thinking", "on", "true", "1", "enabled", "yes"}
+
+
+def _err(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+def apply_thinking(body: dict[str, Any]) -> dict[str, Any]:
+    """thinking_mode ("think"/"no_think"/bool) -> chat_template_kwargs.enable_thinking; thinking_budget caps
+    max_tokens (the whole completion, thinking included, never exceeds the budget when thinking is on)."""
+    mode = body.pop("thinking_mode", None)
+    budget = body.pop("thinking_budget", None)
+    if mode is None and budget is None:
+        return body
+    enabled = None
+    if isinstance(mode, bool):
+        enabled = mode
+    elif mode is not None:
+        enabled = str(mode).strip().lower() in _THINK_ON
+    if enabled is not None:
+        kwargs = dict(body.get("chat_template_kwargs") or {})
+        kwargs.setdefault("enable_thinking", enabled)
+        body["chat_template_kwargs"] = kwargs
+    if budget is not None and enabled is not False:
+        try:
+            cap = int(budget)
+        except (TypeError, ValueError):
+            cap = 0
+        if cap > 0:
+            for key in ("max_tokens", "max_completion_tokens"):
+                if body.get(key) is not None:
+                    body[key] = min(int(body[key]), cap)
+            if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+                body["max_tokens"] = cap
+    return body
+
+
+def prepare_request(body: dict[str, Any], *, chat: bool, capture: bool) -> dict[str, Any]:
+    """Forwarded body: thinking fields mapped; when captured, exact token ids and sampling logprobs asked
+    for (return_token_ids; chat logprobs=true, completions logprobs=1) unless the caller asked already."""
+    body = apply_thinking(dict(body))
+    if capture:
+        body["return_token_ids"] = True
+        if chat:
+            if not body.get("logprobs"):
+                body["logprobs"] = True
+        elif body.get("logprobs") is None:
+            body["logprobs"] = 1
+    return body
+
+
+class Proxy:
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        role: str = "policy",
+        served_model_name: str | None = None,
+        model_dir: str | Path | None = None,
+        run_dir: str | Path | None = None,
+        enable_lora: bool = False,
+        captures: CaptureStore | None = None,
+        gate: WeightGate | None = None,
+        upstream_alive: Callable[[], bool] = lambda: True,
+        timeout_s: float = 3600.0,
+        max_connections: int = 1024,
+    ):
+        self.upstream = upstream.rstrip("/")
+        self.role = role
+        self.served_model_name = served_model_name
+        self.model_dir = str(model_dir) if model_dir else None
+        self.run_dir = Path(run_dir) if run_dir else Path(".")
+        self.enable_lora = enable_lora
+        self.captures = captures or CaptureStore()
+        self.gate = gate or WeightGate()
+        self.upstream_alive = upstream_alive
+        self.timeout_s = timeout_s
+        self.max_connections = max_connections
+        self.client: httpx.AsyncClient | None = None
+        self.lora_name: str | None = None
+        self.syncs = 0
+
+    # -- plumbing ----------------------------------------------------------------------------------
+    def http(self) -> httpx.AsyncClient:
+        if self.client is None:
+            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=256)
+            self.client = httpx.AsyncClient(
+                base_url=self.upstream, timeout=httpx.Timeout(self.timeout_s, connect=10.0), limits=limits
+            )
+        return self.client
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+    def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        out = {VERSION_HEADER: str(self.gate.version)}
+        out.update(extra or {})
+        return out
+
+    async def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        r = await self.http().get("/v1/models")
+        self.served_model_name = r.json()["data"][0]["id"]
+        return self.served_model_name
+
+    # -- generation ----------------------------------------------------------------------------------
+    async def generate(self, request: Request, path: str, chat: bool) -> Response:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _err(400, "request body must be JSON")
+        if not isinstance(body, dict):
+            return _err(400, "request body must be a JSON object")
+        cid = request.query_params.get("cid")
+        stream = bool(body.get("stream"))
+        if cid and stream:
+            return _err(
+                400,
+                "streaming is not supported for captured calls (a `cid` query parameter): "
+                "send stream=false so the exact token ids and logprobs can be recorded",
+            )
+        if self.lora_name and body.get("model") in (None, self.served_model_name):
+            body["model"] = self.lora_name  # the hot-loaded adapter is the policy
+        fwd = prepare_request(body, chat=chat, capture=bool(cid))
+        version = await self.gate.enter()
+        handed_over = False
+        try:
+            if stream:
+                response = await self._stream(path, fwd, version)
+                handed_over = True  # the stream's generator leaves the gate when it ends
+                return response
+            r = await self.http().post(path, json=fwd)
+            if cid and r.status_code == 200:
+                data = r.json()
+                self.captures.add(cid, entries_from_response(data, chat=chat, weight_version=version))
+            hdrs = {k: v for k, v in r.headers.items() if k.lower() not in _DROP_HEADERS}
+            hdrs[VERSION_HEADER] = str(version)
+            return Response(r.content, status_code=r.status_code, headers=hdrs)
+        except httpx.HTTPError as err:
+            return _err(502, f"vLLM upstream error: {type(err).__name__}: {err}", "upstream_error")
+        finally:
+            if not handed_over:
+                await self.gate.leave()
+
+    async def _stream(self, path: str, fwd: dict[str, Any], version: Any) -> Response:
+        # the gate slot is held until the stream ends: a sync never swaps weights under a live stream
+        req = self.http().build_request("POST", path, json=fwd)
+        r = await self.http().send(req, stream=True)
+
+        async def body():
+            try:
+                async for chunk in r.aiter_raw():
+                    yield chunk
+            finally:
+                await r.aclose()
+                await self.gate.leave()
+
+        hdrs = {k: v for k, v in r.headers.items() if k.lower() not in _DROP_HEADERS}
+        hdrs[VERSION_HEADER] = str(version)
+        return StreamingResponse(body(), status_code=r.status_code, headers=hdrs)
+
+    # -- weights ---------------------------------------------------------------------------------------
+    async def sync_weights(self, path: str, fmt: str, version: Any) -> dict[str, Any]:
+        started = time.perf_counter()
+        async with self.gate.sync_lock():
+            local = await asyncio.to_thread(weights.local_path, path, self.run_dir / "weights", f"v{version}")
+            if fmt == "lora" and not self.enable_lora:
+                if not self.model_dir:
+                    raise RuntimeError("format lora without --enable-lora needs the base model folder")
+                local = await asyncio.to_thread(
+                    weights.merge_lora, self.model_dir, local, self.run_dir / "weights" / f"merged-v{version}"
+                )
+                fmt = "full"
+            await self.gate.pause()
+            try:
+                if fmt == "full":
+                    r = await self.http().post(
+                        "/collective_rpc",
+                        json={"method": "reload_weights", "kwargs": {"weights_path": str(local)}},
+                    )
+                    if r.status_code >= 400:
+                        raise RuntimeError(f"reload_weights -> HTTP {r.status_code}: {r.text[:300]}")
+                else:
+                    name = self.lora_name or f"{await self.model_name()}-lora"
+                    r = await self.http().post(
+                        "/v1/load_lora_adapter",
+                        json={"lora_name": name, "lora_path": str(local), "load_inplace": True},
+                    )
+                    if r.status_code >= 400:
+                        raise RuntimeError(f"load_lora_adapter -> HTTP {r.status_code}: {r.text[:300]}")
+                    self.lora_name = name
+                r = await self.http().post("/reset_prefix_cache")
+                if r.status_code >= 400:
+                    raise RuntimeError(f"reset_prefix_cache -> HTTP {r.status_code}: {r.text[:300]}")
+                new_version = version
+            except BaseException:
+                await self.gate.resume()  # keep serving the old weights, old version
+                raise
+            await self.gate.resume(new_version)
+            self.syncs += 1
+        return {"weight_version": new_version, "seconds": time.perf_counter() - started, "format": fmt}
+
+    # -- scoring -----------------------------------------------------------------------------------------
+    async def score(self, seqs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        model = await self.model_name()
+
+        async def one(prompt: list[int], completion: list[int]) -> list[float]:
+            if not completion:
+                return []
+            r = await self.http().post(
+                "/v1/completions", json=reference.score_request(model, prompt, completion)
+            )
+            if r.status_code != 200:
+                raise reference.ScoreError(f"vLLM /v1/completions -> HTTP {r.status_code}: {r.text[:300]}")
+            return reference.completion_logprobs(r.json(), prompt, completion)
+
+        version = await self.gate.enter()
+        try:
+            del version
+            return list(await asyncio.gather(*(one(p, c) for p, c in seqs)))
+        finally:
+            await self.gate.leave()
+
+
+def create_app(proxy: Proxy) -> FastAPI:
+    app = FastAPI(title=f"posttrain rollout server ({proxy.role})", docs_url=None, redoc_url=None)
+    app.state.proxy = proxy
+
+    @app.middleware("http")
+    async def version_header(request: Request, call_next):
+        response = await call_next(request)
+        response.headers.setdefault(VERSION_HEADER, str(proxy.gate.version))
+        return response
+
+    @app.on_event("shutdown")
+    async def _close() -> None:
+        await proxy.close()
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not proxy.upstream_alive():
+            return JSONResponse({"status": "vllm exited"}, status_code=503)
+        try:
+            r = await proxy.http().get("/health", timeout=5.0)
+        except httpx.HTTPError:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        if r.status_code != 200:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        return JSONResponse({"status": "ok", "role": proxy.role, "weight_version": proxy.gate.version})
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        try:
+            r = await proxy.http().get("/v1/models")
+        except httpx.HTTPError as err:
+            return _err(502, f"vLLM upstream error: {err}", "upstream_error")
+        return Response(r.content, status_code=r.status_code, media_type="application/json")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await proxy.generate(request, "/v1/chat/completions", chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await proxy.generate(request, "/v1/completions", chat=False)
+
+    @app.get("/v1/captures/{cid}")
+    async def get_captures(cid: str) -> Response:
+        entries = proxy.captures.get(cid)
+        if entries is None:
+            return _err(404, f"no captures for cid {cid!r} (never seen, deleted or expired)", "not_found")
+        return JSONResponse(entries)
+
+    @app.delete("/v1/captures/{cid}")
+    async def delete_captures(cid: str) -> Response:
+        entries = proxy.captures.pop(cid)
+        if entries is None:
+            return _err(404, f"no captures for cid {cid!r}", "not_found")
+        return JSONResponse({"deleted": cid, "entries": len(entries)})
+
+    @app.get("/v1/captures")
+    async def capture_stats() -> Response:
+        return JSONResponse(proxy.captures.stats())
+
+    @app.get("/v1/weights")
+    async def get_weights() -> Response:
+        return JSONResponse(
+            {"weight_version": proxy.gate.version, "syncing": proxy.gate.paused, "lora": proxy.lora_name}
+        )
+
+    @app.post("/v1/weights")
+    async def post_weights(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _err(400, "body must be JSON {path, format, version}")
+        if not isinstance(body, dict) or not body.get("path"):
+            return _err(400, "body must be {path, format: full|lora, version}")
+        fmt = str(body.get("format") or "full").lower()
+        if fmt not in ("full", "lora"):
+            return _err(400, f"format must be full or lora, not {fmt!r}")
+        version = body.get("version")
+        if version is None:
+            version = (proxy.gate.version + 1) if isinstance(proxy.gate.version, int) else proxy.syncs + 1
+        try:
+            result = await proxy.sync_weights(str(body["path"]), fmt, version)
+        except FileNotFoundError as err:
+            return _err(400, str(err))
+        except Exception as err:  # noqa: BLE001 - reported to the trainer, old weights keep serving
+            log.exception("weight sync failed")
+            return _err(500, f"weight sync failed: {type(err).__name__}: {err}", "weight_sync_error")
+        log.info("weights v%s (%s) loaded in %.3f s", result["weight_version"], fmt, result["seconds"])
+        return JSONResponse(result, headers={VERSION_HEADER: str(result["weight_version"])})
+
+    @app.post("/v1/score")
+    async def score(request: Request) -> Response:
+        try:
+            seqs = reference.parse_sequences(await request.json())
+        except (ValueError, UnicodeDecodeError) as err:
+            return _err(400, str(err))
+        try:
+            values = await proxy.score(seqs)
+        except reference.ScoreError as err:
+            return _err(502, str(err), "upstream_error")
+        except httpx.HTTPError as err:
+            return _err(502, f"vLLM upstream error: {err}", "upstream_error")
+        return JSONResponse({"logprobs": values})
+
+    return app
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))

