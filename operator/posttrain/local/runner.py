@@ -315,7 +315,8 @@ def run_local(opts: LocalOptions) -> LocalResult:
                 for role in roles:
                     port = free_port()
                     argv = _rollout_argv(role, resolved.model_path, port, resolved.base_model, max_len)
-                    proc = procs.start(f"rollout-{role}", argv, logs / f"rollout-{role}.log", env=vllm_env)
+                    role_env = {**vllm_env, "POSTTRAIN_RUN_DIR": str(run_dir / f"rollout-{role}")}
+                    proc = procs.start(f"rollout-{role}", argv, logs / f"rollout-{role}.log", env=role_env)
                     servers.append((role, proc, f"http://127.0.0.1:{port}"))
                     printer.line(
                         f"  starting {role} rollout server on 127.0.0.1:{port} (log {proc.log_path})"
