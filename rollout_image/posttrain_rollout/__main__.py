@@ -110,6 +110,7 @@ def serve(args: argparse.Namespace) -> int:
     from posttrain_rollout.server import Proxy
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request otherwise
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="posttrain-rollout-")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     model_dir = weights.local_path(args.model, run_dir / "models", "base")
