@@ -5,8 +5,9 @@ the same completion load (C concurrent clients, N requests x T tokens, ignore_eo
   raw    vLLM's own OpenAI server (the proxy's internal 127.0.0.1 port, read from the server log), and
   proxy  the public proxy, every request captured under its own cid (return_token_ids + logprobs) and
          the captures fetched and deleted afterwards (the trainer's pattern),
-with logprobs asked for on both sides (the proxy injects them for captured calls, so raw gets them too for
-a like-for-like load). Prints requests/s and tokens/s of each and the proxy/raw ratio (median of rounds),
+with logprobs asked for on every side (the proxy injects them for captured calls, so raw gets them too for
+a like-for-like load). Sides: raw, forward (proxy, no cid), capture (proxy, ?cid=), fetch (capture + GET and
+DELETE of the captures). Prints requests/s and tokens/s of each and the ratio to raw (median of rounds),
 then full-reload sync seconds (POST /v1/weights, same weights, median of K) and, with --lora, the LoRA
 path (CPU: merge into the base + reload).
 
@@ -41,7 +42,7 @@ def free_port() -> int:
 
 
 async def load(
-    base: str, *, concurrency: int, requests: int, tokens: int, capture: bool
+    base: str, *, concurrency: int, requests: int, tokens: int, capture: bool, fetch: bool = True
 ) -> tuple[float, int]:
     sem = asyncio.Semaphore(concurrency)
     produced = 0
@@ -57,9 +58,12 @@ async def load(
                     cid = f"bench-{i}"
                     r = await http.post("/v1/completions", params={"cid": cid}, json=body)
                     r.raise_for_status()
-                    caps = (await http.get(f"/v1/captures/{cid}")).json()
-                    await http.delete(f"/v1/captures/{cid}")
-                    produced += sum(len(c["completion_token_ids"]) for c in caps)
+                    if fetch:
+                        caps = (await http.get(f"/v1/captures/{cid}")).json()
+                        await http.delete(f"/v1/captures/{cid}")
+                        produced += sum(len(c["completion_token_ids"]) for c in caps)
+                    else:
+                        produced += sum(len(c["token_ids"]) for c in r.json()["choices"])
                 else:
                     body["return_token_ids"] = True
                     r = await http.post("/v1/completions", json=body)
@@ -135,10 +139,12 @@ def main() -> int:
         kw = {"concurrency": args.concurrency, "requests": args.requests, "tokens": args.tokens}
         asyncio.run(load(raw, **{**kw, "requests": args.concurrency}, capture=False))  # warm-up
         asyncio.run(load(proxy, **{**kw, "requests": args.concurrency}, capture=True))
-        results: dict[str, list[tuple[float, int]]] = {"raw": [], "proxy": []}
+        results: dict[str, list[tuple[float, int]]] = {"raw": [], "forward": [], "capture": [], "fetch": []}
         for _ in range(args.rounds):
             results["raw"].append(asyncio.run(load(raw, **kw, capture=False)))
-            results["proxy"].append(asyncio.run(load(proxy, **kw, capture=True)))
+            results["forward"].append(asyncio.run(load(proxy, **kw, capture=False)))
+            results["capture"].append(asyncio.run(load(proxy, **kw, capture=True, fetch=False)))
+            results["fetch"].append(asyncio.run(load(proxy, **kw, capture=True)))
         print(f"load: {args.requests} completions x {args.tokens} tokens, {args.concurrency} concurrent, "
               f"logprobs on, {args.rounds} rounds (median)")  # fmt: skip
         med = {}
@@ -146,10 +152,13 @@ def main() -> int:
             rps = statistics.median(args.requests / s for s, _ in runs)
             tps = statistics.median(n / s for s, n in runs)
             med[side] = (rps, tps)
-            print(f"  {side:6s} {rps:8.1f} req/s  {tps:9.1f} tok/s   rounds: "
+            ratio = f"  ratio to raw {tps / med['raw'][1]:.3f}" if side != "raw" else ""
+            print(f"  {side:8s} {rps:8.1f} req/s  {tps:9.1f} tok/s{ratio}   rounds: "
                   + ", ".join(f"{n / s:.0f}" for s, n in runs) + " tok/s")  # fmt: skip
-        print(f"  ratio proxy/raw: {med['proxy'][0] / med['raw'][0]:.3f} (req/s)  "
-              f"{med['proxy'][1] / med['raw'][1]:.3f} (tok/s)")  # fmt: skip
+        print(
+            "  raw: vLLM directly; forward: through the proxy, no cid; capture: with ?cid= (captured);"
+            " fetch: captured + GET and DELETE of the captures per request (3 HTTP calls per rollout)"
+        )
 
         def sync(path: str, fmt: str, version: int) -> tuple[float, float]:
             t = time.perf_counter()

@@ -7,8 +7,10 @@ X-Weight-Version. vLLM's development endpoints (collective_rpc, reset_prefix_cac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -116,6 +118,7 @@ class Proxy:
         self.client: httpx.AsyncClient | None = None
         self.lora_name: str | None = None
         self.syncs = 0
+        self._made: list[list[Path]] = []
 
     # -- plumbing ----------------------------------------------------------------------------------
     def http(self) -> httpx.AsyncClient:
@@ -204,12 +207,14 @@ class Proxy:
         started = time.perf_counter()
         async with self.gate.sync_lock():
             local = await asyncio.to_thread(weights.local_path, path, self.run_dir / "weights", f"v{version}")
+            made = [local] if path.startswith("s3://") else []
             if fmt == "lora" and not self.enable_lora:
                 if not self.model_dir:
                     raise RuntimeError("format lora without --enable-lora needs the base model folder")
                 local = await asyncio.to_thread(
                     weights.merge_lora, self.model_dir, local, self.run_dir / "weights" / f"merged-v{version}"
                 )
+                made.append(local)
                 fmt = "full"
             await self.gate.pause()
             try:
@@ -238,7 +243,17 @@ class Proxy:
                 raise
             await self.gate.resume(new_version)
             self.syncs += 1
+            self._forget_old_folders(made)
         return {"weight_version": new_version, "seconds": time.perf_counter() - started, "format": fmt}
+
+    def _forget_old_folders(self, made: list[Path], keep: int = 2) -> None:
+        """Folders this server wrote (s3 downloads, merged adapters): only those of the last `keep` syncs
+        stay on disk (vLLM holds the loaded weights in memory)."""
+        self._made.append(made)
+        while len(self._made) > keep:
+            for folder in self._made.pop(0):
+                if Path(folder) not in {Path(f) for group in self._made for f in group}:
+                    shutil.rmtree(folder, ignore_errors=True)
 
     # -- scoring -----------------------------------------------------------------------------------------
     async def score(self, seqs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
@@ -262,19 +277,43 @@ class Proxy:
             await self.gate.leave()
 
 
+class VersionHeaderMiddleware:
+    """Pure ASGI (Starlette's BaseHTTPMiddleware costs a task and a queue per request): adds
+    X-Weight-Version (the current version) to every response that does not carry one already."""
+
+    _NAME = VERSION_HEADER.lower().encode()
+
+    def __init__(self, app, proxy: Proxy):
+        self.app = app
+        self.proxy = proxy
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_version(message):
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers") or [])
+                if not any(k.lower() == self._NAME for k, _ in headers):
+                    headers.append((self._NAME, str(self.proxy.gate.version).encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        return await self.app(scope, receive, send_with_version)
+
+
 def create_app(proxy: Proxy) -> FastAPI:
-    app = FastAPI(title=f"posttrain rollout server ({proxy.role})", docs_url=None, redoc_url=None)
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        yield
+        await proxy.close()
+
+    app = FastAPI(
+        title=f"posttrain rollout server ({proxy.role})", docs_url=None, redoc_url=None, lifespan=lifespan
+    )
     app.state.proxy = proxy
 
-    @app.middleware("http")
-    async def version_header(request: Request, call_next):
-        response = await call_next(request)
-        response.headers.setdefault(VERSION_HEADER, str(proxy.gate.version))
-        return response
-
-    @app.on_event("shutdown")
-    async def _close() -> None:
-        await proxy.close()
+    app.add_middleware(VersionHeaderMiddleware, proxy=proxy)
 
     @app.get("/health")
     async def health() -> Response:

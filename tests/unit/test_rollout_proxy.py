@@ -1,0 +1,169 @@
+"""The proxy's wiring against a fake vLLM (an in-process ASGI app): what it forwards and injects, what it
+captures, the order of the weight-sync calls, the version on every response, scoring. Real vLLM:
+tests/integration/test_rollout_server.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from fastapi import FastAPI, Request
+from posttrain_rollout.server import Proxy, create_app
+
+
+def fake_vllm(calls: list, fail_reload: bool = False) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return {}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"data": [{"id": "m"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        calls.append(("chat", body))
+        return {
+            "prompt_token_ids": [1, 2],
+            "choices": [{"index": 0, "token_ids": [3], "finish_reason": "stop",
+                         "logprobs": {"content": [{"token": "t", "logprob": -0.5}]}}],
+        }  # fmt: skip
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await request.json()
+        calls.append(("completions", body))
+        prompt = body["prompt"]
+        return {
+            "choices": [{"index": 0, "prompt_token_ids": prompt if isinstance(prompt, list) else [9],
+                         "token_ids": [4], "finish_reason": "length",
+                         "logprobs": {"token_logprobs": [-1.5]},
+                         "prompt_logprobs": [None] + [{str(t): {"logprob": -0.1 * t}} for t in
+                                                      (prompt[1:] if isinstance(prompt, list) else [])]}],
+        }  # fmt: skip
+
+    @app.post("/collective_rpc")
+    async def rpc(request: Request):
+        calls.append(("rpc", await request.json()))
+        return {"results": [None]}
+
+    @app.post("/reset_prefix_cache")
+    async def reset():
+        calls.append(("reset", None))
+        return {}
+
+    if fail_reload:
+        app.router.routes = [r for r in app.router.routes if getattr(r, "path", "") != "/collective_rpc"]
+
+    return app
+
+
+def make(calls, fail=False, **kw):
+    proxy = Proxy("http://vllm", served_model_name="m", **kw)
+    proxy.client = httpx.AsyncClient(transport=httpx.ASGITransport(fake_vllm(calls, fail)),
+                                     base_url="http://vllm")  # fmt: skip
+    public = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(proxy)), base_url="http://proxy")
+    return proxy, public
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_capture_inject_and_version_header(tmp_path):
+    calls = []
+
+    async def scenario():
+        proxy, http = make(calls, run_dir=tmp_path)
+        r = await http.post("/v1/chat/completions?cid=c1", json={"messages": [], "thinking_mode": "no_think"})
+        assert r.status_code == 200 and r.headers["x-weight-version"] == "0"
+        r2 = await http.post("/v1/completions?cid=c1", json={"prompt": "x"})
+        plain = await http.post("/v1/chat/completions", json={"messages": []})
+        caps = await http.get("/v1/captures/c1")
+        missing = await http.get("/v1/captures/nope")
+        stream = await http.post("/v1/chat/completions?cid=c2", json={"messages": [], "stream": True})
+        return r2, plain, caps, missing, stream
+
+    r2, plain, caps, missing, stream = run(scenario())
+    chat_body = calls[0][1]
+    assert chat_body["return_token_ids"] is True and chat_body["logprobs"] is True
+    assert (
+        chat_body["chat_template_kwargs"] == {"enable_thinking": False} and "thinking_mode" not in chat_body
+    )
+    assert calls[1][1]["logprobs"] == 1
+    assert "return_token_ids" not in calls[2][1]  # no cid: forwarded untouched
+    assert caps.json() == [
+        {"prompt_token_ids": [1, 2], "completion_token_ids": [3], "logprobs": [-0.5], "weight_version": 0,
+         "finish_reason": "stop"},
+        {"prompt_token_ids": [9], "completion_token_ids": [4], "logprobs": [-1.5], "weight_version": 0,
+         "finish_reason": "length"},
+    ]  # fmt: skip
+    assert missing.status_code == 404 and "x-weight-version" in missing.headers
+    assert stream.status_code == 400 and len(calls) == 3
+
+
+def test_weight_sync_calls_and_version(tmp_path):
+    calls = []
+    model = tmp_path / "w"
+    model.mkdir()
+
+    async def scenario():
+        proxy, http = make(calls, run_dir=tmp_path)
+        r = await http.post("/v1/weights", json={"path": str(model), "format": "full", "version": 7})
+        after = await http.post("/v1/chat/completions?cid=a", json={"messages": []})
+        got = await http.get("/v1/weights")
+        bad = await http.post("/v1/weights", json={"path": str(model), "format": "zip"})
+        missing = await http.post("/v1/weights", json={"path": str(tmp_path / "absent"), "version": 8})
+        caps = await http.get("/v1/captures/a")
+        return r, after, got, bad, missing, caps
+
+    r, after, got, bad, missing, caps = run(scenario())
+    assert r.status_code == 200 and r.json()["weight_version"] == 7 and r.headers["x-weight-version"] == "7"
+    assert [c[0] for c in calls[:2]] == ["rpc", "reset"]
+    assert calls[0][1] == {"method": "reload_weights", "kwargs": {"weights_path": str(model)}}
+    assert after.headers["x-weight-version"] == "7" and caps.json()[0]["weight_version"] == 7
+    assert got.json()["weight_version"] == 7
+    assert bad.status_code == 400 and missing.status_code == 400
+
+
+def test_failed_reload_keeps_version_and_serving(tmp_path):
+    calls = []
+    model = tmp_path / "w"
+    model.mkdir()
+
+    async def scenario():
+        proxy, http = make(calls, run_dir=tmp_path, fail=True)
+        r = await http.post("/v1/weights", json={"path": str(model), "version": 3})
+        ok = await http.post("/v1/chat/completions", json={"messages": []})
+        return proxy, r, ok
+
+    proxy, r, ok = run(scenario())
+    assert r.status_code == 500 and "reload_weights" in r.json()["error"]["message"]
+    assert proxy.gate.version == 0 and not proxy.gate.paused
+    assert ok.status_code == 200 and ok.headers["x-weight-version"] == "0"
+
+
+def test_score_and_health(tmp_path):
+    calls = []
+    alive = {"v": True}
+
+    async def scenario():
+        proxy, http = make(calls, run_dir=tmp_path, upstream_alive=lambda: alive["v"])
+        r = await http.post("/v1/score", json={"sequences": [{"prompt_token_ids": [5, 6], "completion_token_ids": [7, 8]},
+                                                             {"prompt_token_ids": [5], "completion_token_ids": []}]})  # fmt: skip
+        bad = await http.post("/v1/score", json={"sequences": "x"})
+        healthy = await http.get("/health")
+        alive["v"] = False
+        dead = await http.get("/health")
+        return r, bad, healthy, dead
+
+    r, bad, healthy, dead = run(scenario())
+    assert r.status_code == 200
+    assert r.json()["logprobs"] == [[-0.7000000000000001, -0.8], []]
+    body = calls[0][1]
+    assert body["prompt"] == [5, 6, 7, 8] and body["prompt_logprobs"] == 0 and body["max_tokens"] == 1
+    assert bad.status_code == 400
+    assert healthy.status_code == 200 and dead.status_code == 503
