@@ -41,19 +41,27 @@ def train(kind: str, config: Path, runs_dir: Path, name: str, nproc: int, extra:
             "--runs-dir", str(runs_dir), "--name", name, "--nproc-per-node", str(nproc), *extra]  # fmt: skip
     print(f"$ posttrain {' '.join(argv[3:])}", flush=True)
     fine_tuned = None
+    from posttrain.local.processes import sigterm_as_keyboard_interrupt
+
     with subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT
     ) as proc:
         assert proc.stdout is not None
         run_dir = None
-        for line in proc.stdout:
-            print(f"  | {line}", end="", flush=True)
-            if line.startswith("fine_tuned_model:"):
-                fine_tuned = line.split(":", 1)[1].strip()
-            match = re.search(r"run folder (\S+)", line)
-            if match:
-                run_dir = Path(match.group(1))
-        code = proc.wait()
+        try:
+            with sigterm_as_keyboard_interrupt():
+                for line in proc.stdout:
+                    print(f"  | {line}", end="", flush=True)
+                    if line.startswith("fine_tuned_model:"):
+                        fine_tuned = line.split(":", 1)[1].strip()
+                    match = re.search(r"run folder (\S+)", line)
+                    if match:
+                        run_dir = Path(match.group(1))
+                code = proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()  # `posttrain train --local` stops everything it started on SIGTERM
+            proc.wait(120)
+            raise
     if code != 0 or not fine_tuned or run_dir is None:
         raise SystemExit(f"{kind} job failed (exit {code}); see the lines above")
     return {**json.loads((run_dir / "result.json").read_text()), "run_dir": str(run_dir)}
