@@ -342,6 +342,11 @@ def run_local(opts: LocalOptions) -> LocalResult:
                     dataset_ref["validation"] = f"s3://{s3.bucket}/{vkey}"
                 printer.line(f"  uploaded dataset -> {dataset_ref['train']}")
 
+            # The trainer's ranks share one S3 download cache; fill it here once so that they never race
+            # on the same files (the model and, for a LoRA result, the chain of bases it names).
+            child_env["POSTTRAIN_S3_CACHE"] = str(opts.runs_dir / "cache" / "s3")
+            _prefetch(s3, resolved.model_path, Path(child_env["POSTTRAIN_S3_CACHE"]))
+
             report_path = run_dir / "report.jsonl"
             job = JobFile(
                 kind=opts.kind,
@@ -448,6 +453,27 @@ def run_local(opts: LocalOptions) -> LocalResult:
                         "seconds": round(seconds, 1)}, indent=2)
         )  # fmt: skip
     return LocalResult(phase, fine_tuned, s3_uri, artifacts, run_dir, progress, events, seconds, message)
+
+
+def _prefetch(s3: Any, model_path: str, cache: Path) -> None:
+    from posttrain_trainer import storage
+
+    previous = os.environ.get("POSTTRAIN_S3_CACHE")
+    os.environ["POSTTRAIN_S3_CACHE"] = str(cache)
+    try:
+        for _ in range(8):
+            if not storage.is_s3_uri(model_path):
+                return
+            folder = storage.download_dir(s3.client(), model_path)
+            ref = folder / "posttrain-base.json"
+            if not ref.exists() or (folder / "config.json").exists():
+                return
+            model_path = json.loads(ref.read_text()).get("model_path") or ""
+    finally:
+        if previous is None:
+            os.environ.pop("POSTTRAIN_S3_CACHE", None)
+        else:
+            os.environ["POSTTRAIN_S3_CACHE"] = previous
 
 
 def _check_source_exists(s3: Any, resolved: ResolvedModel) -> None:
