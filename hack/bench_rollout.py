@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -45,6 +46,7 @@ async def load(
     base: str, *, concurrency: int, requests: int, tokens: int, capture: bool, fetch: bool = True
 ) -> tuple[float, int]:
     sem = asyncio.Semaphore(concurrency)
+    run_tag = uuid.uuid4().hex[:8]  # fresh cids every run: captures never accumulate across runs
     produced = 0
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
     async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as http:
@@ -55,7 +57,7 @@ async def load(
                     "temperature": 1.0, "ignore_eos": True, "logprobs": 1}  # fmt: skip
             async with sem:
                 if capture:
-                    cid = f"bench-{i}"
+                    cid = f"bench-{run_tag}-{i}"
                     r = await http.post("/v1/completions", params={"cid": cid}, json=body)
                     r.raise_for_status()
                     if fetch:
@@ -90,7 +92,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default=str(REPO / ".models" / "tiny-random-qwen2"))
+    # head_dim 32: vLLM's CPU attention rejects the default tiny model's head_dim 16
+    parser.add_argument("--model", default=str(REPO / ".models" / "tiny-random-qwen2-hd32"))
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=32)
@@ -102,11 +105,11 @@ def main() -> int:
     args = parser.parse_args()
 
     model = Path(args.model)
-    if not model.exists() and model.name == "tiny-random-qwen2":
+    if not model.exists() and model.name == "tiny-random-qwen2-hd32":
         sys.path.insert(0, str(REPO / "operator"))
         from posttrain.modelzoo import build_tiny_model
 
-        build_tiny_model(model)
+        build_tiny_model(model, hidden_size=128)
     run_dir = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     port = free_port()
     env = dict(os.environ)
@@ -152,7 +155,7 @@ def main() -> int:
             rps = statistics.median(args.requests / s for s, _ in runs)
             tps = statistics.median(n / s for s, n in runs)
             med[side] = (rps, tps)
-            ratio = f"  ratio to raw {tps / med['raw'][1]:.3f}" if side != "raw" else ""
+            ratio = f"  ratio to raw {rps / med['raw'][0]:.3f}" if side != "raw" else ""
             print(f"  {side:8s} {rps:8.1f} req/s  {tps:9.1f} tok/s{ratio}   rounds: "
                   + ", ".join(f"{n / s:.0f}" for s, n in runs) + " tok/s")  # fmt: skip
         print(

@@ -241,3 +241,25 @@ def test_judge_client_against_served_model(policy_server):
     assert parse_judgement(raw) is None  # random model, random text: unparsable -> None
     assert score is None and client.stats["unparsable"] == 1
     assert timed_out is None and slow.stats["timeouts"] == 1
+
+
+def test_lora_sync_without_lora_serving_merges_and_reloads(policy_server, tmp_path):
+    """format "lora" on a server started without --enable-lora (the CPU path): the adapter is merged into the
+    base weights and reloaded; outputs change; a full sync of the base restores them exactly."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(str(policy_server.model_dir), dtype=torch.bfloat16)
+    cfg = LoraConfig(r=8, lora_alpha=64, target_modules="all-linear", init_lora_weights=False)
+    get_peft_model(base, cfg).save_pretrained(str(tmp_path / "adapter"))
+    v0 = current_version(policy_server)
+    before = greedy_ids(policy_server)
+    r = httpx.post(f"{policy_server.url}/v1/weights",
+                   json={"path": str(tmp_path / "adapter"), "format": "lora", "version": v0 + 1}, timeout=300)  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["weight_version"] == v0 + 1 and r.json()["format"] == "full"  # merged, then reloaded
+    assert greedy_ids(policy_server) != before
+    sync(policy_server, policy_server.model_dir, v0 + 2)
+    assert greedy_ids(policy_server) == before
