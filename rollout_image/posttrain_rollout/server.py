@@ -384,8 +384,9 @@ def create_app(proxy: Proxy) -> FastAPI:
         return await proxy.generate(request, "/v1/completions", chat=False)
 
     @app.get("/v1/captures/{cid}")
-    async def get_captures(cid: str) -> Response:
-        entries = proxy.captures.get(cid)
+    async def get_captures(cid: str, pop: bool = False) -> Response:
+        """?pop=true also removes them (one call instead of GET + DELETE)."""
+        entries = proxy.captures.pop(cid) if pop else proxy.captures.get(cid)
         if entries is None:
             return _err(404, f"no captures for cid {cid!r} (never seen, deleted or expired)", "not_found")
         return JSONResponse(entries)

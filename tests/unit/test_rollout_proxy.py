@@ -83,6 +83,9 @@ def test_capture_inject_and_version_header(tmp_path):
         r2 = await http.post("/v1/completions?cid=c1", json={"prompt": "x"})
         plain = await http.post("/v1/chat/completions", json={"messages": []})
         caps = await http.get("/v1/captures/c1")
+        popped = await http.get("/v1/captures/c1?pop=true")
+        assert popped.json() == caps.json()
+        assert (await http.get("/v1/captures/c1")).status_code == 404
         missing = await http.get("/v1/captures/nope")
         stream = await http.post("/v1/chat/completions?cid=c2", json={"messages": [], "stream": True})
         return r2, plain, caps, missing, stream
