@@ -5,4 +5,5 @@ pytest_plugins = [
     "fixtures.taskapp",
     "fixtures.s3",
     "fixtures.vllm",
+    "fixtures.cluster",
 ]
