@@ -265,6 +265,7 @@ class Proxy:
                     )
                     if r.status_code >= 400:
                         raise RuntimeError(f"reload_weights -> HTTP {r.status_code}: {r.text[:300]}")
+                    self.lora_name = None  # new full weights are the policy; no adapter on top
                 else:
                     name = self.lora_name or f"{await self.model_name()}-lora"
                     r = await self.http().post(
