@@ -100,6 +100,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--syncs", type=int, default=5)
     parser.add_argument("--lora", action="store_true", help="also time format=lora (CPU: merge + reload)")
+    parser.add_argument("--enable-lora", action="store_true",
+                        help="serve with --enable-lora (LoRA hot-load in place; implies --lora)")  # fmt: skip
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--startup-timeout", type=float, default=900)
     args = parser.parse_args()
@@ -118,6 +120,9 @@ def main() -> int:
     argv = [sys.executable, "-m", "posttrain_rollout", "serve", "--role", "policy", "--model", str(model),
             "--port", str(port), "--served-model-name", NAME, "--max-model-len", str(args.max_model_len),
             "--run-dir", str(run_dir)]  # fmt: skip
+    if args.enable_lora:
+        argv += ["--enable-lora", "--max-lora-rank", "8"]
+        args.lora = True
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     proxy = f"http://127.0.0.1:{port}"
@@ -177,9 +182,8 @@ def main() -> int:
         if args.lora:
             adapter = make_adapter(model, run_dir / "adapter")
             lora = [sync(str(adapter), "lora", 100 + v) for v in range(max(1, args.syncs // 2))]
-            print(
-                f"lora sync (CPU: merge into base + reload): server {statistics.median(s for _, s in lora):.3f} s"
-            )
+            how = "hot-load in place (load_lora_adapter)" if args.enable_lora else "merge into base + reload"
+            print(f"lora sync ({how}): server {statistics.median(s for _, s in lora):.3f} s")
             sync(str(model.resolve()), "full", 1000)
     finally:
         if proc.poll() is None:
