@@ -56,6 +56,7 @@ class Section(BaseModel):
         validate_by_name=True,
         validate_by_alias=True,
         protected_namespaces=(),
+        loc_by_alias=False,
     )
 
     @model_validator(mode="before")

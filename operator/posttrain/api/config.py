@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from posttrain.api import model_ids
 from posttrain.api.base import Section
@@ -83,9 +83,10 @@ class RLConfig(Section):
     judge: JudgeConfig | None = Field(None, description="LLM judges ([verifier] is an alias).")
     tags: dict[str, str] | None = Field(None, description="Metadata.")
 
-    def model_post_init(self, __context: Any) -> None:
-        if self.tags is not None:
-            self.tags = _tags(self.tags)
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tags_as_strings(cls, value: Any) -> Any:
+        return _tags(value)
 
 
 class SFTConfig(Section):
@@ -102,9 +103,10 @@ class SFTConfig(Section):
     policy: PolicySection | None = Field(None, description="Not used by SFT; kept.")
     tags: dict[str, str] | None = Field(None, description="Metadata.")
 
-    def model_post_init(self, __context: Any) -> None:
-        if self.tags is not None:
-            self.tags = _tags(self.tags)
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tags_as_strings(cls, value: Any) -> Any:
+        return _tags(value)
 
 
 # ------------------------------------------------------------------------------------------ type

@@ -169,7 +169,7 @@ class WeightSyncConfig(Section):
     targets: list[str] | None = Field(None, max_length=8, description='Servers to update, e.g. ["policy"].')
     mode: str | None = Field(None, description='Sync mode, e.g. "direct".')
     direct: bool | None = Field(None, description="Direct sync.")
-    verify_every_k: int | None = Field(None, ge=1, description="Verify the sync every k updates.")
+    verify_every_k: int | None = Field(None, ge=0, description="Verify the sync every k updates (0: never).")
 
 
 class RewardsConfig(Section):
