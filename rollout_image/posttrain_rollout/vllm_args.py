@@ -6,8 +6,12 @@ import json
 import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
+
+# sizeof(sockaddr_un.sun_path) - 1: the longest Unix socket path ZMQ can bind.
+IPC_PATH_MAX = 107
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -97,6 +101,10 @@ def vllm_env(
         env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
     env.setdefault("VLLM_CACHE_ROOT", str(run_dir / "cache" / "vllm"))
     tmp = run_dir / "tmp"
+    # vLLM binds ZMQ ipc sockets at $TMPDIR/<uuid4>; a Unix socket path holds at most 107 bytes, so a deep
+    # run folder (pytest's, a long job name) would kill the engine at start: fall back to a short folder.
+    if len(str(tmp)) + len("/") + 36 > IPC_PATH_MAX:
+        tmp = Path(tempfile.mkdtemp(prefix="ptr-vllm-", dir="/tmp" if Path("/tmp").is_dir() else None))
     tmp.mkdir(parents=True, exist_ok=True)
     env["TMPDIR"] = str(tmp)
     return env

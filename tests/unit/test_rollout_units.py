@@ -243,3 +243,16 @@ def test_weight_gate_waits_for_inflight_and_holds_new_requests():
     order, version = asyncio.run(scenario())
     assert order == ["inflight done", "paused", "resumed", "late@1"]
     assert version == 1
+
+
+def test_vllm_tmpdir_stays_short_enough_for_zmq_ipc_sockets(tmp_path):
+    from posttrain_rollout.vllm_args import IPC_PATH_MAX, vllm_env
+
+    deep = tmp_path / ("d" * 90)
+    env = vllm_env({}, deep, cpu=True)
+    assert len(env["TMPDIR"]) + 37 <= IPC_PATH_MAX
+    assert env["VLLM_CACHE_ROOT"].startswith(
+        str(deep)
+    )  # only the sockets move, caches stay in the run folder
+    short = vllm_env({}, tmp_path / "r", cpu=True)
+    assert short["TMPDIR"] == str(tmp_path / "r" / "tmp")
