@@ -28,6 +28,7 @@ from posttrain.controller.testing import (
     ensure_crds,
     free_port,
     kubeconfig_of,
+    rljob_manifest,
 )
 
 pytestmark = [pytest.mark.cluster]
@@ -113,39 +114,7 @@ class Env:
         return [e.reason for e in sorted(items, key=lambda e: e.metadata.creation_timestamp)]
 
 
-def rljob(name: str, url: str, secret: str = "task-key", **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "RLJob",
-        "metadata": {"name": name},
-        "spec": {
-            "taskApp": {"url": url, "apiKeySecretRef": {"name": secret, "key": "ENVIRONMENT_API_KEY"}},
-            "model": {"base": "posttrain/tiny-random-qwen2", "trainerMode": "full"},
-            "algorithm": {"type": "online", "method": "policy_gradient", "variety": "gspo"},
-            "compute": {
-                "gpuType": "H100",
-                "gpuCount": 2,
-                "topology": {"gpusForVllm": 1, "gpusForTraining": 1, "tensorParallel": 1},
-            },
-            "rollout": {
-                "envName": "math",
-                "policyName": "math-single-step",
-                "maxTurns": 1,
-                "episodesPerBatch": 4,
-                "maxConcurrentRollouts": 4,
-            },
-            "training": {
-                "numEpochs": 1,
-                "iterationsPerEpoch": 2,
-                "maxTurns": 1,
-                "batchSize": 4,
-                "groupSize": 2,
-                "learningRate": 0.0001,
-            },
-            "originalToml": '[algorithm]\ntype = "online"\n',
-            **spec,
-        },
-    }
+rljob = rljob_manifest
 
 
 @pytest.fixture

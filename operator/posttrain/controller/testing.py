@@ -265,3 +265,40 @@ def add_gpu_nodes(cluster: Any, count: int, start: int = 100) -> None:
             return
         time.sleep(0.3)
     raise TimeoutError("extra kwok nodes not Ready")
+
+
+def rljob_manifest(name: str, url: str, secret: str = "task-key", **spec: Any) -> dict[str, Any]:
+    """A small GSPO RLJob of 2 GPUs (1 rollout, 1 trainer) against the task app at `url` (its key in Secret
+    `secret`); extra keyword arguments are merged into spec."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "RLJob",
+        "metadata": {"name": name},
+        "spec": {
+            "taskApp": {"url": url, "apiKeySecretRef": {"name": secret, "key": "ENVIRONMENT_API_KEY"}},
+            "model": {"base": "posttrain/tiny-random-qwen2", "trainerMode": "full"},
+            "algorithm": {"type": "online", "method": "policy_gradient", "variety": "gspo"},
+            "compute": {
+                "gpuType": "H100",
+                "gpuCount": 2,
+                "topology": {"gpusForVllm": 1, "gpusForTraining": 1, "tensorParallel": 1},
+            },
+            "rollout": {
+                "envName": "math",
+                "policyName": "math-single-step",
+                "maxTurns": 1,
+                "episodesPerBatch": 4,
+                "maxConcurrentRollouts": 4,
+            },
+            "training": {
+                "numEpochs": 1,
+                "iterationsPerEpoch": 2,
+                "maxTurns": 1,
+                "batchSize": 4,
+                "groupSize": 2,
+                "learningRate": 0.0001,
+            },
+            "originalToml": '[algorithm]\ntype = "online"\n',
+            **spec,
+        },
+    }
