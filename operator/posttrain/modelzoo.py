@@ -46,8 +46,9 @@ def _tokenizer_corpus() -> list[str]:
     return lines
 
 
-def build_tiny_model(out: Path, *, hidden_size: int = 64, layers: int = 2, vocab_size: int = 1024,
-                     seed: int = 0) -> Path:
+def build_tiny_model(
+    out: Path, *, hidden_size: int = 64, layers: int = 2, vocab_size: int = 1024, seed: int = 0
+) -> Path:
     """A random Qwen2ForCausalLM with a locally trained byte-level BPE tokenizer. Seconds to build."""
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out
@@ -134,7 +135,9 @@ def convert_smollm2(out: Path) -> Path:
         raise RuntimeError(f"GGUF conversion mismatch: missing={real_missing} unexpected={unexpected}")
     plain.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    (out / "posttrain-model.json").write_text(json.dumps({"name": SMOLLM2_MODEL_NAME, "from": str(gguf.name)}))
+    (out / "posttrain-model.json").write_text(
+        json.dumps({"name": SMOLLM2_MODEL_NAME, "from": str(gguf.name)})
+    )
     return out
 
 

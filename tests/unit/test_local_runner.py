@@ -53,6 +53,16 @@ def test_model_fields_and_reference_detection():
 def test_progress_lines_and_report_reading(tmp_path):
     line = runner.format_progress({"step": 3, "total": 10, "meanReturn": 0.4567, "loss": 0.1})
     assert line == "step 3/10  mean_return 0.4567  loss 0.1"
+    assert runner.format_progress({"step": 1, "loss": -0.0}) == "step 1  loss 0"
+    detail = runner.format_iteration(
+        {"event": "iteration", "step": 2, "rollouts": 64, "failed_rollouts": 1, "groups": 8, "mixed_groups": 3,
+         "train_sequences": 24, "grad_norm": 0.3851, "clip_fraction": 0.0, "rollout_seconds": 11.59,
+         "update_seconds": 21.1, "weight_sync_seconds": None}
+    )  # fmt: skip
+    assert detail == (
+        "rollouts 64, 1 failed, mixed groups 3/8, trained 24 seqs, grad_norm 0.385, clipped 0% | "
+        "rollout 11.6 s, update 21.1 s, sync - s"
+    )
     report = tmp_path / "report.jsonl"
     report.write_text(json.dumps({"progress": {"step": 1}}) + "\n" + '{"result": {"fine_tuned')
     offset, lines = runner._read_report(report, 0)
@@ -130,3 +140,19 @@ def test_demo_chains_the_sft_model_into_the_rl_config(tmp_path):
     model = tomllib.loads(out.read_text())["model"]
     assert model["source"] == ft and "base" not in model
     assert parse_seeds("1000000-1000003,7") == [1000000, 1000001, 1000002, 1000003, 7]
+
+
+def test_demo_reward_curve_has_one_point_per_iteration(tmp_path):
+    from posttrain.local import demo
+
+    rows = [{"progress": {"step": 1, "total": 2, "meanReturn": 0.1}}, {"event": "weight_sync"},
+            {"progress": {"step": 2, "total": 2, "meanReturn": 0.4}}, "not json",
+            {"progress": {"step": 2, "total": 2, "meanReturn": 0.4, "evalScore": 0.9}}]  # fmt: skip
+    (tmp_path / "report.jsonl").write_text(
+        "\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n"
+    )
+    progress = demo.progress_of(tmp_path)
+    assert [p["meanReturn"] for p in progress] == [0.1, 0.4]
+    assert progress[-1]["evalScore"] == 0.9
+    png = demo.plot(progress, tmp_path / "curve.png", "title\nsubtitle")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

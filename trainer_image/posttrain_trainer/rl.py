@@ -677,6 +677,28 @@ def train(job: JobFile) -> dict[str, Any]:
             **sync_metrics,
         }
         history.append(record)
+        # why the reward moves (or does not): how many groups carried signal, what the update did, where the
+        # time went
+        reporter.event(
+            "iteration",
+            **{
+                k: record.get(k)
+                for k in (
+                    "step",
+                    "rollouts",
+                    "failed_rollouts",
+                    "mixed_groups",
+                    "train_sequences",
+                    "grad_norm",
+                    "clip_fraction",
+                    "rollout_seconds",
+                    "update_seconds",
+                    "weight_sync_seconds",
+                    "iteration_seconds",
+                )
+            },  # fmt: skip
+            groups=stats["groups"],
+        )
         if (
             client is not None
             and job.checkpoint_every

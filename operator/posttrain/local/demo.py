@@ -68,15 +68,16 @@ def train(kind: str, config: Path, runs_dir: Path, name: str, nproc: int, extra:
 
 
 def progress_of(run_dir: Path) -> list[dict[str, Any]]:
-    rows = []
+    """One progress row per iteration (the trainer repeats the last one, with the final eval, at the end)."""
+    by_step: dict[Any, dict[str, Any]] = {}
     for line in (run_dir / "report.jsonl").read_text().splitlines():
         try:
             row = json.loads(line)
         except ValueError:
             continue
         if "progress" in row and row["progress"].get("meanReturn") is not None:
-            rows.append(row["progress"])
-    return rows
+            by_step[row["progress"].get("step", len(by_step) + 1)] = row["progress"]
+    return list(by_step.values())
 
 
 def plot(progress: list[dict[str, Any]], path: Path, title: str) -> Path:
@@ -92,7 +93,7 @@ def plot(progress: list[dict[str, Any]], path: Path, title: str) -> Path:
     ax.set_xlabel("iteration")
     ax.set_ylabel("mean_return (train rollouts)")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     timings["rl_s"] = round(time.monotonic() - t0, 1)
     progress = progress_of(Path(rl["run_dir"]))
     curve = plot(
-        progress, runs_dir / "reward_curve.png", f"GSPO, SmolLM2-135M, math ({rl['fine_tuned_model']})"
+        progress, runs_dir / "reward_curve.png", f"GSPO on the math task app\n{rl['fine_tuned_model']}"
     )
     returns = [p["meanReturn"] for p in progress]
     print(f"reward curve: {curve}", flush=True)

@@ -167,12 +167,28 @@ def format_progress(progress: dict[str, Any]) -> str:
     ):
         value = progress.get(key)
         if isinstance(value, int | float):
-            parts.append(f"{label} {value:.4g}")
+            parts.append(f"{label} {value + 0.0:.4g}")  # + 0.0: no "-0" for a loss of -0.0
     if progress.get("judgeScores"):
         parts.append(f"judges {progress['judgeScores']}")
     if progress.get("lastCheckpoint"):
         parts.append(f"checkpoint {progress['lastCheckpoint']}")
     return "  ".join(parts)
+
+
+def format_iteration(event: dict[str, Any]) -> str:
+    """The trainer's per-iteration detail line: signal (groups with mixed rewards), update, time split."""
+
+    def num(key: str, fmt: str) -> str:
+        value = event.get(key)
+        return format(value, fmt) if isinstance(value, int | float) else "-"
+
+    failed = f", {event['failed_rollouts']} failed" if event.get("failed_rollouts") else ""
+    return (
+        f"rollouts {event.get('rollouts')}{failed}, mixed groups {event.get('mixed_groups')}/{event.get('groups')}, "
+        f"trained {event.get('train_sequences')} seqs, grad_norm {num('grad_norm', '.3g')}, "
+        f"clipped {num('clip_fraction', '.0%')} | rollout {num('rollout_seconds', '.1f')} s, "
+        f"update {num('update_seconds', '.1f')} s, sync {num('weight_sync_seconds', '.1f')} s"
+    )
 
 
 def _rollout_argv(role: str, model: str, port: int, served_name: str, max_len: int) -> list[str]:
@@ -402,6 +418,8 @@ def run_local(opts: LocalOptions) -> LocalResult:
                         events.append(line)
                         if line["event"] in ("evaluation", "eval"):
                             printer.line(f"  event {json.dumps(line)}")
+                        elif line["event"] == "iteration":
+                            printer.line(f"    {format_iteration(line)}")
                 if code is not None:
                     break
                 for proc in procs.processes:
