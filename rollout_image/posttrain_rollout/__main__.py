@@ -157,6 +157,7 @@ def serve(args: argparse.Namespace) -> int:
         rc = 0
     finally:
         _stop_group(proc)
+        vllm_args.remove_fallback_tmp(env, run_dir)
     return rc
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -108,3 +109,10 @@ def vllm_env(
     tmp.mkdir(parents=True, exist_ok=True)
     env["TMPDIR"] = str(tmp)
     return env
+
+
+def remove_fallback_tmp(env: dict[str, str], run_dir: Path) -> None:
+    """Delete the short TMPDIR that vllm_env made outside the run folder (after vLLM stopped)."""
+    tmp = Path(env.get("TMPDIR", ""))
+    if tmp.name.startswith("ptr-vllm-") and not tmp.is_relative_to(run_dir):
+        shutil.rmtree(tmp, ignore_errors=True)

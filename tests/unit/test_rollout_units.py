@@ -4,6 +4,7 @@ reference parsing, the weight gate. No vLLM."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 from posttrain_rollout import reference, vllm_args
@@ -246,7 +247,7 @@ def test_weight_gate_waits_for_inflight_and_holds_new_requests():
 
 
 def test_vllm_tmpdir_stays_short_enough_for_zmq_ipc_sockets(tmp_path):
-    from posttrain_rollout.vllm_args import IPC_PATH_MAX, vllm_env
+    from posttrain_rollout.vllm_args import IPC_PATH_MAX, remove_fallback_tmp, vllm_env
 
     deep = tmp_path / ("d" * 90)
     env = vllm_env({}, deep, cpu=True)
@@ -256,3 +257,8 @@ def test_vllm_tmpdir_stays_short_enough_for_zmq_ipc_sockets(tmp_path):
     )  # only the sockets move, caches stay in the run folder
     short = vllm_env({}, tmp_path / "r", cpu=True)
     assert short["TMPDIR"] == str(tmp_path / "r" / "tmp")
+    # the fallback folder is removed when the server stops; the run folder's own tmp is left alone
+    remove_fallback_tmp(env, deep)
+    remove_fallback_tmp(short, tmp_path / "r")
+    assert not os.path.exists(env["TMPDIR"])
+    assert os.path.isdir(short["TMPDIR"])
