@@ -156,3 +156,14 @@ def test_demo_reward_curve_has_one_point_per_iteration(tmp_path):
     assert progress[-1]["evalScore"] == 0.9
     png = demo.plot(progress, tmp_path / "curve.png", "title\nsubtitle")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_ctrl_c_is_a_clean_exit_130(monkeypatch, capsys):
+    from posttrain.local import demo
+
+    def interrupted(argv=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "main", interrupted)
+    assert demo.run([]) == 130
+    assert "stopped every process" in capsys.readouterr().err

@@ -197,5 +197,14 @@ def _env_config(toml_path: Path) -> dict[str, Any]:
     return dict(rollout.get("env_config") or {})
 
 
+def run(argv: list[str] | None = None) -> int:
+    """main() with Ctrl-C (or SIGTERM) as a clean exit 130: every child was already stopped on the way out."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print("interrupted: the demo stopped every process it started", file=sys.stderr, flush=True)
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())
