@@ -63,6 +63,8 @@ def test_progress_lines_and_report_reading(tmp_path):
         "rollouts 64, 1 failed, mixed groups 3/8, trained 24 seqs, grad_norm 0.385, clipped 0% | "
         "rollout 11.6 s, update 21.1 s, sync - s"
     )
+    judged = runner.format_iteration({"rollouts": 4, "groups": 2, "judged": 3, "judge_fallback": 1})
+    assert judged.startswith("rollouts 4, judged 3 (1 without a judge score), mixed groups")
     report = tmp_path / "report.jsonl"
     report.write_text(json.dumps({"progress": {"step": 1}}) + "\n" + '{"result": {"fine_tuned')
     offset, lines = runner._read_report(report, 0)

@@ -47,6 +47,7 @@ from posttrain_trainer import distributed as D
 from posttrain_trainer import gspo
 from posttrain_trainer import storage as s3
 from posttrain_trainer.jobfile import JobFile
+from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.rollouts import (
     ErrorBudget,
@@ -54,6 +55,7 @@ from posttrain_trainer.rollouts import (
     RolloutClient,
     RolloutResult,
     plan_rollouts,
+    rubric_weights,
     run_tag,
     section,
 )
@@ -547,11 +549,19 @@ def train(job: JobFile) -> dict[str, Any]:
             )
             engine.module.eval()
 
+    judge = EpisodeJudge.from_config(job.config, rubric_weights(job.config), job.endpoints.judges)
+    if judge is not None and D.is_main():
+        print(
+            f"[posttrain] judge {judge.options['provider']}/{judge.options['model']} at {judge.client.base_url} "
+            f"scores {'outcome ' if judge.options['outcome'] else ''}{'events' if judge.options['event'] else ''}",
+            flush=True,
+        )
     rollout_client = RolloutClient(
         task_url=job.task_app.url,
         config=job.config,
         model=job.base_model,
         api_key_env=job.task_app.api_key_env,
+        judge=judge,
     )
     budget = ErrorBudget.from_config(job.config)
     syncer = WeightSyncer(job, client=client) if D.is_main() else None
@@ -614,6 +624,7 @@ def train(job: JobFile) -> dict[str, Any]:
         payload: Any = None
         if D.is_main():
             specs = plan_rollouts(run, iteration, seeds, cfg.group_size, job.endpoints.policy)
+            judged_before = dict(judge.stats) if judge is not None else {}
             results = _collect(rollout_client, specs)
             errors = [r.error for r in results if not r.ok]
             try:
@@ -636,6 +647,11 @@ def train(job: JobFile) -> dict[str, Any]:
                     rollout_seconds=time.perf_counter() - started,
                     errors=sorted(set(errors))[:3],
                 )
+                if judge is not None:
+                    stats.update(
+                        judged=judge.stats["judged"] - judged_before["judged"],
+                        judge_fallback=judge.stats["fallback"] - judged_before["fallback"],
+                    )
                 payload = {"seqs": seqs, "stats": stats}
             except RolloutBudgetExceeded as err:
                 payload = {"error": str(err)}
@@ -674,6 +690,7 @@ def train(job: JobFile) -> dict[str, Any]:
             "tokens_per_second": update.get("tokens_per_second", 0.0),
             "rollout_seconds": stats["rollout_seconds"],
             "iteration_seconds": elapsed,
+            **{k: stats[k] for k in ("judged", "judge_fallback") if k in stats},
             **sync_metrics,
         }
         history.append(record)
@@ -695,6 +712,8 @@ def train(job: JobFile) -> dict[str, Any]:
                     "update_seconds",
                     "weight_sync_seconds",
                     "iteration_seconds",
+                    "judged",
+                    "judge_fallback",
                 )
             },  # fmt: skip
             groups=stats["groups"],

@@ -14,8 +14,8 @@ starts; every sequence of an episode gets the episode's advantage.
 
 Reward (synth's rubric formula): total = w_env * episode_return + w_event * events_score + w_outcome *
 outcome_score, weights from [rubric].weights when [rubric].enabled and a [judge] is configured (synth disables
-rubric scoring without [judge]), else env only. Scores come from the task app's metrics (outcome_score,
-events_score). posttrain_rollout.judge.blend_reward is used when importable; otherwise the local function
+rubric scoring without [judge]), else env only. Scores come from the LLM judge (judging.EpisodeJudge) when
+one is configured and answers, else from the task app's metrics (outcome_score, events_score). posttrain_rollout.judge.blend_reward is used when importable; otherwise the local function
 below (same formula).
 
 Error budget: a failed rollout (HTTP error, invalid response, no capture) is dropped, its group trains on the
@@ -386,6 +386,7 @@ class RolloutClient:
         concurrency: int | None = None,
         timeout_s: float | None = None,
         retries: int = 1,
+        judge: Any = None,
     ):
         self.task_url = task_url.rstrip("/")
         self.config = config
@@ -396,6 +397,7 @@ class RolloutClient:
         self.timeout_s = float(timeout_s or rollout.get("timeout_s") or DEFAULT_TIMEOUT_S)
         self.retries = retries
         self.weights = rubric_weights(config)
+        self.judge = judge  # judging.EpisodeJudge: scores training episodes with an LLM judge
 
     async def collect(
         self,
@@ -460,6 +462,12 @@ class RolloutClient:
             result.env_return = episode_return(data)
             result.outcome_score = _maybe_float(metrics.get("outcome_score"))
             result.events_score = _maybe_float(metrics.get("events_score"))
+            if self.judge is not None and mode == "rl":
+                outcome_score, events_score = await self.judge.score(data)
+                if outcome_score is not None:
+                    result.outcome_score = outcome_score
+                if events_score is not None:
+                    result.events_score = events_score
             result.reward = blend_reward(
                 result.env_return, result.outcome_score, result.events_score, self.weights
             )

@@ -183,6 +183,11 @@ def format_iteration(event: dict[str, Any]) -> str:
         return format(value, fmt) if isinstance(value, int | float) else "-"
 
     failed = f", {event['failed_rollouts']} failed" if event.get("failed_rollouts") else ""
+    if event.get("judged") is not None:
+        fell_back = event.get("judge_fallback") or 0
+        failed += f", judged {event['judged']}" + (
+            f" ({fell_back} without a judge score)" if fell_back else ""
+        )
     return (
         f"rollouts {event.get('rollouts')}{failed}, mixed groups {event.get('mixed_groups')}/{event.get('groups')}, "
         f"trained {event.get('train_sequences')} seqs, grad_norm {num('grad_norm', '.3g')}, "
