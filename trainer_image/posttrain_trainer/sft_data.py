@@ -164,7 +164,7 @@ def assistant_char_spans(
         if start < 0:
             continue
         end = start + len(text)
-        eos = tokenizer.eos_token or ""
+        eos = getattr(getattr(tokenizer, "tokenizer", tokenizer), "eos_token", None) or ""  # or a processor's
         if eos and full.startswith(eos, end):
             end += len(eos)
         spans.append((start, end))
