@@ -109,8 +109,9 @@ def load_model_and_tokenizer(
     gradient_checkpointing: bool = False,
     seed: int | None = None,
 ):
-    """(model, tokenizer). trainer_mode "lora"/"qlora" wraps the model in a fresh peft LoRA (qlora falls
-    back to LoRA: no bitsandbytes here); "full" trains every weight. A vision-language model (its config has a
+    """(model, tokenizer). trainer_mode "lora" wraps the model in a fresh peft LoRA; "qlora" loads the base
+    in 4-bit NF4 (bitsandbytes, quantization.py) under the LoRA, and continues a previous job's adapter
+    instead of merging it; "full" trains every weight. A vision-language model (its config has a
     vision_config, e.g. Qwen2-VL, Qwen2.5-VL, Qwen3-VL) loads as AutoModelForImageTextToText; its processor
     comes from load_processor."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
@@ -121,8 +122,16 @@ def load_model_and_tokenizer(
     )
     vision = is_vision_model(AutoConfig.from_pretrained(model_dir))
     auto_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
-    model = auto_class.from_pretrained(model_dir, dtype=dtype)
-    if adapter_dir is not None:
+    quantized = trainer_mode == "qlora"
+    load_kwargs: dict[str, Any] = {"dtype": dtype}
+    if quantized:
+        from posttrain_trainer import quantization
+
+        load_kwargs["quantization_config"] = quantization.quantization_config(dtype)
+        if torch.cuda.is_available():  # bitsandbytes quantizes while placing the weights
+            load_kwargs["device_map"] = {"": torch.cuda.current_device()}
+    model = auto_class.from_pretrained(model_dir, **load_kwargs)
+    if adapter_dir is not None and not quantized:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
@@ -130,11 +139,16 @@ def load_model_and_tokenizer(
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if trainer_mode in ("lora", "qlora"):
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, PeftModel, get_peft_model
 
+        if quantized:
+            model = quantization.prepare_for_training(model, gradient_checkpointing)
         if seed is not None:
             torch.manual_seed(seed)  # LoRA A init must agree on every rank
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora_settings(lora)))
+        if quantized and adapter_dir is not None:  # a 4-bit base cannot take a merge: train the adapter on
+            model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
+        else:
+            model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora_settings(lora)))
         if gradient_checkpointing:
             model.enable_input_require_grads()
     elif trainer_mode != "full":
@@ -171,7 +185,9 @@ def merge_to_full_state_dict(
     peft = is_peft(model)
     base = model.get_base_model() if peft else model
     state: dict[str, torch.Tensor] = {}
-    for key, tensor in base.state_dict().items():
+    from posttrain_trainer import quantization
+
+    for key, tensor in quantization.dense_state_dict(base).items():  # QLoRA: NF4 dequantized
         if "lora_" in key or "modules_to_save" in key:
             continue
         key = key.replace(".base_layer.", ".")
@@ -182,7 +198,7 @@ def merge_to_full_state_dict(
         for name, module in base.named_modules():
             if not isinstance(module, LoraLayer) or getattr(module, "merged", False):
                 continue
-            weight = module.get_base_layer().weight.detach()
+            weight = quantization.dense_weight(module.get_base_layer())
             merged = weight.clone()
             for adapter in module.active_adapters:
                 if adapter in module.lora_A:
@@ -211,6 +227,7 @@ def save_merged(
     config = base.config.to_dict()
     config["dtype"] = str(dtype).replace("torch.", "")
     config.pop("torch_dtype", None)
+    config.pop("quantization_config", None)  # QLoRA: the weights written here are dense
     config["use_cache"] = True
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     if getattr(base, "generation_config", None) is not None:

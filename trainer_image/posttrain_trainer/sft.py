@@ -107,6 +107,18 @@ def _lora_mode(config: dict[str, Any]) -> bool:
     )
 
 
+def _qlora_mode(config: dict[str, Any]) -> bool:
+    training = config.get("training") or {}
+    algorithm = config.get("algorithm") or {}
+    model = config.get("model") or config.get("policy") or {}
+    return (
+        str(training.get("mode", "")).lower() == "qlora"
+        or bool(training.get("use_qlora"))
+        or str(algorithm.get("variety", "")).lower() == "qlora"
+        or str(model.get("trainer_mode", "")).lower() == "qlora"
+    )
+
+
 def parse_sft_config(config: dict[str, Any]) -> SFTConfig:
     hp = dict(config.get("hyperparameters") or {})
     training = config.get("training") or {}
@@ -154,7 +166,7 @@ def parse_sft_config(config: dict[str, Any]) -> SFTConfig:
     model_section = config.get("model") or config.get("policy") or {}
     max_images = model_section.get("max_images_per_message") or hp.get("max_images_per_message")
     return SFTConfig(
-        trainer_mode="lora" if lora_mode else "full",
+        trainer_mode=("qlora" if _qlora_mode(config) else "lora") if lora_mode else "full",
         lora=lora,
         n_epochs=int(hp.get("n_epochs") or 1),
         max_steps=int(steps) if steps else None,
@@ -314,6 +326,10 @@ def train(job: JobFile) -> dict[str, Any]:
     scheduler = build_scheduler(
         optimizer, total_steps=total, warmup_ratio=cfg.warmup_ratio, name=cfg.scheduler
     )
+    if cfg.trainer_mode == "qlora" and cfg.parallel.use_deepspeed:
+        if D.is_main():
+            print("[posttrain] QLoRA: DeepSpeed ZeRO cannot shard 4-bit weights; using DDP", flush=True)
+        cfg.parallel.use_deepspeed = False
     engine = D.build_engine(
         model,
         optimizer,
