@@ -210,3 +210,21 @@ def test_expected_of_names_every_watched_child() -> None:
     exp = expected_of(_rendered())
     assert exp.trainer == "j-trainer" and exp.deployments == {"j-rollout": 1}
     assert set(exp.others) == {"ConfigMap/j-config", "Service/j-rollout", "Service/j-trainer"}
+
+
+def test_namespace_terminating_is_told_apart_from_rbac_denials():
+    from posttrain.controller.kube import KubeError
+    from posttrain.controller.loop import namespace_terminating
+
+    terminating = KubeError(
+        403,
+        'deployments.apps "x" is forbidden: unable to create new content in namespace t-1 because it is being '
+        'terminated","reason":"Forbidden","details":{"causes":[{"reason":"NamespaceTerminating"}]}',
+    )
+    rbac = KubeError(
+        403, 'deployments.apps is forbidden: User "system:serviceaccount:posttrain:op" cannot create'
+    )
+    assert namespace_terminating(terminating)
+    assert not namespace_terminating(rbac)
+    assert not namespace_terminating(KubeError(409, "because it is being terminated"))
+    assert not namespace_terminating(ValueError("x"))

@@ -29,6 +29,14 @@ async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
             await asyncio.gather(*waiters, return_exceptions=True)
 
 
+def namespace_terminating(exc: BaseException) -> bool:
+    """The API server's refusal to create anything in a namespace that is being deleted (403
+    NamespaceTerminating), as opposed to an RBAC denial."""
+    return getattr(exc, "status", None) == 403 and (
+        "NamespaceTerminating" in str(exc) or "because it is being terminated" in str(exc)
+    )
+
+
 async def run_loop(
     reconcile: Reconcile,
     *,
@@ -53,9 +61,15 @@ async def run_loop(
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - never let one bad pass kill the loop
-                failures += 1
-                wait = min(60.0, 0.5 * 2**failures)
-                logger.warning(f"reconcile failed ({type(exc).__name__}: {exc}); retrying in {wait:.1f}s")
+                if namespace_terminating(exc):
+                    # the namespace (and with it this object) is being deleted: nothing can be created
+                    # there any more; wait for the deletion instead of retrying into refusals
+                    logger.info("namespace is being deleted; waiting for the object to go")
+                    wait = 10.0
+                else:
+                    failures += 1
+                    wait = min(60.0, 0.5 * 2**failures)
+                    logger.warning(f"reconcile failed ({type(exc).__name__}: {exc}); retrying in {wait:.1f}s")
             if wait is None:
                 logger.info("finished; the loop stops (a restart re-checks the cleanup once)")
                 return
