@@ -78,12 +78,7 @@ def load_processor(model_path: str | Path, *, storage: StorageRef | None = None)
     ):
         model_dir = adapter_dir
     processor = AutoProcessor.from_pretrained(model_dir)
-    tokenizer = processor.tokenizer
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "right"
-    if not processor.chat_template:
-        raise ValueError(f"the processor in {model_dir} has no chat template")
+    _prepare_for_training(processor.tokenizer, processor.chat_template, f"the processor in {model_dir}")
     return processor
 
 
@@ -91,12 +86,17 @@ def load_tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    _prepare_for_training(tokenizer, tokenizer.chat_template, f"the tokenizer in {model_dir}")
+    return tokenizer
+
+
+def _prepare_for_training(tokenizer, chat_template: str | None, what: str) -> None:
+    """Right padding with a pad token (eos when the model has none); a chat template is required."""
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
-    if not tokenizer.chat_template:
-        raise ValueError(f"the tokenizer in {model_dir} has no chat template")
-    return tokenizer
+    if not chat_template:
+        raise ValueError(f"{what} has no chat template")
 
 
 def load_model_and_tokenizer(

@@ -60,6 +60,13 @@ from posttrain_trainer.rollouts import (
     section,
 )
 
+# The per-iteration "iteration" event: why the reward moves (or does not): how many groups carried signal,
+# what the update did, where the time went.
+ITERATION_EVENT_FIELDS = (
+    "step", "rollouts", "failed_rollouts", "mixed_groups", "train_sequences", "grad_norm", "clip_fraction",
+    "rollout_seconds", "update_seconds", "weight_sync_seconds", "iteration_seconds", "judged", "judge_fallback",
+)  # fmt: skip
+
 
 class RLConfigError(ValueError):
     pass
@@ -694,29 +701,8 @@ def train(job: JobFile) -> dict[str, Any]:
             **sync_metrics,
         }
         history.append(record)
-        # why the reward moves (or does not): how many groups carried signal, what the update did, where the
-        # time went
         reporter.event(
-            "iteration",
-            **{
-                k: record.get(k)
-                for k in (
-                    "step",
-                    "rollouts",
-                    "failed_rollouts",
-                    "mixed_groups",
-                    "train_sequences",
-                    "grad_norm",
-                    "clip_fraction",
-                    "rollout_seconds",
-                    "update_seconds",
-                    "weight_sync_seconds",
-                    "iteration_seconds",
-                    "judged",
-                    "judge_fallback",
-                )
-            },  # fmt: skip
-            groups=stats["groups"],
+            "iteration", **{k: record.get(k) for k in ITERATION_EVENT_FIELDS}, groups=stats["groups"]
         )
         if (
             client is not None
