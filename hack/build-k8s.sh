@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane the tests run against, from the Go module proxy (no Docker, no
-# prebuilt downloads): kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes
+# prebuilt downloads): kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet and kube-proxy (k8s.io/kubernetes
 # through the wrapper module hack/k8s/kube), etcd (hack/k8s/etcd) and kwok (hack/k8s/kwok) into bin/.
-# Module and build caches live in .cache/go; both folders are git-ignored. A binary that exists is not rebuilt.
+# Module and build caches, and the built binaries, live outside the clone in $POSTTRAIN_CACHE (default
+# ~/.cache/posttrain), keyed by the pinned module files, so a fresh clone on the same machine reuses them;
+# bin/ gets hard links (or copies). A binary that exists is not rebuilt.
 # KUBEBUILDER_ASSETS (the envtest convention) may point at a folder with these binaries instead.
 #   hack/build-k8s.sh           build what is missing
 #   hack/build-k8s.sh --regen   regenerate hack/k8s/kube/go.mod for K8S_VERSION from the proxy's go.mod
@@ -11,9 +13,13 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 K8S_VERSION=v1.36.3
-BIN=${POSTTRAIN_K8S_BIN:-$ROOT/bin}
+LINK_BIN=${POSTTRAIN_K8S_BIN:-$ROOT/bin}
+CACHE=${POSTTRAIN_CACHE:-$HOME/.cache/posttrain}
+# One folder of binaries per set of pinned modules: changing a go.mod/go.sum builds a new set.
+key=$(cat hack/k8s/*/go.mod hack/k8s/*/go.sum 2>/dev/null | sha256sum | cut -c1-12)
+BIN=$CACHE/k8s/$K8S_VERSION-$key/bin
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
-export GOMODCACHE=$ROOT/.cache/go/mod GOCACHE=$ROOT/.cache/go/build GOPATH=$ROOT/.cache/go/path
+export GOMODCACHE=$CACHE/go/mod GOCACHE=$CACHE/go/build GOPATH=$CACHE/go/path
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 
 if [ "${1:-}" = "--regen" ]; then
@@ -41,12 +47,21 @@ if [ -n "${KUBEBUILDER_ASSETS:-}" ]; then
   exit 0
 fi
 
-mkdir -p "$BIN"
+mkdir -p "$BIN" "$LINK_BIN"
+# Links bin/ to the cached set (hard link where the file system allows, else a copy).
+link_bins() {
+  for f in "$BIN"/*; do
+    [ -e "$f" ] || continue
+    t=$LINK_BIN/$(basename "$f")
+    [ "$t" -ef "$f" ] && continue
+    rm -f "$t"; ln "$f" "$t" 2>/dev/null || cp -p "$f" "$t"
+  done
+}
 missing() { for b in "$@"; do [ -x "$BIN/$b" ] || return 0; done; return 1; }
 start=$(date +%s)
 built=0
 
-kube_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+kube_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 if missing "${kube_cmds[@]}"; then
   echo "building ${kube_cmds[*]} $K8S_VERSION (cold: tens of minutes on 2 cores; cached afterwards)"
   ld="-s -w"
@@ -71,6 +86,7 @@ if missing kwok; then
 fi
 if [ "$built" = 1 ]; then
   echo "control-plane binaries built in $(( $(date +%s) - start )) s; bin/ $(du -sh "$BIN" | cut -f1)," \
-       ".cache/go $(du -sh "$ROOT/.cache/go" | cut -f1)"
+       "$CACHE/go $(du -sh "$CACHE/go" | cut -f1)"
 fi
+link_bins
 "$BIN/kube-apiserver" --version
