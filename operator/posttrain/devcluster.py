@@ -45,6 +45,9 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # A test ends a running kwok pod by setting this annotation to its exit code ("0" succeeds).
 KWOK_EXIT_ANNOTATION = "posttrain.dev/kwok-exit"
 GPU_RESOURCE = "nvidia.com/gpu"
+# Enabled on top of the API server's defaults (which include PodSecurity): the plugin that refuses
+# ownerReferences a client may not set, as many production clusters run it.
+ADMISSION_PLUGINS = ("OwnerReferencesPermissionEnforcement",)
 # No kubelet sends heartbeats, so the node lifecycle controller would taint every node not-ready; the
 # cloud and IPAM controllers have nothing to manage here.
 DISABLED_CONTROLLERS = (
@@ -233,6 +236,7 @@ class DevCluster:
     node_name_prefix: str = "kwok-gpu"
     start_timeout: float = 60.0
     log_to_files: bool = True
+    admission_plugins: tuple[str, ...] = ADMISSION_PLUGINS
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     ready_seconds: float = 0.0
@@ -331,6 +335,7 @@ class DevCluster:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--allow-privileged=true",
+            *([f"--enable-admission-plugins={','.join(self.admission_plugins)}"] if self.admission_plugins else []),
             # Loopback is not a valid endpoint for the `kubernetes` Service: do not reconcile it.
             "--endpoint-reconciler-type=none",
             # One test client on 2 cores: flow control only adds latency here.

@@ -44,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--capture-ttl", type=float, default=3600.0, help="seconds after a cid's last write")
     s.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM flag (repeatable)")
     s.add_argument("--log-level", default="info")
+    s.add_argument(
+        "--token-env",
+        default="POSTTRAIN_ROLLOUT_TOKEN",
+        help="environment variable holding the token POST /v1/weights and the captures demand (unset: open)",
+    )
     return parser
 
 
@@ -149,6 +154,7 @@ def serve(args: argparse.Namespace) -> int:
         enable_lora=args.enable_lora,
         captures=CaptureStore(max_cids=args.capture_max_cids, ttl_s=args.capture_ttl),
         upstream_alive=lambda: proc.poll() is None,
+        token=os.environ.get(args.token_env, "").strip() or None,
     )
     rc = 1
     try:

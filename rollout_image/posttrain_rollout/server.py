@@ -2,12 +2,18 @@
 
 Routes: /health, /v1/models, /v1/chat/completions, /v1/completions (captured per `cid` query parameter),
 GET|DELETE /v1/captures/{cid}, GET|POST /v1/weights, POST /v1/score. Every response carries
-X-Weight-Version. vLLM's development endpoints (collective_rpc, reset_prefix_cache, ...) are never routed."""
+X-Weight-Version. vLLM's development endpoints (collective_rpc, reset_prefix_cache, ...) are never routed:
+vLLM listens on 127.0.0.1 only and the proxy is the sole way in.
+
+With a token (the operator's per-job Secret, POSTTRAIN_ROLLOUT_TOKEN), POST /v1/weights and the capture
+routes answer only `Authorization: Bearer <token>`, i.e. the job's trainer: nobody else can swap the
+policy's weights or read its rollouts. Generation stays open (the task app calls it)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import shutil
@@ -111,6 +117,7 @@ class Proxy:
         upstream_alive: Callable[[], bool] = lambda: True,
         timeout_s: float = 3600.0,
         max_connections: int = 1024,
+        token: str | None = None,
     ):
         self.upstream = upstream.rstrip("/")
         self.role = role
@@ -123,6 +130,7 @@ class Proxy:
         self.upstream_alive = upstream_alive
         self.timeout_s = timeout_s
         self.max_connections = max_connections
+        self.token = token or None
         self.client: httpx.AsyncClient | None = None
         self._session = None  # aiohttp.ClientSession for the generation hot path
         self._use_aiohttp: bool | None = None
@@ -131,6 +139,14 @@ class Proxy:
         self._made: list[list[Path]] = []
 
     # -- plumbing ----------------------------------------------------------------------------------
+    def authorized(self, request: Request) -> bool:
+        """Whether `request` may use a privileged route (always, when the server has no token)."""
+        if self.token is None:
+            return True
+        given = request.headers.get("authorization", "")
+        scheme, _, value = given.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self.token.encode())
+
     def http(self) -> httpx.AsyncClient:
         if self.client is None:
             limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=256)
@@ -356,6 +372,9 @@ def create_app(proxy: Proxy) -> FastAPI:
 
     app.add_middleware(VersionHeaderMiddleware, proxy=proxy)
 
+    def refused() -> JSONResponse:
+        return _err(401, "this route needs the job's rollout token (Authorization: Bearer)", "unauthorized")
+
     @app.get("/health")
     async def health() -> Response:
         if not proxy.upstream_alive():
@@ -385,22 +404,28 @@ def create_app(proxy: Proxy) -> FastAPI:
         return await proxy.generate(request, "/v1/completions", chat=False)
 
     @app.get("/v1/captures/{cid}")
-    async def get_captures(cid: str, pop: bool = False) -> Response:
+    async def get_captures(cid: str, request: Request, pop: bool = False) -> Response:
         """?pop=true also removes them (one call instead of GET + DELETE)."""
+        if not proxy.authorized(request):
+            return refused()
         entries = proxy.captures.pop(cid) if pop else proxy.captures.get(cid)
         if entries is None:
             return _err(404, f"no captures for cid {cid!r} (never seen, deleted or expired)", "not_found")
         return JSONResponse(entries)
 
     @app.delete("/v1/captures/{cid}")
-    async def delete_captures(cid: str) -> Response:
+    async def delete_captures(cid: str, request: Request) -> Response:
+        if not proxy.authorized(request):
+            return refused()
         entries = proxy.captures.pop(cid)
         if entries is None:
             return _err(404, f"no captures for cid {cid!r}", "not_found")
         return JSONResponse({"deleted": cid, "entries": len(entries)})
 
     @app.get("/v1/captures")
-    async def capture_stats() -> Response:
+    async def capture_stats(request: Request) -> Response:
+        if not proxy.authorized(request):
+            return refused()
         return JSONResponse(proxy.captures.stats())
 
     @app.get("/v1/weights")
@@ -411,6 +436,8 @@ def create_app(proxy: Proxy) -> FastAPI:
 
     @app.post("/v1/weights")
     async def post_weights(request: Request) -> Response:
+        if not proxy.authorized(request):
+            return refused()
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):

@@ -396,5 +396,5 @@ def test_bad_dataset_fails_with_the_line(tiny_model_dir, tmp_path, capsys):
     job_path, _ = make_job(
         tmp_path / "run", tiny_model_dir, train_file, None, hp={"batch_size": 4}, name="bad"
     )
-    assert main(load_jobfile(job_path)) == 2
+    assert main(load_jobfile(job_path)) == 65  # EX_DATAERR: the Job fails at once, no retry
     assert "error: train.jsonl:9: messages needs at least 2 entries" in capsys.readouterr().out

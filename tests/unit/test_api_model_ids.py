@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from posttrain.api import model_ids as m
 
@@ -71,7 +73,7 @@ def test_experimental_gating(monkeypatch):
 
 
 def test_fine_tuned_id_rules():
-    assert m.normalize_source("rl:qwen/qwen3-4b:job_x", "rl") == "rl:Qwen/Qwen3-4B:job_x"
+    assert m.normalize_source("rl:qwen/qwen3-4b:team.job.ab12cd34", "rl") == "rl:Qwen/Qwen3-4B:team.job.ab12cd34"
     assert m.base_of_fine_tuned("rl:Qwen/Qwen3-4B:job_x") == "Qwen/Qwen3-4B"
     for bad in ("ft:YOUR_FT_MODEL_ID", "Qwen/Qwen3-4B"):
         with pytest.raises(m.ModelIdError):
@@ -80,3 +82,19 @@ def test_fine_tuned_id_rules():
         m.normalize_base("ft:Qwen/Qwen3-4B:job", "rl")
     with pytest.raises(m.ModelIdError):  # the base inside the id must allow the mode
         m.normalize_source("ft:Qwen/Qwen3-32B:job", "rl")
+
+
+def test_a_synth_backend_id_is_refused_with_a_fix():
+    """synth's own ids (ft:<base>:job_...) name weights on synth's backend: posttrain cannot find them, so
+    they are refused up front (and the CRD's pattern refuses them at kubectl apply)."""
+    with pytest.raises(m.ModelIdError, match="not a posttrain fine-tuned id") as err:
+        m.normalize_source("ft:Qwen/Qwen3-4B:job_abc123", "rl")
+    assert "rl:<base>:<namespace>.<name>.<uid8>" in (err.value.fix or "")
+    for ok in ("ft:Qwen/Qwen3-4B:default.math-sft-full.7c1e2a9b", "s3://bucket/jobs/x/final/", "/models/m"):
+        assert m.is_resolvable_source(ok), ok
+    for bad in ("ft:Qwen/Qwen3-4B:job_abc123", "Qwen/Qwen3-4B", "ft:x", "s3://", "rl:Qwen/Qwen3-4B:a.b." + "x" * 9):
+        assert not m.is_resolvable_source(bad), bad
+    for base in ("Qwen/Qwen3-4B", "posttrain/tiny-random-qwen2", "/models/qwen", "s3://b/base/"):
+        assert re.fullmatch(m.BASE_PATTERN, base), base
+    for bad in ("{base}", "Qwen/Qwen3 4B", "a/b/../../c d", ""):
+        assert not re.fullmatch(m.BASE_PATTERN, bad), bad

@@ -192,7 +192,8 @@ def test_ensure_children_applies_only_missing_or_drifted() -> None:
     full = Observed(
         deployments={"j-rollout": DeploymentObs("j-rollout", "rollout", 1, 1)},
         trainer=TrainerObs(name="j-trainer", active=1),
-        others={"ConfigMap/j-config", "Service/j-rollout", "Service/j-trainer"},
+        others={"ConfigMap/j-config", "Service/j-rollout", "Service/j-trainer", "NetworkPolicy/j-network"}
+        | {f"{kind}/j-trainer" for kind in render.IDENTITY_KINDS},
     )
     rt2 = FakeRuntime()
     assert asyncio.run(ensure_children(rt2, rendered.children, full, LoopState())) == 0  # type: ignore[arg-type]
@@ -204,6 +205,15 @@ def test_ensure_children_applies_only_missing_or_drifted() -> None:
     )
     assert asyncio.run(ensure_children(rt2, rendered.children, drift, LoopState())) == 1  # type: ignore[arg-type]
     assert rt2.kube.applied == [("Deployment", "j-rollout")]
+    # Someone deleted the trainer's Role and the NetworkPolicy: both are made again.
+    repaired = Observed(
+        deployments=full.deployments,
+        trainer=full.trainer,
+        others=full.others - {"Role/j-trainer", "NetworkPolicy/j-network"},
+    )
+    rt3 = FakeRuntime()
+    assert asyncio.run(ensure_children(rt3, rendered.children, repaired, LoopState())) == 2  # type: ignore[arg-type]
+    assert sorted(rt3.kube.applied) == [("NetworkPolicy", "j-network"), ("Role", "j-trainer")]
 
 
 def test_expected_of_names_every_watched_child() -> None:

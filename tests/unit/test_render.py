@@ -60,6 +60,7 @@ def test_rljob_children_topology_and_labels() -> None:
         ("Deployment", "math-rl-reference"),
         ("Deployment", "math-rl-rollout"),
         ("Job", "math-rl-trainer"),
+        ("NetworkPolicy", "math-rl-network"),
         ("Service", "math-rl-reference"),
         ("Service", "math-rl-rollout"),
         ("Service", "math-rl-trainer"),
@@ -68,16 +69,10 @@ def test_rljob_children_topology_and_labels() -> None:
         meta = child["metadata"]
         assert meta["namespace"] == "team-a"
         assert meta["labels"]["posttrain.dev/job"] == "math-rl"
-        assert meta["labels"]["posttrain.dev/role"] in {"config", "rollout", "reference", "trainer"}
+        assert meta["labels"]["posttrain.dev/role"] in {"config", "rollout", "reference", "trainer", "network"}
+        # no blockOwnerDeletion: it needs `update` on rljobs/finalizers, which the operator does not hold
         assert meta["ownerReferences"] == [
-            {
-                "apiVersion": "posttrain.dev/v1alpha1",
-                "kind": "RLJob",
-                "name": "math-rl",
-                "uid": UID,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
+            {"apiVersion": "posttrain.dev/v1alpha1", "kind": "RLJob", "name": "math-rl", "uid": UID, "controller": True}
         ]
     rollout = by(out.children, "Deployment", "rollout")
     assert rollout["spec"]["replicas"] == 2  # 4 GPUs / TP 2
@@ -124,7 +119,8 @@ def test_trainer_indexed_job_torchrun_env() -> None:
     assert env["MASTER_ADDR"] == "math-rl-trainer-0.math-rl-trainer.team-a.svc"
     assert env["MASTER_PORT"] == "29500"
     assert env["ENVIRONMENT_API_KEY"] == {"secretKeyRef": {"name": "task-key", "key": "ENVIRONMENT_API_KEY"}}
-    assert trainer["command"][0] == "torchrun" and "posttrain_trainer" in trainer["command"]
+    assert trainer["command"][:3] == ["python", "-m", "posttrain_trainer.launch"]
+    assert "posttrain_trainer" in trainer["command"] and "--nnodes=$(PET_NNODES)" in trainer["command"]
     svc = by(out.children, "Service", "trainer")
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     inits = [c["name"] for c in pod["initContainers"]]
@@ -280,6 +276,7 @@ def test_sftjob_children_dataset_configmap() -> None:
     assert sorted(c["kind"] for c in out.children) == [
         "ConfigMap",
         "Job",
+        "NetworkPolicy",
         "Role",
         "RoleBinding",
         "Service",

@@ -5,18 +5,26 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pydantic import ValidationError
+
+from posttrain_trainer.exitcodes import EXIT_CONFIG_ERROR
 from posttrain_trainer.jobfile import load_jobfile
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: posttrain_trainer.exitcodes (a job file that cannot be read is a configuration error)."""
     parser = argparse.ArgumentParser(prog="python -m posttrain_trainer")
     parser.add_argument("kind", choices=["sft", "rl"])
     parser.add_argument("--config", required=True, help="the job file (JSON) the operator wrote")
     args = parser.parse_args(argv)
-    job = load_jobfile(args.config)
+    try:
+        job = load_jobfile(args.config)
+    except (OSError, ValueError, ValidationError) as err:
+        print(f"error: job file {args.config}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
     if job.kind != args.kind:
         print(f"error: job file kind is {job.kind!r} but the command says {args.kind!r}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG_ERROR
     if args.kind == "sft":
         from posttrain_trainer.sft import main as run
     else:

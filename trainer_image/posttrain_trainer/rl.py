@@ -46,6 +46,7 @@ from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
 from posttrain_trainer import gspo
 from posttrain_trainer import storage as s3
+from posttrain_trainer.exitcodes import EXIT_CONFIG_ERROR, EXIT_RETRYABLE
 from posttrain_trainer.jobfile import JobFile
 from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.report import Reporter
@@ -782,6 +783,6 @@ def main(job: JobFile) -> int:
         if D.is_main():
             print(f"error: {err}", flush=True)
         D.shutdown()
-        return 2 if isinstance(err, RLConfigError) else 1
+        return EXIT_CONFIG_ERROR if isinstance(err, RLConfigError) else EXIT_RETRYABLE
     D.shutdown()
     return 0

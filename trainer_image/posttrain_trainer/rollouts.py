@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain_trainer.server_auth import rollout_auth_headers
+
 DEFAULT_ERROR_BUDGET = 0.25
 DEFAULT_TIMEOUT_S = 600.0
 CHAT_PATH = "/v1/chat/completions"
@@ -489,7 +491,9 @@ class RolloutClient:
         return result
 
     async def _captures(self, http, spec: RolloutSpec) -> list[dict[str, Any]]:
-        response = await http.get(f"{spec.endpoint.rstrip('/')}/v1/captures/{spec.cid}")
+        response = await http.get(
+            f"{spec.endpoint.rstrip('/')}/v1/captures/{spec.cid}", headers=rollout_auth_headers()
+        )
         if response.status_code == 404:
             raise RuntimeError(
                 f"rollout server has no capture for cid {spec.cid} (did the task app keep ?cid=?)"
@@ -503,7 +507,9 @@ class RolloutClient:
 
     async def _drop_captures(self, http, spec: RolloutSpec) -> None:
         with contextlib.suppress(Exception):  # best effort: the server bounds its capture store
-            await http.delete(f"{spec.endpoint.rstrip('/')}/v1/captures/{spec.cid}")
+            await http.delete(
+                f"{spec.endpoint.rstrip('/')}/v1/captures/{spec.cid}", headers=rollout_auth_headers()
+            )
 
 
 def _maybe_float(value: Any) -> float | None:

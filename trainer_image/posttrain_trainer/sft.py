@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
 from posttrain_trainer import storage as s3
+from posttrain_trainer.exitcodes import EXIT_DATA_ERROR
 from posttrain_trainer.jobfile import JobFile
 from posttrain_trainer.optim import BatchPlan, build_optimizer, build_scheduler
 from posttrain_trainer.report import Reporter
@@ -577,6 +578,6 @@ def main(job: JobFile) -> int:
             print(f"error: {err}", flush=True)
             _termination_message(f"dataset error: {err}")
         D.shutdown()
-        return 2
+        return EXIT_DATA_ERROR
     D.shutdown()
     return 0

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from posttrain_trainer.jobfile import JobFile
+from posttrain_trainer.server_auth import rollout_auth_headers
 
 
 class WeightSyncError(RuntimeError):
@@ -116,7 +117,10 @@ class WeightSyncer:
             url = f"{endpoint.rstrip('/')}/v1/weights"
             try:
                 response = httpx.post(
-                    url, json={"path": path, "format": fmt, "version": version}, timeout=self.timeout_s
+                    url,
+                    json={"path": path, "format": fmt, "version": version},
+                    headers=rollout_auth_headers(),
+                    timeout=self.timeout_s,
                 )
             except httpx.HTTPError as err:
                 raise WeightSyncError(f"POST {url} failed: {type(err).__name__}: {err}") from err

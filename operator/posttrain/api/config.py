@@ -256,7 +256,7 @@ def _check_model_ids(model: ModelSection, mode: str, problems: list[Problem], fi
             model.source = model_ids.normalize_source(model.source, mode)
     except model_ids.ModelIdError as err:
         which = "base" if model.base and not model.source else "source"
-        problems.append(Problem(str(err), field=f"{field}.{which}", fix="use a supported model id"))
+        problems.append(Problem(str(err), field=f"{field}.{which}", fix=err.fix or "use a supported model id"))
 
 
 def base_model_of(model: ModelSection) -> str | None:
@@ -583,7 +583,7 @@ def _sft_rules(config: SFTConfig, problems: list[Problem], warnings: list[str]) 
         else:
             config.job.model = model_ids.normalize_base(model_id, "sft")
     except model_ids.ModelIdError as err:
-        problems.append(Problem(str(err), field="job.model", fix="use a supported model id"))
+        problems.append(Problem(str(err), field="job.model", fix=err.fix or "use a supported model id"))
     hp = config.hyperparameters
     if not any((v or 0) > 0 for v in (hp.n_epochs, hp.total_steps, hp.train_steps, hp.steps)):
         problems.append(Problem("no training length", field="hyperparameters.n_epochs",

@@ -123,6 +123,9 @@ def _constraints(field: FieldInfo | None) -> dict[str, Any]:
             out["maxLength"] = meta.max_length
         elif isinstance(meta, annotated_types.MinLen):
             out["minLength"] = meta.min_length
+    extra = field.json_schema_extra if field is not None else None
+    if isinstance(extra, dict) and extra.get("pattern"):
+        out["pattern"] = extra["pattern"]
     return out
 
 
@@ -173,6 +176,8 @@ def type_schema(annotation: Any, field: FieldInfo | None = None) -> dict[str, An
         schema = {"type": "string", "maxLength": max_len or DEFAULT_MAX_LENGTH}
         if min_len:
             schema["minLength"] = min_len
+        if cons.get("pattern"):
+            schema["pattern"] = cons["pattern"]
         return schema
     if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
         return object_schema(annotation)

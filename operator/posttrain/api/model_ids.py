@@ -91,7 +91,27 @@ for _id in _EXTENSION:
 
 
 class ModelIdError(ValueError):
-    """A model id that the allowlist or the id rules refuse; the message says what to do."""
+    """A model id that the allowlist or the id rules refuse; the message says what is wrong, `fix` what
+    to do instead."""
+
+    def __init__(self, message: str, fix: str | None = None):
+        super().__init__(message)
+        self.fix = fix
+
+
+# What `model.source` may hold in a custom resource: a posttrain fine-tuned id (its weights are found from
+# the namespace, name and uid8 at its end), an s3:// URI of weights, or an absolute path inside the image.
+# The CRD carries this pattern (crdgen), so the API server refuses anything else at `kubectl apply`.
+SOURCE_PATTERN = r"^(?:(?:ft|fft|qft|rl):.+:[^.:/]+\.[^:/]+\.[0-9A-Za-z]{1,8}|s3://[^/]+/.*|/.+)$"
+# What `model.base` may hold: a model id (org/name), an s3:// URI or an absolute path; no braces, spaces or
+# other characters that would end up inside a path template or a command line.
+BASE_PATTERN = r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9._-]+)*|s3://[^/\s]+/\S*|/\S+)$"
+MODEL_ID_MAX_LENGTH = 512
+SOURCE_FIX = (
+    "use the fine_tuned_model id a posttrain job printed (rl:<base>:<namespace>.<name>.<uid8> or "
+    "ft:...), or the s3:// URI of the weights; a synth backend id (ft:<base>:job_...) names weights "
+    "posttrain cannot reach"
+)
 
 
 def experimental_enabled() -> bool:
@@ -172,7 +192,19 @@ def normalize_source(model_id: str, mode: str) -> str:
     normalize_base(base, mode)
     prefix, _, rest = model_id.partition(":")
     pattern = re.compile(re.escape(base), re.IGNORECASE)
-    return f"{prefix.lower()}:{pattern.sub(base, rest, count=1)}"
+    normalized = f"{prefix.lower()}:{pattern.sub(base, rest, count=1)}"
+    if not is_resolvable_source(normalized):
+        raise ModelIdError(
+            f"model.source {model_id!r} is not a posttrain fine-tuned id: posttrain finds a job's weights "
+            "from the <namespace>.<name>.<uid8> at the end of the id",
+            fix=SOURCE_FIX,
+        )
+    return normalized
+
+
+def is_resolvable_source(value: str) -> bool:
+    """Whether posttrain can find the weights `value` names (the CRD's pattern for model.source)."""
+    return len(value) <= MODEL_ID_MAX_LENGTH and re.fullmatch(SOURCE_PATTERN, value) is not None
 
 
 # ------------------------------------------------------------------------------ posttrain's own ids

@@ -173,9 +173,14 @@ class SFTJobSpec(JobSpecCommon):
 
 
 class Verification(CRModel):
-    timeout_seconds: int = Field(300, ge=1, description="Give up verifying after this long.")
-    period_seconds: int = Field(60, ge=1, description="Re-verify this often.")
-    request_timeout_seconds: int = Field(10, ge=1, description="Timeout per HTTP request.")
+    """How the operator checks a task app. Bounded: a check is cheap, but a few dozen task apps each asking
+    for one every second would still keep a core busy, and a task app may not hold a check open for long."""
+
+    timeout_seconds: int = Field(300, ge=1, le=3600, description="Give up verifying after this long.")
+    period_seconds: int = Field(60, ge=5, le=86400, description="Re-verify this often.")
+    request_timeout_seconds: int = Field(
+        10, ge=1, le=60, description="Deadline of one check (GET /health and /task_info together)."
+    )
 
 
 class SecretKeyOptional(CRModel):
@@ -275,12 +280,12 @@ class TaskInfo(CRModel):
 
 class TaskAppStatus(CRModel):
     verified: bool | None = Field(None, description="Health and task_info answered with the key.")
-    url: str | None = Field(None, description="The URL jobs use.")
+    url: str | None = Field(None, max_length=2048, description="The URL jobs use.")
     task_info: TaskInfo | None = None
     conditions: list[Condition] | None = None
-    observed_generation: int | None = None
-    message: str | None = None
-    reason: str | None = None
+    observed_generation: int | None = Field(None, description="The generation this status reflects.")
+    message: str | None = Field(None, description="The last check's outcome, for people.")
+    reason: str | None = Field(None, description="Machine-readable reason of the last check.")
 
 
 # ------------------------------------------------------------------------------------ objects

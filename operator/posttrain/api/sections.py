@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from posttrain.api import model_ids
 from posttrain.api.base import Section
 
 # ------------------------------------------------------------------------------------------ shared
@@ -92,9 +93,18 @@ class AlgorithmConfig(Section):
 class ModelSection(Section):
     """`[model]`: the starting weights. Exactly one of `base` (a model id) and `source` (a fine-tuned id)."""
 
-    base: str | None = Field(None, description="Base model id, e.g. Qwen/Qwen3-4B (cold start).")
+    base: str | None = Field(
+        None,
+        max_length=model_ids.MODEL_ID_MAX_LENGTH,
+        description="Base model id, e.g. Qwen/Qwen3-4B (cold start).",
+        json_schema_extra={"pattern": model_ids.BASE_PATTERN},
+    )
     source: str | None = Field(
-        None, description="Fine-tuned model id (ft:/fft:/qft:/rl:<base>:...) from an earlier job."
+        None,
+        max_length=model_ids.MODEL_ID_MAX_LENGTH,
+        description="Fine-tuned model id (ft:/fft:/qft:/rl:<base>:<namespace>.<name>.<uid8>) from an earlier "
+        "posttrain job, or an s3:// URI of weights.",
+        json_schema_extra={"pattern": model_ids.SOURCE_PATTERN},
     )
     trainer_mode: Literal["lora", "qlora", "full"] | None = Field(
         None, description="lora, qlora or full (required for RL)."

@@ -1,5 +1,6 @@
 """`posttrain operator`: run the controller for RLJob, SFTJob and TaskApp (the same code as the operator
-Deployment). Watches every namespace unless --namespace is given. Settings come from POSTTRAIN_* env vars
+Deployment). Watches every namespace unless --namespace is given (repeatable: a namespaced install lists the
+namespaces it may act in). Settings come from POSTTRAIN_* env vars
 (see posttrain/controller/settings.py), e.g. POSTTRAIN_TRAINER_IMAGE, POSTTRAIN_S3_ENDPOINT."""
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--namespace", "-n", help="watch only this namespace (default: all)")
+    parser.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        help="watch only this namespace; repeat for several (default: all, or $POSTTRAIN_NAMESPACE)",
+    )
     parser.add_argument(
         "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)"
     )
@@ -48,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     run_operator(
         settings=load_settings(),
         kubeconfig=args.kubeconfig,
-        namespace=args.namespace,
+        namespaces=args.namespace or (),
         peering=args.peering,
         priority=args.priority,
         liveness=args.liveness,

@@ -1,7 +1,12 @@
-"""kopf glue: in-memory indexes of every child the operator made (Deployments, Jobs, Services, ConfigMaps
-labelled posttrain.dev/job), keyed by (namespace, parent kind, parent name). kopf fills the indexes before
-any other handler runs after a (re)start, so a restarted operator sees the children it made before and
-never creates them twice. Each event also wakes the parent's reconcile loop."""
+"""kopf glue: in-memory indexes of every child the operator made (Deployments, Jobs, Services, ConfigMaps,
+Pods, NetworkPolicies and the trainer's identity, labelled posttrain.dev/job), keyed by (namespace, parent
+kind, parent name). kopf fills the indexes before any other handler runs after a (re)start, so a
+restarted operator sees the children it made before and never creates them twice, and a child someone
+deleted is made again. Each event also wakes the parent's reconcile loop.
+
+The API server does the filtering: every watch below carries the label selector of child_selector()
+(kopf's settings.watching.label_selectors, set in controller/main.py), so objects the operator did not
+make are never sent to it."""
 
 from __future__ import annotations
 
@@ -15,6 +20,23 @@ from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_B
 from posttrain.controller.status import DeploymentObs, PodObs, TrainerObs
 
 SELECTOR = {LABEL_JOB: kopf.PRESENT, LABEL_MANAGED_BY: MANAGER}
+# (group/version, plural) of every child kind the operator watches.
+WATCHED_CHILDREN = (
+    ("apps/v1", "deployments"),
+    ("batch/v1", "jobs"),
+    ("v1", "services"),
+    ("v1", "configmaps"),
+    ("v1", "pods"),
+    ("networking.k8s.io/v1", "networkpolicies"),
+    ("v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io/v1", "roles"),
+    ("rbac.authorization.k8s.io/v1", "rolebindings"),
+)
+
+
+def child_selector() -> str:
+    """The label selector of the children's watches, as the API server takes it."""
+    return f"{LABEL_MANAGED_BY}={MANAGER},{LABEL_JOB}"
 
 
 def parent_key(meta: Any) -> Key | None:
@@ -70,6 +92,34 @@ async def posttrain_configmaps(meta: Any, memo: Any, **_: Any) -> dict[Key, str]
     return {key: meta["name"]}
 
 
+async def _supporting(kind: str, meta: Any, memo: Any) -> dict[Key, str] | None:
+    key = parent_key(meta)
+    if key is None:
+        return None
+    _wake(memo, key)
+    return {key: f"{kind}/{meta['name']}"}
+
+
+@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=SELECTOR)
+async def posttrain_networkpolicies(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
+    return await _supporting("NetworkPolicy", meta, memo)
+
+
+@kopf.index("", "v1", "serviceaccounts", labels=SELECTOR)
+async def posttrain_serviceaccounts(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
+    return await _supporting("ServiceAccount", meta, memo)
+
+
+@kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=SELECTOR)
+async def posttrain_roles(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
+    return await _supporting("Role", meta, memo)
+
+
+@kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=SELECTOR)
+async def posttrain_rolebindings(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
+    return await _supporting("RoleBinding", meta, memo)
+
+
 async def posttrain_pods(body: Any, meta: Any, memo: Any, **_: Any) -> dict[Key, PodObs] | None:
     """Pods of our Deployments and Jobs (the templates carry the same labels): why they are not running."""
     key = parent_key(meta)
@@ -91,4 +141,8 @@ INDEX_NAMES = (
     "posttrain_services",
     "posttrain_configmaps",
     "posttrain_pods",
+    "posttrain_networkpolicies",
+    "posttrain_serviceaccounts",
+    "posttrain_roles",
+    "posttrain_rolebindings",
 )

@@ -4,7 +4,8 @@ status, deletes, a few reads), on httpx, with the kubeconfig or in-cluster crede
 Why not the `kubernetes` package: it is synchronous (a thread per call under kopf's event loop) and spends
 its time (de)serialising typed models; the controller only needs dicts. Every request is counted
 (`Kube.requests`) so the benchmark can report API requests per job. Transient failures (connection errors,
-409 Conflict on a write, 429, 5xx) are retried with backoff; 404 on read/delete is "absent"."""
+409 Conflict on a write, 429, 5xx) are retried with backoff; 404 on read/delete is "absent". 422
+(Unprocessable Entity) is final: KubeError.details carries the Status' causes (the fields refused)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ PLURALS = {
     "ConfigMap": "configmaps",
     "Service": "services",
     "Secret": "secrets",
+    "NetworkPolicy": "networkpolicies",
     "Pod": "pods",
     "Event": "events",
     "Deployment": "deployments",
@@ -44,9 +46,10 @@ IN_CLUSTER_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 
 
 class KubeError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, details: dict[str, Any] | None = None):
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+        self.details = details  # a Status' `details` ({name, kind, causes: [{field, message}]})
 
 
 def collection_path(api_version: str, kind: str, namespace: str | None) -> str:
@@ -166,7 +169,9 @@ class Kube:
                 await asyncio.sleep(float(retry_after) if retry_after and retry_after.isdigit() else delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            raise KubeError(response.status_code, f"{method} {path}: {response.text[:300]}")
+            raise KubeError(
+                response.status_code, f"{method} {path}: {response.text[:300]}", _status_details(response)
+            )
         raise AssertionError("unreachable")
 
     # --- verbs -------------------------------------------------------------------------------------
@@ -184,6 +189,18 @@ class Kube:
             params={"fieldManager": FIELD_MANAGER, "force": "true"},
         )
 
+    async def create(self, obj: dict[str, Any]) -> bool:
+        """POST `obj`; False when an object of that name exists already (409), which is left as it is."""
+        meta = obj["metadata"]
+        path = collection_path(obj["apiVersion"], obj["kind"], meta.get("namespace"))
+        try:
+            await self.request("POST", path, body=obj, retries=0)
+        except KubeError as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
     async def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         return await self.request(
             "PATCH", path, body=body, content_type="application/merge-patch+json", absent_ok=True
@@ -197,13 +214,24 @@ class Kube:
             absent_ok=True,
         )
 
-    async def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
-        """The decoded value of one key of a Secret; None when the Secret or the key is absent."""
+    async def read_secret_key(self, namespace: str, name: str, key: str) -> tuple[str | None, str | None]:
+        """(the decoded value of one key of a Secret, the Secret's resourceVersion); (None, None) when the
+        Secret is absent, (None, version) when the key is."""
         secret = await self.get(object_path("v1", "Secret", namespace, name))
         if not secret:
-            return None
+            return None, None
+        version = (secret.get("metadata") or {}).get("resourceVersion")
         raw = (secret.get("data") or {}).get(key)
         if raw is None:
             string = (secret.get("stringData") or {}).get(key)
-            return str(string) if string is not None else None
-        return base64.b64decode(raw).decode()
+            return (str(string) if string is not None else None), version
+        return base64.b64decode(raw).decode(), version
+
+
+def _status_details(response: httpx.Response) -> dict[str, Any] | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    details = body.get("details") if isinstance(body, dict) else None
+    return details if isinstance(details, dict) else None

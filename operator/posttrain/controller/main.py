@@ -17,6 +17,7 @@ from posttrain.controller import (  # noqa: F401 - importing registers the handl
     handlers_sftjob,
     handlers_taskapp,
 )
+from posttrain.controller.children import WATCHED_CHILDREN, child_selector
 from posttrain.controller.kube import Kube
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.settings import ANNOTATION_PREFIX, FINALIZER, OperatorSettings, load_settings
@@ -36,12 +37,16 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.posting.level = logging.INFO  # our kopf.event() calls: one Event per phase transition
     settings.posting.loggers = False  # handler log lines are not Events (API load)
     settings.watching.server_timeout = 270
+    # The API server filters the children's watches: events of Pods, ConfigMaps, ... that the operator
+    # did not make never reach this process (kopf's own label filters would only drop them here).
+    for group_version, plural in WATCHED_CHILDREN:
+        settings.watching.label_selectors[group_version, plural] = child_selector()
     settings.networking.error_backoffs = [0.5, 1, 2, 3, 5, 8]
     settings.batching.idle_timeout = 60.0
     op_settings: OperatorSettings = _CONFIG.get("settings") or load_settings()
     memo.runtime = Runtime(settings=op_settings, kube=Kube.from_env(_CONFIG.get("kubeconfig")))
     logger.info(
-        "posttrain operator: namespace=%s trainer=%s rollout=%s",
+        "posttrain operator: namespaces=%s trainer=%s rollout=%s",
         op_settings.namespace or "<all>",
         op_settings.trainer_image,
         op_settings.rollout_image,
@@ -86,14 +91,14 @@ def count_kopf_requests() -> None:
 async def shutdown(memo: Any, **_: Any) -> None:
     runtime = getattr(memo, "runtime", None)
     if runtime is not None:
-        await runtime.kube.close()
+        await runtime.close()
 
 
 async def operate(
     *,
     settings: OperatorSettings | None = None,
     kubeconfig: str | None = None,
-    namespace: str | None = None,
+    namespaces: tuple[str, ...] | list[str] = (),
     peering: str | None = None,
     priority: int = 0,
     liveness: str | None = None,
@@ -105,10 +110,10 @@ async def operate(
     _CONFIG.update(settings=settings, kubeconfig=kubeconfig)
     if settings.count_kopf_requests:
         count_kopf_requests()
-    ns = namespace or settings.namespace
+    watched = list(namespaces) or [n.strip() for n in settings.namespace.split(",") if n.strip()]
     await kopf.operator(
-        clusterwide=not ns,
-        namespaces=[ns] if ns else (),
+        clusterwide=not watched,
+        namespaces=watched,
         standalone=peering is None,
         peering_name=peering,  # None: no peering at all (a name makes kopf require the peering CRD)
         priority=priority,

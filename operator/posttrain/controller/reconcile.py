@@ -1,12 +1,17 @@
 """The reconcile loop of one job or task app: observe (kopf indexes), verify (RLJob), render (pure), apply
 what is missing or drifted (server-side apply), derive status (pure), patch what changed, post an Event
 per phase transition, and clean up when the job ends. Idempotent: running it twice, or after a restart,
-changes nothing that is already right."""
+changes nothing that is already right.
+
+A job always ends with a truthful status: a spec that cannot be rendered, a child the API server refuses
+with 422, or a status the API server refuses with 422 ends the job Failed with reason InvalidSpec and a
+message naming the field, instead of a retry loop that never writes a phase."""
 
 from __future__ import annotations
 
 import copy
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -15,12 +20,15 @@ from typing import Any
 import kopf
 
 from posttrain.controller import render, specs
-from posttrain.controller.kube import object_path
+from posttrain.controller.bounds import bound_status, event_message
+from posttrain.controller.kube import KubeError, object_path
 from posttrain.controller.runtime import Key, Runtime
 from posttrain.controller.settings import API_VERSION, LABEL_ROLE
+from posttrain.controller.spec_errors import render_failure_message, unprocessable_message
 from posttrain.controller.status import (
     COND_VERIFIED,
     FAILED,
+    INVALID_SPEC,
     PENDING,
     SUCCEEDED,
     TASKAPP_VERIFIED,
@@ -34,6 +42,7 @@ from posttrain.controller.status import (
     Verification,
     derive_status,
     get_condition,
+    iso,
     parse_time,
     status_patch,
     taskapp_status,
@@ -44,7 +53,6 @@ from posttrain.controller.verify import (
     Attempt,
     VerifyPolicy,
     as_verification,
-    check_once,
     verify_with_retries,
 )
 
@@ -72,6 +80,16 @@ class LoopState:
     target: Any = None
     generation: Any = None
     pruned: set[str] = field(default_factory=set)
+    invalid: str | None = None  # why the spec cannot be acted on (sticky: a spec does not change)
+    token_ensured: bool = False  # the RLJob's rollout token Secret was created (or found) by this loop
+
+
+class ChildRefused(Exception):
+    """The API server refused a rendered child with 422: the spec holds a value it cannot take."""
+
+    def __init__(self, kind: str, name: str, error: KubeError):
+        super().__init__(f"{kind} {name}: {error}")
+        self.message = unprocessable_message(f"{kind} {name}", error.details, str(error)[:200])
 
 
 def snapshot(body: Any) -> dict[str, Any]:
@@ -107,7 +125,7 @@ def expected_of(rendered: render.Rendered) -> Expected:
             roles[name] = role
         elif child["kind"] == "Job":
             trainer = name
-        elif child["kind"] in render.IDENTITY_KINDS:
+        elif child["kind"] in render.SUPPORTING_KINDS:
             continue
         else:
             others.append(f"{child['kind']}/{name}")
@@ -139,19 +157,12 @@ def _observed_state(child: dict[str, Any], observed: Observed) -> dict[str, Any]
 async def ensure_children(
     rt: Runtime, children: list[dict[str, Any]], observed: Observed, state: LoopState
 ) -> int:
-    """Server-side apply each child that is absent or whose replicas/suspend drifted. Returns how many."""
+    """Server-side apply each child that is absent (made again when someone deleted it) or whose
+    replicas/suspend drifted. Returns how many. A 422 on a child raises ChildRefused."""
     now = time.monotonic()
     applied = 0
     for child in children:
         ident = (child["kind"], child["metadata"]["name"])
-        if child["kind"] in render.IDENTITY_KINDS:
-            # Not watched (no index): made once, in the pass that creates the trainer Job.
-            if observed.trainer is not None or ident in state.applied:
-                continue
-            await rt.kube.apply(child)
-            state.applied[ident] = ({}, now)
-            applied += 1
-            continue
         want = render.desired_state(child)
         have = _observed_state(child, observed)
         recent = state.applied.get(ident)
@@ -159,15 +170,37 @@ async def ensure_children(
             continue
         if recent and recent[0] == want and now - recent[1] < APPLY_GRACE:
             continue  # we applied it a moment ago; the watch has not caught up yet
-        await rt.kube.apply(child)
+        try:
+            await rt.kube.apply(child)
+        except KubeError as err:
+            if err.status == 422:
+                raise ChildRefused(*ident, err) from err
+            raise
         state.applied[ident] = (want, now)
         applied += 1
     return applied
 
 
+async def ensure_token_secret(
+    rt: Runtime, job: dict[str, Any], rendered: render.Rendered, observed: Observed, state: LoopState
+) -> None:
+    """The RLJob's rollout token Secret: created once per loop (a 409 means it exists; the operator never
+    reads it back), and again when a pod cannot start for want of a Secret (someone deleted it)."""
+    if not rendered.token_secret:
+        return
+    config_error = any("CreateContainerConfigError" in p.problem for p in observed.pods)
+    if state.token_ensured and not config_error:
+        return
+    await rt.kube.create(render.render_token_secret(job, secrets.token_urlsafe(32)))
+    state.token_ensured = True
+
+
 async def patch_status(
     rt: Runtime, job: dict[str, Any], desired: dict[str, Any], state: LoopState, *, event_kind: str = ""
 ) -> bool:
+    """Merge-patch the owned status fields that changed, every string within the CRD's limits. A 422 (a
+    value the status schema cannot hold) ends the job Failed/InvalidSpec naming the refused field."""
+    desired = bound_status(job["kind"], desired)
     current = job.get("status") or {}
     patch = {k: v for k, v in status_patch(current, desired).items() if k not in state.pruned}
     if not patch:
@@ -177,7 +210,15 @@ async def patch_status(
         return False
     meta = job["metadata"]
     path = object_path(API_VERSION, job["kind"], meta["namespace"], meta["name"]) + "/status"
-    response = await rt.kube.merge_patch(path, {"status": patch})
+    try:
+        response = await rt.kube.merge_patch(path, {"status": patch})
+    except KubeError as err:
+        if err.status != 422 or desired.get("reason") == INVALID_SPEC:
+            raise
+        logger.warning("status of %s refused with 422: %s", meta["name"], err)
+        message = unprocessable_message("the status derived from the spec", err.details, str(err)[:200])
+        desired = invalid_spec_status(job, message)
+        return await patch_status(rt, job, desired, state, event_kind=event_kind)
     state.last_patch = (patch, now)
     if response is not None:
         # A field the CRD's status schema does not declare is pruned by the API server: never chase it.
@@ -194,10 +235,42 @@ async def patch_status(
     new = desired.get("phase")
     if new and new != old:
         etype = "Warning" if new == FAILED else "Normal"
-        kopf.event(job, type=etype, reason=new, message=str(desired.get("message") or "")[:1000])
+        kopf.event(job, type=etype, reason=new, message=event_message(desired.get("message")))
     if new:
         state.last_phase = new
     return True
+
+
+def invalid_spec_status(job: dict[str, Any], message: str) -> dict[str, Any]:
+    """The smallest status that says the job failed for its spec: phase, reason, message, the Failed and
+    Ready conditions and the generation, without any field derived from the spec that might itself be
+    what the API server refuses."""
+    now = utcnow()
+    status = job.get("status") or {}
+    generation = job["metadata"].get("generation", 1)
+    conditions = [
+        c for c in status.get("conditions") or [] if c.get("type") not in ("Failed", "Ready")
+    ]
+    for ctype in ("Failed", "Ready"):
+        conditions.append(
+            {
+                "type": ctype,
+                "status": "True" if ctype == "Failed" else "False",
+                "reason": INVALID_SPEC,
+                "message": message,
+                "lastTransitionTime": iso(now),
+                "observedGeneration": generation,
+            }
+        )
+    return {
+        "phase": FAILED,
+        "reason": INVALID_SPEC,
+        "message": message,
+        "observedGeneration": generation,
+        "conditions": conditions,
+        "startTime": status.get("startTime") or iso(now),
+        "completionTime": iso(now),
+    }
 
 
 # ----------------------------------------------------------------------------------------------- jobs
@@ -232,14 +305,32 @@ async def _attempt(rt: Runtime, job: dict[str, Any], policy: VerifyPolicy) -> At
     target, _, _, problem = await _resolve_task_app(rt, job)
     if problem is not None or target is None:
         return problem or Attempt(False, TASKAPP_MISSING, "no task app")
-    key = None
-    if target.secret_name:
-        key = await rt.secret_value(job["metadata"]["namespace"], target.secret_name, target.secret_key)
-        if key is None:
-            return Attempt(
-                False, SECRET_MISSING, f"Secret {target.secret_name} (key {target.secret_key}) not found"
-            )
-    return await check_once(target.url, key, request_timeout=policy.request_timeout)
+    return await check_task_app(
+        rt, job["metadata"]["namespace"], target.url, target.secret_name, target.secret_key, policy
+    )
+
+
+async def check_task_app(
+    rt: Runtime, namespace: str, url: str, secret_name: str | None, secret_key: str, policy: VerifyPolicy
+) -> Attempt:
+    """One check of a task app with the key from its Secret, through the shared check cache."""
+    key = version = None
+    secret = None
+    if secret_name:
+        found = await rt.secret_key(namespace, secret_name, secret_key)
+        if found.value is None:
+            return Attempt(False, SECRET_MISSING, f"Secret {secret_name} (key {secret_key}) not found")
+        key, version, secret = found.value, found.version, (namespace, secret_name, secret_key)
+    ttl = min(rt.settings.verify_cache_seconds, policy.period_seconds)
+    return await rt.check_task_app(
+        url,
+        key,
+        secret=secret,
+        secret_version=version,
+        deadline=policy.request_timeout,
+        ttl=ttl,
+        failure_ttl=min(ttl, policy.backoff_initial),
+    )
 
 
 async def verify_job_task_app(
@@ -264,7 +355,13 @@ async def verify_job_task_app(
 
     async def report(pending: Verification) -> None:
         desired = derive_status(
-            job, observed=observed, expected=None, verification=pending, now=utcnow(), bucket=_bucket(rt, job)
+            job,
+            observed=observed,
+            expected=None,
+            verification=pending,
+            now=utcnow(),
+            bucket=_bucket(rt, job),
+            complete_pass=False,
         )
         await patch_status(rt, job, desired, state)
 
@@ -338,7 +435,7 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
     target = None
     if is_rl and state.target is not None and state.verification is not None:
         verification, target = state.verification, state.target  # verified once: no more lookups
-    elif is_rl:
+    elif is_rl and state.invalid is None:
         cond = get_condition(status, COND_VERIFIED)
         verified = bool(cond and cond.get("status") == "True")
         if not job["spec"].get("suspend") or verified:
@@ -352,9 +449,14 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
                 state.verification, state.target = verification, target
     rendered = None
     expected = None
-    if not is_rl or (verification is not None and verification.state == "ok" and target is not None):
-        rendered = render_job(rt, job, target)
-        expected = expected_of(rendered)
+    renderable = not is_rl or (verification is not None and verification.state == "ok" and target is not None)
+    if renderable and state.invalid is None:
+        try:
+            rendered = render_job(rt, job, target)
+            expected = expected_of(rendered)
+        except Exception as exc:  # noqa: BLE001 - a spec that cannot render is the user's to fix
+            state.invalid = render_failure_message(exc)
+            logger.warning("%s %s cannot be rendered: %s", job["kind"], meta["name"], state.invalid)
     trainer = observed.trainer
     if trainer is not None and trainer.is_true("Complete") and not status.get("result"):
         # The trainer's result may still be on its way through our watch: read the job once, fresh.
@@ -362,19 +464,30 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
         if fresh and (fresh.get("status") or {}).get("result"):
             job.setdefault("status", {})["result"] = fresh["status"]["result"]
     now = utcnow()
-    desired = derive_status(
-        job,
-        observed=observed,
-        expected=expected,
-        verification=verification,
-        now=now,
-        bucket=_bucket(rt, job),
-        needs_verification=is_rl,
-    )
-    phase = desired["phase"]
-    if rendered is not None and phase not in TERMINAL:
-        await ensure_children(rt, rendered.children, observed, state)  # their watch events wake us again
+
+    def derive() -> dict[str, Any]:
+        return derive_status(
+            job,
+            observed=observed,
+            expected=expected,
+            verification=verification,
+            now=now,
+            bucket=_bucket(rt, job),
+            needs_verification=is_rl,
+            invalid=state.invalid,
+        )
+
+    desired = derive()
+    if rendered is not None and desired["phase"] not in TERMINAL:
+        try:
+            await ensure_token_secret(rt, job, rendered, observed, state)
+            await ensure_children(rt, rendered.children, observed, state)  # their watch events wake us
+        except ChildRefused as refused:
+            state.invalid = refused.message
+            logger.warning("%s %s: %s", job["kind"], meta["name"], refused)
+            desired = derive()
     await patch_status(rt, job, desired, state)
+    phase = (job.get("status") or {}).get("phase") or desired["phase"]
     if phase in TERMINAL:
         await finish_job(rt, job, observed, phase)
         return None
@@ -404,16 +517,9 @@ async def reconcile_task_app(rt: Runtime, body: Any, indexes: dict[str, Any], st
     policy = VerifyPolicy.from_settings(rt.settings, spec.get("verification"))
     url = render.task_app_service_url(ta)
     secret = spec.get("apiKeySecretRef") or {}
-    api_key = None
-    attempt: Attempt | None = None
-    if secret.get("name"):
-        api_key = await rt.secret_value(
-            meta["namespace"], secret["name"], secret.get("key") or "ENVIRONMENT_API_KEY"
-        )
-        if api_key is None:
-            attempt = Attempt(False, SECRET_MISSING, f"Secret {secret['name']} not found")
-    if attempt is None:
-        attempt = await check_once(url, api_key, request_timeout=policy.request_timeout)
+    attempt = await check_task_app(
+        rt, meta["namespace"], url, secret.get("name"), secret.get("key") or "ENVIRONMENT_API_KEY", policy
+    )
     now_s = time.time()
     status = ta.get("status") or {}
     cond = get_condition(status, TASKAPP_VERIFIED)
@@ -458,7 +564,7 @@ async def _patch_taskapp(
     rt: Runtime, ta: dict[str, Any], desired: dict[str, Any], state: LoopState, old: Any, new: dict[str, Any]
 ) -> None:
     current = ta.get("status") or {}
-    patch = status_patch(current, desired)
+    patch = status_patch(current, bound_status("TaskApp", desired))
     if not patch:
         return
     meta = ta["metadata"]
@@ -467,7 +573,7 @@ async def _patch_taskapp(
     if new.get("status") != old:
         etype = "Normal" if new.get("status") == "True" else "Warning"
         reason = {"True": "Verified", "False": "VerificationFailed"}.get(new.get("status", ""), "Verifying")
-        kopf.event(ta, type=etype, reason=reason, message=str(new.get("message") or "")[:1000])
+        kopf.event(ta, type=etype, reason=reason, message=event_message(new.get("message")))
 
 
 __all__ = [

@@ -12,7 +12,11 @@ posttrain.dev/role):
   Service    <job>-judge
   Job        <job>-trainer    Indexed: completions = parallelism = nodes, torchrun env per pod
   Service    <job>-trainer    headless, for torchrun's rendezvous (pod 0's stable DNS name)
-An SFTJob has only the ConfigMap, the trainer Job and its headless Service."""
+  NetworkPolicy <job>-network only the job's own pods (and its TaskApp's, on the server port) get in
+  ServiceAccount, Role, RoleBinding <job>-trainer   the trainer may PATCH this job's status, nothing else
+An SFTJob has only the ConfigMap, the trainer Job and its headless Service, the NetworkPolicy and the
+identity. The RLJob's token Secret <job>-rollout-token (controller/rollout_token.py) is made by the
+controller, since its content is random. Every pod is locked down (controller/security.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.controller import specs
+from posttrain.controller import rollout_token, security, specs
+from posttrain.controller.network import render_network_policy
 from posttrain.controller.settings import (
     API_VERSION,
     COMPLETION_INDEX_ANNOTATION,
@@ -34,6 +39,8 @@ from posttrain.controller.settings import (
     MANAGER,
     OperatorSettings,
 )
+from posttrain.controller.spec_errors import SpecError
+from posttrain.controller.trainer_policy import checkpoint_every, failure_handling
 
 CONFIG_MOUNT = "/etc/posttrain"
 JOBFILE_PATH = f"{CONFIG_MOUNT}/job.json"
@@ -46,7 +53,12 @@ ROLE_REFERENCE = "reference"
 ROLE_JUDGE = "judge"
 ROLE_CONFIG = "config"
 ROLE_TASK_APP = "task-app"
+ROLE_NETWORK = "network"
+ROLE_TOKEN = "rollout-token"
 IDENTITY_KINDS = {"ServiceAccount", "Role", "RoleBinding"}
+# Children that do not gate the job's phase (they are kept in place, but a job runs without waiting on
+# their watch events).
+SUPPORTING_KINDS = IDENTITY_KINDS | {"NetworkPolicy"}
 SERVER_CLI_ROLE = {"rollout": "policy", "reference": "reference", "judge": "judge"}
 
 
@@ -81,6 +93,14 @@ def judge_name(job_name: str) -> str:
 
 def config_name(job_name: str) -> str:
     return child_name(job_name, ROLE_CONFIG)
+
+
+def network_policy_name(job_name: str) -> str:
+    return child_name(job_name, ROLE_NETWORK)
+
+
+def token_secret_name(job_name: str) -> str:
+    return child_name(job_name, ROLE_TOKEN)
 
 
 def service_url(name: str, namespace: str, port: int) -> str:
@@ -210,6 +230,7 @@ class Rendered:
     children: list[dict[str, Any]] = field(default_factory=list)
     topology: Topology | None = None
     jobfile: dict[str, Any] = field(default_factory=dict)
+    token_secret: str | None = None  # the Secret the controller makes before the servers (RLJob)
 
     def by_role(self, role: str, kind: str | None = None) -> list[dict[str, Any]]:
         return [
@@ -229,8 +250,10 @@ def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
         "kind": job["kind"],
         "name": meta["name"],
         "uid": meta["uid"],
+        # No blockOwnerDeletion: setting it needs `update` on the owner's finalizers subresource
+        # (OwnerReferencesPermissionEnforcement), which the operator does not hold; without it a
+        # foreground deletion of the job does not wait for the garbage collector to remove the children.
         "controller": True,
-        "blockOwnerDeletion": True,
     }
 
 
@@ -322,11 +345,28 @@ def model_ids(spec: dict[str, Any], settings: OperatorSettings) -> tuple[str, st
     base = specs.get(model, "base")
     source = specs.get(model, "source")
     if base:
-        return str(base), settings.base_model_uri.format(base=base)
+        return str(base), base_model_path(str(base), settings)
     source = str(source or "")
-    if re.match(r"^(rl|ft):", source):
-        return specs.base_of_model_id(source), specs.resolve_model_source(source, bucket)
-    return source, source
+    if not source:
+        raise SpecError("model", "neither model.base nor model.source is set", "set exactly one of them")
+    if re.match(r"^(rl|ft|fft|qft):", source):
+        try:
+            return specs.base_of_model_id(source), specs.resolve_model_source(source, bucket)
+        except ValueError as err:
+            raise SpecError("model.source", str(err), getattr(err, "fix", None)) from err
+    if source.startswith(("s3://", "/")):
+        return source, source
+    raise SpecError(
+        "model.source",
+        f"{source!r} names no weights posttrain can find",
+        "use a posttrain fine-tuned id (rl:<base>:<namespace>.<name>.<uid8>) or an s3:// URI",
+    )
+
+
+def base_model_path(base: str, settings: OperatorSettings) -> str:
+    """settings.base_model_uri with `{base}` replaced (plain replacement: a model id is data, never a
+    format string)."""
+    return settings.base_model_uri.replace("{base}", base)
 
 
 def _server_deployment(
@@ -340,6 +380,8 @@ def _server_deployment(
     args: list[str],
     suspended: bool,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A server: the rollout proxy in front of vLLM. Its token env guards weight sync and captures; its
+    pod mounts no ServiceAccount token (it never calls the API server)."""
     spec = job["spec"]
     lbls = labels(job, role)
     selector = {LABEL_JOB: lbls[LABEL_JOB], LABEL_ROLE: role}
@@ -351,10 +393,20 @@ def _server_deployment(
         "command": ["python", "-m", "posttrain_rollout", "serve", "--role", SERVER_CLI_ROLE[role], *args],
         "args": ["--host", "0.0.0.0", "--port", str(port)],
         "ports": [{"name": "http", "containerPort": port}],
-        "env": [*_s3_env(spec, settings), *_plain_env(settings)],
+        "env": [
+            *_s3_env(spec, settings),
+            *rollout_token.token_env(token_secret_name(job["metadata"]["name"])),
+            *_plain_env(settings),
+        ],
         "resources": _resources(spec, role, gpus_per_pod, settings),
         "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 5},
     }
+    pod_spec = security.lock_down(
+        {"containers": [container], **_pod_scheduling(spec)},
+        run_as_user=settings.run_as_user,
+        read_only_root=True,
+        token=False,
+    )
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -364,7 +416,7 @@ def _server_deployment(
             "selector": {"matchLabels": selector},
             "template": {
                 "metadata": {"labels": {**lbls, **_queue_labels(spec)}},
-                "spec": {"containers": [container], **_pod_scheduling(spec)},
+                "spec": pod_spec,
             },
         },
     }
@@ -448,8 +500,11 @@ def render_jobfile(
             "prefix": specs.job_artifact_prefix(meta["namespace"], meta["name"], meta["uid"]),
             "region": settings.s3_region,
         },
-        "checkpoint_every": int(
-            specs.get(specs.section(config, "training"), "checkpoint_every", 0) or settings.checkpoint_every
+        "checkpoint_every": checkpoint_every(
+            specs.get(specs.section(config, "training"), "checkpoint_every", 0),
+            kind,
+            rl_default=settings.checkpoint_every_rl,
+            sft_default=settings.checkpoint_every_sft,
         ),
         "report": {"mode": "kubernetes", "path": None},
         "workdir": WORKDIR,
@@ -547,6 +602,8 @@ def render_trainer(
         {"name": "POSTTRAIN_JOBFILE", "value": JOBFILE_PATH},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
+    if kind == "rl":
+        env += rollout_token.token_env(token_secret_name(meta["name"]))
     key_env: list[dict[str, Any]] = []
     if task_app and task_app.secret_name:
         key_env = [
@@ -593,7 +650,11 @@ def render_trainer(
             }
         )
     command = [
-        "torchrun",
+        # torchrun, run in process by a launcher that turns a worker's configuration-error exit code
+        # into the pod's exit code (torchrun alone exits 1 for every worker failure)
+        "python",
+        "-m",
+        "posttrain_trainer.launch",
         "--nnodes=$(PET_NNODES)",
         "--nproc-per-node=$(PET_NPROC_PER_NODE)",
         "--node-rank=$(PET_NODE_RANK)",
@@ -628,11 +689,13 @@ def render_trainer(
     }
     if not init:
         del pod_spec["initContainers"]
+    # The trainer patches its job's status: the only pod that mounts a ServiceAccount token.
+    pod_spec = security.lock_down(pod_spec, run_as_user=settings.run_as_user, read_only_root=True, token=True)
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": topo.nodes,
         "parallelism": topo.nodes,
-        "backoffLimit": settings.trainer_backoff_limit,
+        **failure_handling(ROLE_TRAINER, retries=settings.trainer_retries, nodes=topo.nodes),
         "suspend": bool(spec.get("suspend")),
         "template": {"metadata": {"labels": {**lbls, **_queue_labels(spec)}}, "spec": pod_spec},
     }
@@ -739,7 +802,7 @@ def render_rljob(
     judge_env: list[dict[str, Any]] = []
     if self_hosted and judge_model:
         j_name = judge_name(meta["name"])
-        j_uri = settings.base_model_uri.format(base=judge_model)
+        j_uri = base_model_path(judge_model, settings)
         j_args = ["--model", j_uri, "--served-model-name", judge_model]
         j_args += ["--tensor-parallel-size", str(judge_gpus)]
         j_dep, j_svc = _server_deployment(
@@ -783,8 +846,11 @@ def render_rljob(
         judge_env=judge_env,
     )
     identity = render_trainer_identity(job, settings)
-    children = [render_config_map(job, jobfile), *server_children, *identity, trainer_svc, trainer]
-    return Rendered(children=children, topology=topo, jobfile=jobfile)
+    network = _network_policy(job, settings, task_app.name)
+    children = [render_config_map(job, jobfile), network, *server_children, *identity, trainer_svc, trainer]
+    return Rendered(
+        children=children, topology=topo, jobfile=jobfile, token_secret=token_secret_name(meta["name"])
+    )
 
 
 def render_sftjob(
@@ -813,8 +879,20 @@ def render_sftjob(
         dataset_volume=volume,
     )
     identity = render_trainer_identity(job, settings)
-    children = [render_config_map(job, jobfile), *identity, trainer_svc, trainer]
+    network = _network_policy(job, settings, None)
+    children = [render_config_map(job, jobfile), network, *identity, trainer_svc, trainer]
     return Rendered(children=children, topology=topo, jobfile=jobfile)
+
+
+def _network_policy(job: dict[str, Any], settings: OperatorSettings, task_app: str | None) -> dict[str, Any]:
+    metadata = _meta(job, network_policy_name(job["metadata"]["name"]), ROLE_NETWORK)
+    return render_network_policy(job, metadata, server_port=settings.server_port, task_app=task_app)
+
+
+def render_token_secret(job: dict[str, Any], token: str) -> dict[str, Any]:
+    """The RLJob's rollout token Secret (owned by the job) holding `token`."""
+    metadata = _meta(job, token_secret_name(job["metadata"]["name"]), ROLE_TOKEN)
+    return rollout_token.render_token_secret(metadata, token)
 
 
 def render_task_app(task_app: dict[str, Any], settings: OperatorSettings) -> list[dict[str, Any]]:
@@ -852,18 +930,28 @@ def render_task_app(task_app: dict[str, Any], settings: OperatorSettings) -> lis
             "selector": {"matchLabels": selector},
             "template": {
                 "metadata": {"labels": lbls},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "task-app",
-                            "image": spec["image"],
-                            "imagePullPolicy": settings.image_pull_policy,
-                            "ports": [{"name": "http", "containerPort": port}],
-                            "env": env,
-                            "readinessProbe": {"httpGet": {"path": "/", "port": port}, "periodSeconds": 5},
-                        }
-                    ]
-                },
+                # someone else's program: its root filesystem stays writable; no ServiceAccount token
+                "spec": security.lock_down(
+                    {
+                        "containers": [
+                            {
+                                "name": "task-app",
+                                "image": spec["image"],
+                                "imagePullPolicy": settings.image_pull_policy,
+                                "ports": [{"name": "http", "containerPort": port}],
+                                "env": env,
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/", "port": port},
+                                    "periodSeconds": 5,
+                                },
+                            }
+                        ],
+                        **_pod_scheduling(spec),
+                    },
+                    run_as_user=settings.run_as_user,
+                    read_only_root=False,
+                    token=False,
+                ),
             },
         },
     }

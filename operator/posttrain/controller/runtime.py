@@ -1,5 +1,6 @@
-"""What every handler shares inside one operator process: settings, the API client, and the wake-up events
-that let a child's watch event re-run its parent's reconcile loop at once (instead of on the next resync)."""
+"""What every handler shares inside one operator process: settings, the API client, the one HTTP client for
+task apps with its check cache, and the wake-up events that let a child's watch event re-run its parent's
+reconcile loop at once (instead of on the next resync)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,18 @@ from typing import Any
 
 from posttrain.controller.kube import Kube
 from posttrain.controller.settings import OperatorSettings
+from posttrain.controller.verify import Attempt, TaskAppProber
+from posttrain.controller.verify_cache import CheckKey, TtlCache
 
 Key = tuple[str, str, str]  # (namespace, kind label: rljob|sftjob|taskapp, name)
+
+
+@dataclass(frozen=True)
+class SecretKey:
+    """One key of a Secret as read by the operator: its value and the Secret's resourceVersion."""
+
+    value: str | None
+    version: str | None
 
 
 @dataclass
@@ -19,9 +30,11 @@ class Runtime:
     settings: OperatorSettings
     kube: Kube
     wakers: dict[Key, asyncio.Event] = field(default_factory=dict)
-    _secret_cache: dict[tuple[str, str, str], tuple[float, str | None]] = field(default_factory=dict)
+    _secret_cache: dict[tuple[str, str, str], tuple[float, SecretKey]] = field(default_factory=dict)
     reconciles: int = 0
     generations: dict[Key, Any] = field(default_factory=dict)
+    prober: TaskAppProber = field(default_factory=TaskAppProber)
+    checks: TtlCache[Attempt] = field(default_factory=TtlCache)
 
     def waker(self, key: Key) -> asyncio.Event:
         return self.wakers.setdefault(key, asyncio.Event())
@@ -34,16 +47,42 @@ class Runtime:
     def drop(self, key: Key) -> None:
         self.wakers.pop(key, None)
 
-    async def secret_value(self, namespace: str, name: str, key: str, ttl: float = 5.0) -> str | None:
-        """A Secret key, cached for a few seconds (many jobs often share one task-app Secret)."""
+    async def close(self) -> None:
+        await self.prober.close()
+        await self.kube.close()
+
+    async def secret_key(self, namespace: str, name: str, key: str, ttl: float = 5.0) -> SecretKey:
+        """A Secret key and the Secret's resourceVersion, cached for a few seconds (many jobs often share
+        one task-app Secret)."""
         cache_key = (namespace, name, key)
         hit = self._secret_cache.get(cache_key)
         if hit and time.monotonic() - hit[0] < ttl:
             return hit[1]
-        value = await self.kube.read_secret_key(namespace, name, key)
-        self._secret_cache[cache_key] = (time.monotonic(), value)
-        return value
+        value, version = await self.kube.read_secret_key(namespace, name, key)
+        found = SecretKey(value, version)
+        self._secret_cache[cache_key] = (time.monotonic(), found)
+        return found
+
+    async def check_task_app(
+        self,
+        url: str,
+        api_key: str | None,
+        *,
+        secret: tuple[str, str, str] | None,
+        secret_version: str | None,
+        deadline: float,
+        ttl: float,
+        failure_ttl: float,
+    ) -> Attempt:
+        """One check of a task app, shared by everyone asking about the same URL and Secret version within
+        `ttl` seconds (`failure_ttl` for a failed check, so that a retry after a backoff sees a new one)."""
+        key = CheckKey(url.rstrip("/"), secret, secret_version, deadline)
+        return await self.checks.get(
+            key,
+            lambda attempt: ttl if attempt.ok else failure_ttl,
+            lambda: self.prober.check(url, api_key, deadline=deadline),
+        )
 
 
-def runtime_of(memo: Any) -> Runtime:
+def runtime_of(memo: Any) -> Any:
     return memo.runtime  # set by the startup handler in controller/main.py

@@ -32,7 +32,7 @@ class OperatorSettings(BaseSettings):
     judge_image: str = ""  # empty: the rollout image (same server, --role judge)
     image_pull_policy: str = "IfNotPresent"
 
-    # Where to watch: empty = every namespace.
+    # Where to watch: empty = every namespace; several namespaces separated by commas.
     namespace: str = ""
 
     # Task-app verification (a TaskApp's spec.verification overrides these per task app).
@@ -41,6 +41,9 @@ class OperatorSettings(BaseSettings):
     verify_backoff_max: float = 30.0
     verify_request_timeout: float = 10.0
     reverify_period_seconds: float = 60.0  # TaskApp periodic re-verification
+    # One check per (URL, Secret resourceVersion) is shared for this long by every job and TaskApp asking
+    # (never longer than a TaskApp's period, never longer than the first retry's backoff for a failure).
+    verify_cache_seconds: float = 10.0
 
     # Object storage: the endpoint and bucket for artifacts; credentials only as a Secret name.
     s3_endpoint: str = "http://minio.posttrain-system.svc:9000"
@@ -54,7 +57,11 @@ class OperatorSettings(BaseSettings):
     # below (manifests/base/trainer-rbac.yaml binds it in each job namespace).
     per_job_trainer_identity: bool = True
     trainer_service_account: str = "posttrain-trainer"
-    trainer_backoff_limit: int = 0
+    # A trainer pod that fails (not disrupted, not a configuration error) is replaced this many times per
+    # node before the job fails (controller/trainer_policy.py).
+    trainer_retries: int = 3
+    # Pods run as this uid/gid (0: the image's own numeric non-root user).
+    run_as_user: int = 65532
     master_port: int = 29500
     gpu_resource: str = "nvidia.com/gpu"
 
@@ -66,7 +73,10 @@ class OperatorSettings(BaseSettings):
     # Controller behaviour.
     resync_seconds: float = 30.0  # re-reconcile every job at least this often even without events
     debounce_seconds: float = 0.05  # coalesce bursts of child events into one reconcile
-    checkpoint_every: int = 0
+    # Periodic checkpoints unless a job sets training.checkpoint_every: RL iterations / SFT optimizer steps.
+    # A replacement trainer pod resumes from the latest one.
+    checkpoint_every_rl: int = 10
+    checkpoint_every_sft: int = 200
     watch_pods: bool = True  # pods index (list/watch pods): status messages say why pods are not running
     count_kopf_requests: bool = False  # benchmark: count kopf's own API requests too (liveness probe)
     extra_env: dict[str, str] = Field(default_factory=dict)  # plain env for every container (no secrets)

@@ -28,7 +28,9 @@ COND_RUNNING = "Running"
 COND_SUSPENDED = "Suspended"
 COND_COMPLETE = "Complete"
 COND_FAILED = "Failed"
+COND_READY = "Ready"
 TASKAPP_VERIFIED = "Verified"
+INVALID_SPEC = "InvalidSpec"
 
 OWNED_FIELDS = (
     "phase",
@@ -59,12 +61,16 @@ def parse_time(value: Any) -> datetime | None:
 
 
 # ------------------------------------------------------------------------------------------ observations
+PROBLEM_MAX = 300  # one pod's or Deployment's problem in a status message
+
+
 @dataclass(frozen=True)
 class DeploymentObs:
     name: str
     role: str
     replicas: int = 0  # spec.replicas
     ready: int = 0  # status.readyReplicas
+    problem: str = ""  # why pods are not being made: ReplicaFailure (quota, Pod Security), no progress
 
     @staticmethod
     def from_object(obj: dict[str, Any], role: str = "") -> DeploymentObs:
@@ -76,7 +82,21 @@ class DeploymentObs:
             role=role or labels.get("posttrain.dev/role", ""),
             replicas=int(spec.get("replicas") if spec.get("replicas") is not None else 1),
             ready=int(status.get("readyReplicas") or 0),
+            problem=deployment_problem(status),
         )
+
+
+def deployment_problem(status: dict[str, Any]) -> str:
+    """The Deployment controller's own account of pods it could not create (ReplicaFailure: a quota, a
+    Pod Security refusal, a missing ServiceAccount) or of a rollout that stopped progressing."""
+    for cond in status.get("conditions") or []:
+        kind, state = cond.get("type"), cond.get("status")
+        if (kind == "ReplicaFailure" and state == "True") or (
+            kind == "Progressing" and state == "False"
+        ):
+            text = f"{cond.get('reason') or kind}: {cond.get('message') or ''}".strip().rstrip(":")
+            return text[:PROBLEM_MAX]
+    return ""
 
 
 @dataclass(frozen=True)
@@ -163,7 +183,7 @@ class PodObs:
             name=meta.get("name", ""),
             role=(meta.get("labels") or {}).get("posttrain.dev/role", ""),
             phase=status.get("phase") or "Pending",
-            problem=problem[:300],
+            problem=problem[:PROBLEM_MAX],
         )
 
 
@@ -203,21 +223,31 @@ class Verification:
 
 # --------------------------------------------------------------------------------------------- conditions
 def set_condition(
-    conditions: list[dict[str, Any]], ctype: str, status: str, reason: str, message: str, now: datetime
+    conditions: list[dict[str, Any]],
+    ctype: str,
+    status: str,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None = None,
 ) -> list[dict[str, Any]]:
-    """A new list with `ctype` set; lastTransitionTime only moves when the status changes."""
+    """A new list with `ctype` set; lastTransitionTime only moves when the status changes; the condition
+    says which generation of the object it was computed for."""
     out = [dict(c) for c in conditions if c.get("type") != ctype]
     old = next((c for c in conditions if c.get("type") == ctype), None)
     changed = old is None or old.get("status") != status
-    out.append(
-        {
-            "type": ctype,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": iso(now) if changed else old.get("lastTransitionTime", iso(now)),
-        }
-    )
+    cond: dict[str, Any] = {
+        "type": ctype,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": iso(now) if changed else old.get("lastTransitionTime", iso(now)),
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    elif old is not None and "observedGeneration" in old:
+        cond["observedGeneration"] = old["observedGeneration"]
+    out.append(cond)
     order = {c.get("type"): i for i, c in enumerate(conditions)}
     out.sort(key=lambda c: order.get(c["type"], len(order)))
     return out
@@ -273,16 +303,23 @@ def derive_status(
     now: datetime,
     bucket: str = "posttrain",
     needs_verification: bool = True,
+    invalid: str | None = None,
+    complete_pass: bool = True,
 ) -> dict[str, Any]:
     """The operator-owned status fields of a job (see OWNED_FIELDS). `expected` is None until the children
-    have been rendered (i.e. before the task app is verified). SFTJobs pass needs_verification=False."""
+    have been rendered (i.e. before the task app is verified). SFTJobs pass needs_verification=False.
+    `invalid` is why the spec cannot be turned into children (it names the field): the job fails with
+    reason InvalidSpec. observedGeneration moves only on a `complete_pass` (children applied, nothing
+    failed); every condition carries the generation it was computed for."""
     meta = job["metadata"]
     spec = job.get("spec") or {}
     status = job.get("status") or {}
+    generation = meta.get("generation", 1)
     prev = status.get("phase") or PENDING
     conds: list[dict[str, Any]] = list(status.get("conditions") or [])
     out: dict[str, Any] = {k: status[k] for k in OWNED_FIELDS if k in status}
-    out["observedGeneration"] = meta.get("generation", 1)
+    if complete_pass:
+        out["observedGeneration"] = generation
     out["model"] = _model(spec)
     start = parse_time(status.get("startTime")) or now
     out["startTime"] = iso(start)
@@ -292,12 +329,16 @@ def derive_status(
     if expected is not None:
         out["linkedJobId"] = f"{meta['namespace']}/{expected.trainer}"
 
+    def condition(ctype: str, cstatus: str, reason: str, message: str) -> None:
+        nonlocal conds
+        conds = set_condition(conds, ctype, cstatus, reason, message, now, generation)
+
     if verification is not None:
         v_status = {"ok": "True", "failed": "False"}.get(verification.state, "Unknown")
         v_reason = verification.reason or {"ok": "Verified", "failed": "VerificationFailed"}.get(
             verification.state, "Verifying"
         )
-        conds = set_condition(conds, COND_VERIFIED, v_status, v_reason, verification.message, now)
+        condition(COND_VERIFIED, v_status, v_reason, verification.message)
 
     trainer = observed.trainer
     deadline = spec.get("activeDeadlineSeconds")
@@ -313,13 +354,15 @@ def derive_status(
         out["fineTunedModel"] = ftm
         out["artifacts"] = artifacts
         out["completionTime"] = trainer.completion_time or iso(now)
-        conds = set_condition(conds, COND_COMPLETE, "True", reason, message, now)
+        condition(COND_COMPLETE, "True", reason, message)
     elif trainer is not None and (trainer.is_true("Failed") or trainer.is_true("FailureTarget")):
         cond = trainer.condition("Failed") or trainer.condition("FailureTarget") or ("True", "", "")
         job_reason = cond[1] or "TrainerFailed"
         phase = FAILED
         reason = "DeadlineExceeded" if job_reason == "DeadlineExceeded" else "TrainerFailed"
         message = f"trainer Job {trainer.name} failed ({job_reason})" + (f": {cond[2]}" if cond[2] else "")
+    elif invalid:
+        phase, reason, message = FAILED, INVALID_SPEC, invalid
     elif deadline and (now - start).total_seconds() > float(deadline):
         phase, reason = FAILED, "DeadlineExceeded"
         message = f"activeDeadlineSeconds ({int(deadline)}s) exceeded since {iso(start)}"
@@ -328,7 +371,7 @@ def derive_status(
         message = f"{verification.target}: {verification.message}"
     elif spec.get("suspend"):
         phase, reason, message = SUSPENDED, "Suspended", "spec.suspend is true: pods removed, job kept"
-        conds = set_condition(conds, COND_SUSPENDED, "True", "Suspended", message, now)
+        condition(COND_SUSPENDED, "True", "Suspended", message)
     elif needs_verification and (verification is None or verification.state != "ok"):
         phase, reason = VERIFYING, "VerifyingTaskApp"
         target = verification.target if verification else "the task app"
@@ -341,18 +384,16 @@ def derive_status(
         missing = [
             n for n in (*expected.deployments, expected.trainer, *expected.others) if not _exists(n, observed)
         ]
-        conds = set_condition(
-            conds,
+        condition(
             COND_PROVISIONED,
             "False" if missing else "True",
             "ChildrenMissing" if missing else "ChildrenCreated",
             f"missing: {', '.join(missing)}" if missing else "every child exists",
-            now,
         )
         if waiting:
             phase, reason = PROVISIONING, "WaitingForPods"
             message = "waiting for " + ", ".join(waiting)
-            problems = sorted({f"{p.role} pod {p.problem}" for p in observed.pods if p.problem})
+            problems = _problems(expected, observed)
             if problems:
                 reason = "PodsNotReady"
                 message += "; " + "; ".join(problems[:3])
@@ -361,16 +402,29 @@ def derive_status(
             message = "trainer and servers are running"
 
     if phase != SUSPENDED and get_condition({"conditions": conds}, COND_SUSPENDED):
-        conds = set_condition(conds, COND_SUSPENDED, "False", "Resumed", "spec.suspend is false", now)
+        condition(COND_SUSPENDED, "False", "Resumed", "spec.suspend is false")
     if phase == RUNNING:
-        conds = set_condition(conds, COND_RUNNING, "True", reason, message, now)
+        condition(COND_RUNNING, "True", reason, message)
     elif get_condition({"conditions": conds}, COND_RUNNING):
-        conds = set_condition(conds, COND_RUNNING, "False", reason, message, now)
+        condition(COND_RUNNING, "False", reason, message)
     if phase == FAILED:
-        conds = set_condition(conds, COND_FAILED, "True", reason, message, now)
+        condition(COND_FAILED, "True", reason, message)
         out["completionTime"] = iso(now)
+    condition(COND_READY, "True" if phase in (RUNNING, SUCCEEDED) else "False", reason, message)
     out.update(phase=phase, reason=reason, message=message, conditions=conds)
     return out
+
+
+def _problems(expected: Expected, observed: Observed) -> list[str]:
+    """Why pods are missing or not running: the Deployments' ReplicaFailure first (no pod exists to say
+    it), then each pod's own problem; one line per distinct problem."""
+    lines = [
+        f"{expected.roles.get(name, dep.role or name)} {dep.problem}"
+        for name, dep in sorted(observed.deployments.items())
+        if dep.problem and name in expected.deployments
+    ]
+    lines += sorted({f"{p.role} pod {p.problem}" for p in observed.pods if p.problem})
+    return list(dict.fromkeys(lines))
 
 
 def _exists(name: str, observed: Observed) -> bool:
@@ -409,12 +463,21 @@ def taskapp_status(
     task_app: dict[str, Any], url: str, verification: Verification, now: datetime
 ) -> dict[str, Any]:
     status = task_app.get("status") or {}
+    generation = (task_app.get("metadata") or {}).get("generation", 1)
     conds = list(status.get("conditions") or [])
     ok = verification.state == "ok"
     cstatus = "True" if ok else ("False" if verification.state == "failed" else "Unknown")
     reason = verification.reason or ("Verified" if ok else "Verifying")
-    conds = set_condition(conds, TASKAPP_VERIFIED, cstatus, reason, verification.message, now)
-    out: dict[str, Any] = {"verified": ok, "url": url, "conditions": conds}
+    conds = set_condition(conds, TASKAPP_VERIFIED, cstatus, reason, verification.message, now, generation)
+    conds = set_condition(conds, COND_READY, "True" if ok else "False", reason, verification.message, now, generation)
+    out: dict[str, Any] = {
+        "verified": ok,
+        "url": url,
+        "conditions": conds,
+        "observedGeneration": generation,
+        "reason": reason,
+        "message": verification.message,
+    }
     if ok and verification.task_info is not None:
         out["taskInfo"] = verification.task_info
     elif "taskInfo" in status:

@@ -3,11 +3,20 @@
 
 One attempt -> Attempt (ok, or why not and whether it is worth retrying). A rejected key (HTTP 400/401/403)
 is not retried: it will not fix itself. Everything else (unreachable, 5xx, a task app still starting, a
-Secret not created yet) is retried with exponential backoff until `timeout_seconds` (default 300 s)."""
+Secret not created yet) is retried with exponential backoff until `timeout_seconds` (default 300 s).
+
+A task app is untrusted. One check (both GETs) runs under one overall deadline, responses are read as a
+stream and abandoned past MAX_RESPONSE_BYTES (1 MiB; no decompression), redirects are not followed, and
+what the operator reports (status, Events, logs) is the HTTP status and a fixed reason: never a response
+body, never a header, never anything the task app chose. The only text taken from a response is the
+task set's id and name (status.taskInfo), restricted to a small alphabet, cut to a few dozen characters
+and withheld when it contains the key."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,17 +26,33 @@ import httpx
 
 from posttrain.controller.settings import OperatorSettings
 from posttrain.controller.status import Verification
-from posttrain.taskapp_client import _error_code, _error_message, auth_headers
+from posttrain.taskapp_client import auth_headers
 
 UNREACHABLE = "Unreachable"
 UNAUTHORIZED = "Unauthorized"
 UNCONFIGURED = "Unconfigured"
 HTTP_ERROR = "HTTPError"
 BAD_RESPONSE = "BadResponse"
+TIMED_OUT = "Timeout"
 SECRET_MISSING = "SecretMissing"
 TASKAPP_MISSING = "TaskAppNotFound"
 VERIFIED = "Verified"
 PERMANENT = {UNAUTHORIZED}
+MAX_RESPONSE_BYTES = 1 << 20
+TASK_INFO_TEXT_MAX = 63
+WHY = {
+    UNAUTHORIZED: "the task app rejected the API key",
+    UNCONFIGURED: "the task app has no ENVIRONMENT_API_KEY configured",
+}
+# The CRD's bounds of spec.verification (posttrain.api.resources.Verification); applied to the operator's
+# own defaults too, so that no setting can make a check unbounded.
+TIMEOUT_RANGE = (1.0, 3600.0)
+PERIOD_RANGE = (5.0, 86400.0)
+REQUEST_TIMEOUT_RANGE = (1.0, 60.0)
+
+
+def _clamp(value: float, bounds: tuple[float, float]) -> float:
+    return min(max(value, bounds[0]), bounds[1])
 
 
 @dataclass(frozen=True)
@@ -35,20 +60,27 @@ class VerifyPolicy:
     timeout_seconds: float = 300.0
     backoff_initial: float = 1.0
     backoff_max: float = 30.0
-    request_timeout: float = 10.0
+    request_timeout: float = 10.0  # the deadline of one whole check
     period_seconds: float = 60.0
 
     @staticmethod
     def from_settings(settings: OperatorSettings, verification: dict[str, Any] | None = None) -> VerifyPolicy:
         """Operator defaults, overridden by a TaskApp's spec.verification {timeoutSeconds, periodSeconds,
-        requestTimeoutSeconds, backoffSeconds}."""
+        requestTimeoutSeconds}; a TaskApp's values are held to the CRD's bounds even if the API server's
+        CRD is older than this operator."""
         v = verification or {}
+
+        def given(key: str, default: float, bounds: tuple[float, float]) -> float:
+            return _clamp(float(v[key]), bounds) if v.get(key) else float(default)
+
         return VerifyPolicy(
-            timeout_seconds=float(v.get("timeoutSeconds") or settings.verify_timeout_seconds),
-            backoff_initial=float(v.get("backoffSeconds") or settings.verify_backoff_initial),
-            backoff_max=float(v.get("maxBackoffSeconds") or settings.verify_backoff_max),
-            request_timeout=float(v.get("requestTimeoutSeconds") or settings.verify_request_timeout),
-            period_seconds=float(v.get("periodSeconds") or settings.reverify_period_seconds),
+            timeout_seconds=given("timeoutSeconds", settings.verify_timeout_seconds, TIMEOUT_RANGE),
+            backoff_initial=float(settings.verify_backoff_initial),
+            backoff_max=float(settings.verify_backoff_max),
+            request_timeout=_clamp(
+                float(v.get("requestTimeoutSeconds") or settings.verify_request_timeout), REQUEST_TIMEOUT_RANGE
+            ),
+            period_seconds=given("periodSeconds", settings.reverify_period_seconds, PERIOD_RANGE),
         )
 
     def delays(self) -> Any:
@@ -71,65 +103,164 @@ class Attempt:
         return not self.ok and self.reason not in PERMANENT
 
 
-def summarise_task_info(body: Any) -> dict[str, Any]:
+_SAFE_TEXT = re.compile(r"[^A-Za-z0-9 ._:/()+-]")
+
+
+def safe_text(value: Any, api_key: str | None = None, limit: int = TASK_INFO_TEXT_MAX) -> str:
+    """A task app's self-description cut down to what a status may show: a small alphabet, `limit`
+    characters, and nothing at all when it contains the key (or a long piece of it)."""
+    text = _SAFE_TEXT.sub("", str(value or ""))[:limit].strip()
+    if api_key and contains_key(text, api_key):
+        return "(withheld)"
+    return text
+
+
+def contains_key(text: str, api_key: str, piece: int = 8) -> bool:
+    """Whether `text` holds the key or any `piece`-character run of it (echoed, truncated or split)."""
+    if not api_key:
+        return False
+    if api_key in text:
+        return True
+    return any(api_key[i : i + piece] in text for i in range(max(1, len(api_key) - piece + 1)))
+
+
+def summarise_task_info(body: Any, api_key: str | None = None) -> dict[str, Any]:
     """{id, name, rubric: present?} from /task_info's {"taskset": ...} (or a bare TaskInfo)."""
     info = body.get("taskset", body) if isinstance(body, dict) else {}
     info = info if isinstance(info, dict) else {}
     task = info.get("task") if isinstance(info.get("task"), dict) else info
     rubric = info.get("rubric") or info.get("rubrics")
     return {
-        "id": str(task.get("id") or info.get("id") or ""),
-        "name": str(task.get("name") or info.get("name") or ""),
+        "id": safe_text(task.get("id") or info.get("id") or "", api_key),
+        "name": safe_text(task.get("name") or info.get("name") or "", api_key),
         "rubric": bool(rubric),
     }
 
 
-async def _get(client: httpx.AsyncClient, url: str, path: str) -> tuple[Attempt | None, Any]:
+def _error_code(body: bytes) -> str | None:
+    """synth's machine-readable error code ({"detail": {"error": {"code"}}} or {"error": {"code"}}), used
+    only to tell the reasons apart; it is never shown."""
     try:
-        response = await client.get(url + path)
+        data = json.loads(body)
+    except ValueError:
+        return None
+    detail = data.get("detail") if isinstance(data, dict) else None
+    for holder in (detail, data):
+        if isinstance(holder, dict) and isinstance(holder.get("error"), dict):
+            code = holder["error"].get("code")
+            return code if isinstance(code, str) else None
+    return None
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_capped(response: httpx.Response, limit: int) -> bytes:
+    body = bytearray()
+    async for chunk in response.aiter_raw():
+        body += chunk
+        if len(body) > limit:
+            raise _TooLarge
+    return bytes(body)
+
+
+async def _get(
+    client: httpx.AsyncClient, url: str, path: str, headers: dict[str, str], max_bytes: int
+) -> tuple[Attempt | None, Any]:
+    try:
+        async with client.stream("GET", url + path, headers=headers) as response:
+            code = response.status_code
+            try:
+                body = await _read_capped(response, max_bytes)
+            except _TooLarge:
+                text = f"GET {path} -> HTTP {code}, response larger than {max_bytes // 1024} KiB"
+                return Attempt(False, BAD_RESPONSE, text, http_status=code), None
     except httpx.TimeoutException as exc:
         return Attempt(False, UNREACHABLE, f"GET {path} timed out ({type(exc).__name__})"), None
     except httpx.HTTPError as exc:
-        return Attempt(False, UNREACHABLE, f"GET {path} failed: {type(exc).__name__}: {exc}"), None
-    code = response.status_code
+        return Attempt(False, UNREACHABLE, f"GET {path} failed ({type(exc).__name__})"), None
     if code >= 400:
-        err = _error_code(response)
-        detail = _error_message(response)[:200]
+        err = _error_code(body)
         if err == "missing_environment_api_key" or (code == 503 and err is None and path == "/health"):
             reason = UNCONFIGURED
         elif err == "unauthorised" or code in (400, 401, 403):
             reason = UNAUTHORIZED
         else:
             reason = HTTP_ERROR
-        text = f"GET {path} -> HTTP {code}{f' {err}' if err else ''}" + (f": {detail}" if detail else "")
-        return Attempt(False, reason, text, http_status=code), None
+        why = f" ({WHY[reason]})" if reason in WHY else ""
+        return Attempt(False, reason, f"GET {path} -> HTTP {code}{why}", http_status=code), None
+    if 300 <= code < 400:
+        text = f"GET {path} -> HTTP {code} (redirects are not followed)"
+        return Attempt(False, BAD_RESPONSE, text, http_status=code), None
     try:
-        return None, response.json()
+        return None, json.loads(body)
     except ValueError:
         return Attempt(False, BAD_RESPONSE, f"GET {path} -> HTTP {code}, not JSON", http_status=code), None
+
+
+class TaskAppProber:
+    """The operator's one HTTP client for task apps (connection pool shared by every check)."""
+
+    def __init__(self, *, transport: Any = None, max_bytes: int = MAX_RESPONSE_BYTES, max_connections: int = 100):
+        self.max_bytes = max_bytes
+        self._transport = transport
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=20)
+        self._client: httpx.AsyncClient | None = None
+        self.checks = 0
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                transport=self._transport,
+                limits=self._limits,
+                follow_redirects=False,
+                headers={"Accept-Encoding": "identity"},
+                timeout=httpx.Timeout(60.0),  # the per-check deadline below is the real bound
+            )
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def check(self, url: str, api_key: str | None, *, deadline: float = 10.0) -> Attempt:
+        """One verification attempt: /health (2xx, not healthy=false) then /task_info (2xx, parses), both
+        within `deadline` seconds."""
+        self.checks += 1
+        url = url.rstrip("/")
+        headers = auth_headers(api_key)
+        client = self.client()
+        current = "/health"
+        try:
+            async with asyncio.timeout(deadline):
+                failed, health = await _get(client, url, current, headers, self.max_bytes)
+                if failed:
+                    return failed
+                if isinstance(health, dict) and health.get("healthy") is False:
+                    return Attempt(False, BAD_RESPONSE, "GET /health -> healthy=false", http_status=200)
+                current = "/task_info"
+                failed, info = await _get(client, url, current, headers, self.max_bytes)
+        except TimeoutError:
+            return Attempt(False, UNREACHABLE, f"GET {current} did not finish within {deadline:g} s")
+        if failed:
+            return failed
+        if not isinstance(info, dict):
+            return Attempt(False, BAD_RESPONSE, "GET /task_info -> not a JSON object", http_status=200)
+        summary = summarise_task_info(info, api_key)
+        return Attempt(True, VERIFIED, "GET /health 200, GET /task_info 200", 200, summary)
 
 
 async def check_once(
     url: str, api_key: str | None, *, request_timeout: float = 10.0, transport: Any = None
 ) -> Attempt:
-    """One verification attempt: /health (2xx, not healthy=false) then /task_info (2xx, parses)."""
-    url = url.rstrip("/")
-    async with httpx.AsyncClient(
-        timeout=request_timeout, headers=auth_headers(api_key), transport=transport
-    ) as client:
-        failed, health = await _get(client, url, "/health")
-        if failed:
-            return failed
-        if isinstance(health, dict) and health.get("healthy") is False:
-            return Attempt(False, BAD_RESPONSE, "GET /health -> healthy=false", http_status=200)
-        failed, info = await _get(client, url, "/task_info")
-        if failed:
-            return failed
-        if not isinstance(info, dict):
-            return Attempt(False, BAD_RESPONSE, "GET /task_info -> not a JSON object", http_status=200)
-        summary = summarise_task_info(info)
-        what = summary["name"] or summary["id"] or "unnamed taskset"
-        return Attempt(True, VERIFIED, f"GET /health 200, GET /task_info 200 ({what})", 200, summary)
+    """One attempt with a client of its own (the CLI and tests; the operator shares a TaskAppProber)."""
+    prober = TaskAppProber(transport=transport)
+    try:
+        return await prober.check(url, api_key, deadline=request_timeout)
+    finally:
+        await prober.close()
 
 
 def as_verification(attempt: Attempt, target: str, *, state: str, attempts: int) -> Verification:

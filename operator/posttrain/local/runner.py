@@ -291,6 +291,8 @@ def run_local(opts: LocalOptions) -> LocalResult:
                 **os.environ,
                 **s3.env(),
                 "ENVIRONMENT_API_KEY": env_key,
+                # the rollout servers' weight sync and captures answer only the trainer (as in a cluster)
+                "POSTTRAIN_ROLLOUT_TOKEN": secrets.token_urlsafe(24),
                 "PYTHONUNBUFFERED": "1",
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",

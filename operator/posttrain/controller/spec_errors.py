@@ -1,0 +1,51 @@
+"""Pure: a spec the operator cannot act on, said with the field it comes from. Two sources: rendering
+raised (e.g. a model id nobody can resolve), or the API server refused what the spec rendered into, or
+the status derived from it, with 422 Unprocessable Entity (its causes name the offending field). Either
+way the job ends Failed with reason InvalidSpec instead of being retried for ever."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posttrain.controller.bounds import truncate
+
+MESSAGE_MAX = 600
+
+
+class SpecError(ValueError):
+    """The spec asks for something that cannot be rendered. `field` is the spec path (model.source)."""
+
+    def __init__(self, field: str, message: str, fix: str | None = None):
+        super().__init__(message)
+        self.field = field
+        self.fix = fix
+
+    def __str__(self) -> str:
+        text = f"spec.{self.field}: {self.args[0]}"
+        return f"{text} (fix: {self.fix})" if self.fix else text
+
+
+def render_failure_message(exc: BaseException) -> str:
+    if isinstance(exc, SpecError):
+        return truncate(str(exc), MESSAGE_MAX)
+    return truncate(f"the spec cannot be rendered ({type(exc).__name__}: {exc})", MESSAGE_MAX)
+
+
+def unprocessable_causes(details: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """(field, message) of each cause in a 422 Status' `details`."""
+    out = []
+    for cause in (details or {}).get("causes") or []:
+        if isinstance(cause, dict):
+            out.append((str(cause.get("field") or ""), str(cause.get("message") or cause.get("reason") or "")))
+    return out
+
+
+def unprocessable_message(what: str, details: dict[str, Any] | None, fallback: str = "") -> str:
+    """`what` (e.g. "Deployment j-rollout", "status") was refused with 422: the fields and why."""
+    causes = unprocessable_causes(details)
+    if causes:
+        parts = [f"{field}: {message}" if field else message for field, message in causes[:3]]
+        text = f"the API server refused {what}: " + "; ".join(parts)
+    else:
+        text = f"the API server refused {what}" + (f": {fallback}" if fallback else "")
+    return truncate(text, MESSAGE_MAX)

@@ -1,0 +1,59 @@
+"""Pure: how the trainer Job treats a lost or failed pod.
+
+- A pod that was disrupted (preempted, evicted, drained: the pod condition DisruptionTarget) is ignored:
+  it does not count against the backoff limit, and the replacement pod resumes from the last checkpoint.
+- A pod that exits with one of the trainer's configuration-error codes fails the Job at once: retrying the
+  same job file cannot help.
+- Any other failure is retried, `retries` times per node (a multi-node failure usually takes every node's
+  pod down together).
+- A replacement pod is made only once the old one has fully terminated (podReplacementPolicy: Failed), so
+  two pods of one index never hold the same GPUs or write the same checkpoint.
+
+The exit codes are the trainer's (trainer_image/posttrain_trainer/exitcodes.py); a unit test keeps the two
+lists equal, since the operator image does not ship the trainer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+EXIT_USAGE = 2  # a command line the trainer refuses (argparse)
+EXIT_DATA_ERROR = 65  # EX_DATAERR: the dataset is malformed (the message names file:line)
+EXIT_CONFIG_ERROR = 78  # EX_CONFIG: the job file or the training config is invalid
+CONFIG_ERROR_EXIT_CODES = (EXIT_USAGE, EXIT_DATA_ERROR, EXIT_CONFIG_ERROR)
+
+
+def pod_failure_policy(container: str) -> dict[str, Any]:
+    return {
+        "rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": container,
+                    "operator": "In",
+                    "values": list(CONFIG_ERROR_EXIT_CODES),
+                },
+            },
+        ]
+    }
+
+
+def failure_handling(container: str, *, retries: int, nodes: int) -> dict[str, Any]:
+    """The Job spec fields that implement the rules above."""
+    return {
+        "backoffLimit": max(0, retries) * max(1, nodes),
+        "podFailurePolicy": pod_failure_policy(container),
+        "podReplacementPolicy": "Failed",
+    }
+
+
+def checkpoint_every(configured: Any, kind: str, *, rl_default: int, sft_default: int) -> int:
+    """The job's own training.checkpoint_every when it sets one (> 0), else the operator's default for the
+    kind (iterations for RL, optimizer steps for SFT), so a replacement pod has something to resume."""
+    try:
+        value = int(configured or 0)
+    except (TypeError, ValueError):
+        value = 0
+    if value > 0:
+        return value
+    return rl_default if kind == "rl" else sft_default
