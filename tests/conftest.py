@@ -6,4 +6,5 @@ pytest_plugins = [
     "fixtures.s3",
     "fixtures.vllm",
     "fixtures.cluster",
+    "fixtures.hostile_taskapp",
 ]

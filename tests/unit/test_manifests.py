@@ -16,7 +16,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 OVERLAYS = ["overlays/dev", "overlays/prod"]
-KUSTOMIZATIONS = [*OVERLAYS, "argocd"]
+NAMESPACED = "overlays/namespaced"  # the multi-tenant install: a Role per served namespace
+KUSTOMIZATIONS = [*OVERLAYS, NAMESPACED, "argocd"]
+# Cluster-scoped rows of the operator's README table: a namespaced install has no cluster-wide grant of
+# these but the read-only CRD list (kopf) and, for kopf's peering, none at all.
+CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("kopf.dev", "clusterkopfpeerings")}
 
 needs_kubectl = pytest.mark.skipif(
     shutil.which("kubectl") is None, reason="kubectl (with kustomize) not installed"
@@ -81,7 +85,7 @@ def test_base_crds_are_the_generated_crds():
 
 
 @needs_kubectl
-@pytest.mark.parametrize("rel", OVERLAYS)
+@pytest.mark.parametrize("rel", [*OVERLAYS, NAMESPACED])
 def test_overlays_carry_every_crd(rel):
     names = {d["metadata"]["name"] for d in render(rel) if d["kind"] == "CustomResourceDefinition"}
     assert {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"} <= names
@@ -111,7 +115,7 @@ def test_rbac_is_least_privilege():
             resource,
             verbs,
         )
-    assert operator[("", "secrets")] == {"get"}  # by name only: no list/watch
+    assert operator[("", "secrets")] == {"get", "create"}  # by name only: no list/watch
     assert operator.get(("", "pods"), set()) <= {"list", "watch"}  # read-only: Jobs/Deployments make pods
     trainer = granted_rules(find(docs, "ClusterRole", "posttrain-trainer"))
     assert trainer == {
@@ -126,6 +130,40 @@ def test_rbac_is_least_privilege():
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "posttrain-operator", "namespace": "posttrain-system"}
     ]
+
+
+@needs_kubectl
+def test_namespaced_install_has_no_cluster_wide_secret_read():
+    docs = render(NAMESPACED)
+    assert not [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "posttrain-operator"]
+    cluster = granted_rules(find(docs, "ClusterRole", "posttrain-operator-cluster"))
+    assert cluster == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        ("", "namespaces"): {"list", "watch"},
+    }
+    bound = {
+        d["roleRef"]["name"]
+        for d in docs
+        if d["kind"] == "ClusterRoleBinding"
+        and {"kind": "ServiceAccount", "name": "posttrain-operator", "namespace": "posttrain-system"}
+        in d["subjects"]
+    }
+    assert bound == {"posttrain-operator-cluster"}
+    # The Role of each served namespace is exactly the README table's namespaced rows.
+    role = find(docs, "Role", "posttrain-operator")
+    namespaced = {k: v for k, v in documented_rules("posttrain-operator").items() if k not in CLUSTER_SCOPED}
+    assert granted_rules(role) == namespaced
+    binding = find(docs, "RoleBinding", "posttrain-operator")
+    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"] == "team-a"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "posttrain-operator", "namespace": "posttrain-system"}
+    ]
+    (c,) = find(docs, "Deployment", "posttrain-operator")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["POSTTRAIN_NAMESPACE"].split(",") == ["team-a"]
+    assert not [a for a in c["args"] if a.startswith("--peering")]
+    ns = find(docs, "Namespace", "team-a")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 @needs_kubectl

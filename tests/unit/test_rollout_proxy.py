@@ -170,3 +170,31 @@ def test_score_and_health(tmp_path):
     assert body["prompt"] == [5, 6, 7, 8] and body["prompt_logprobs"] == 0 and body["max_tokens"] == 1
     assert bad.status_code == 400
     assert healthy.status_code == 200 and dead.status_code == 503
+
+
+def test_weight_sync_and_captures_need_the_job_token(tmp_path):
+    """With a token (the operator's per-job Secret), POST /v1/weights and every capture route answer only
+    the bearer of that token; generation stays open for the task app."""
+    calls = []
+
+    async def scenario():
+        proxy, http = make(calls, run_dir=tmp_path, token="tok-123")
+        good = {"Authorization": "Bearer tok-123"}
+        r = await http.post("/v1/chat/completions?cid=c1", json={"messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 200  # the task app's call, no token
+        for method, path in (("GET", "/v1/captures/c1"), ("DELETE", "/v1/captures/c1"), ("GET", "/v1/captures")):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "tok-123"}):
+                refused = await http.request(method, path, headers=headers)
+                assert refused.status_code == 401, (method, path, headers)
+                assert "tok-123" not in refused.text
+        refused = await http.post("/v1/weights", json={"path": str(tmp_path), "format": "full", "version": 2})
+        assert refused.status_code == 401 and not [c for c in calls if c[0] == "rpc"]
+        assert (await http.get("/v1/captures/c1", headers=good)).status_code == 200
+        assert (await http.delete("/v1/captures/c1", headers=good)).status_code == 200
+        ok = await http.post(
+            "/v1/weights", json={"path": str(tmp_path), "format": "full", "version": 2}, headers=good
+        )
+        assert ok.status_code == 200 and [c for c in calls if c[0] == "rpc"]
+        await http.aclose()
+
+    run(scenario())

@@ -278,3 +278,85 @@ def test_kueue_queued_trainer_message() -> None:
     observed = all_children(trainer_obs=trainer(suspended=True))
     out = derive_status(job(), observed=observed, expected=EXPECTED, verification=OK, now=NOW)
     assert out["phase"] == "Provisioning" and "Kueue admission" in out["message"]
+
+
+def test_replica_failure_and_config_errors_show_in_the_message() -> None:
+    """A server Deployment whose pods cannot even be created (quota, Pod Security) has no pod to say why:
+    the Deployment's ReplicaFailure condition is the message; a pod that cannot start its container
+    (CreateContainerConfigError: a missing Secret) says so too."""
+    from posttrain.controller.status import PodObs
+
+    dep = DeploymentObs.from_object(
+        {
+            "metadata": {"name": "j-rollout", "labels": {"posttrain.dev/role": "rollout"}},
+            "spec": {"replicas": 1},
+            "status": {
+                "conditions": [
+                    {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable"},
+                    {
+                        "type": "ReplicaFailure",
+                        "status": "True",
+                        "reason": "FailedCreate",
+                        "message": 'pods "j-rollout-abc" is forbidden: violates PodSecurity "restricted:latest"',
+                    },
+                ]
+            },
+        }
+    )
+    assert dep.problem.startswith('FailedCreate: pods "j-rollout-abc" is forbidden: violates PodSecurity')
+    observed = all_children(ready=0)
+    observed.deployments["j-rollout"] = dep
+    observed.pods = [
+        PodObs.from_object(
+            {
+                "metadata": {"name": "t", "labels": {"posttrain.dev/role": "trainer"}},
+                "status": {
+                    "phase": "Pending",
+                    "containerStatuses": [
+                        {"name": "trainer", "state": {"waiting": {"reason": "CreateContainerConfigError"}}}
+                    ],
+                },
+            }
+        )
+    ]
+    out = derive_status(job(), observed=observed, expected=EXPECTED, verification=OK, now=NOW)
+    assert out["phase"] == "Provisioning" and out["reason"] == "PodsNotReady"
+    assert "rollout FailedCreate: pods" in out["message"] and "violates PodSecurity" in out["message"]
+    assert "trainer pod trainer: CreateContainerConfigError" in out["message"]
+
+
+def test_ready_condition_and_generations() -> None:
+    running = derive_status(job(), observed=all_children(), expected=EXPECTED, verification=OK, now=NOW)
+    ready = get_condition(running, "Ready")
+    assert ready["status"] == "True" and ready["reason"] == "Running"
+    assert running["observedGeneration"] == 3
+    assert all(c["observedGeneration"] == 3 for c in running["conditions"])
+    # A pass that did not complete (verification still retrying) leaves observedGeneration where it was.
+    partial = derive_status(
+        job(status={"observedGeneration": 2}),
+        observed=Observed(),
+        expected=None,
+        verification=PENDING,
+        now=NOW,
+        complete_pass=False,
+    )
+    assert partial["observedGeneration"] == 2 and partial["phase"] == "Verifying"
+    assert get_condition(partial, "Ready")["status"] == "False"
+
+
+def test_an_invalid_spec_fails_the_job_with_the_field() -> None:
+    msg = "spec.model.source: 'ft:Qwen/Qwen3-4B:job_abc123' is not a posttrain fine-tuned model id (fix: ...)"
+    out = derive_status(job(), observed=Observed(), expected=None, verification=OK, now=NOW, invalid=msg)
+    assert (out["phase"], out["reason"], out["message"]) == ("Failed", "InvalidSpec", msg)
+    assert get_condition(out, "Failed")["reason"] == "InvalidSpec" and out["completionTime"]
+    assert get_condition(out, "Ready")["status"] == "False"
+
+
+def test_taskapp_status_carries_message_reason_generation() -> None:
+    ta = {"metadata": {"name": "math", "generation": 4}, "spec": {"url": "http://t"}}
+    out = taskapp_status(
+        ta, "http://t", Verification("failed", "TaskApp math", "GET /health -> HTTP 503", "HTTPError", 503), NOW
+    )
+    assert (out["observedGeneration"], out["reason"], out["message"]) == (4, "HTTPError", "GET /health -> HTTP 503")
+    assert get_condition(out, "Verified")["observedGeneration"] == 4
+    assert get_condition(out, "Ready")["status"] == "False"
