@@ -7,4 +7,5 @@ pytest_plugins = [
     "fixtures.vllm",
     "fixtures.cluster",
     "fixtures.hostile_taskapp",
+    "fixtures.operator_env",
 ]

@@ -9,140 +9,25 @@ job's status subresource)."""
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.operator_env import KEY, Env, wait_for
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 from posttrain.controller.testing import (
     GROUP,
     VERSION,
-    OperatorProcess,
     add_gpu_nodes,
-    api_client_of,
     complete_trainer,
-    ensure_crds,
     free_port,
-    kubeconfig_of,
     rljob_manifest,
 )
 
 pytestmark = [pytest.mark.cluster]
 
-FAST_ENV = {
-    "POSTTRAIN_VERIFY_TIMEOUT_SECONDS": "6",
-    "POSTTRAIN_VERIFY_BACKOFF_INITIAL": "0.5",
-    "POSTTRAIN_VERIFY_BACKOFF_MAX": "2",
-    "POSTTRAIN_VERIFY_REQUEST_TIMEOUT": "2",
-    "POSTTRAIN_RESYNC_SECONDS": "5",
-    "POSTTRAIN_REVERIFY_PERIOD_SECONDS": "2",
-    "POSTTRAIN_S3_ENDPOINT": "http://127.0.0.1:9",
-}
-KEY = "sk_env_test_math_taskapp_0001"  # the math_taskapp fixture's key
-
-
-def wait_for(fn: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
-
-
-class Env:
-    """Per-test handles: API clients, the namespace, the operator process."""
-
-    def __init__(self, api: client.ApiClient, namespace: str, operator: OperatorProcess):
-        self.api = api
-        self.ns = namespace
-        self.operator = operator
-        self.co = client.CustomObjectsApi(api)
-        self.core = client.CoreV1Api(api)
-        self.apps = client.AppsV1Api(api)
-        self.batch = client.BatchV1Api(api)
-
-    # --- objects ---
-    def secret(self, name: str, value: str) -> None:
-        body = client.V1Secret(
-            metadata=client.V1ObjectMeta(name=name), string_data={"ENVIRONMENT_API_KEY": value}
-        )
-        self.core.create_namespaced_secret(self.ns, body)
-
-    def create(self, plural: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.co.create_namespaced_custom_object(GROUP, VERSION, self.ns, plural, body)
-
-    def get(self, plural: str, name: str) -> dict[str, Any]:
-        return self.co.get_namespaced_custom_object(GROUP, VERSION, self.ns, plural, name)
-
-    def status(self, plural: str, name: str) -> dict[str, Any]:
-        return self.get(plural, name).get("status") or {}
-
-    def phase(self, plural: str, name: str) -> str | None:
-        return self.status(plural, name).get("phase")
-
-    def wait_phase(self, plural: str, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            status = self.status(plural, name)
-            return status if status.get("phase") == phase else None
-
-        try:
-            return wait_for(check, timeout, f"{plural}/{name} phase {phase}")
-        except AssertionError as err:
-            raise AssertionError(
-                f"{err}\nstatus={self.status(plural, name)}\n{self.operator.log_tail()}"
-            ) from None
-
-    def children(self, job: str) -> dict[str, list[Any]]:
-        sel = f"posttrain.dev/job={job}"
-        return {
-            "Deployment": self.apps.list_namespaced_deployment(self.ns, label_selector=sel).items,
-            "Job": self.batch.list_namespaced_job(self.ns, label_selector=sel).items,
-            "Service": self.core.list_namespaced_service(self.ns, label_selector=sel).items,
-            "ConfigMap": self.core.list_namespaced_config_map(self.ns, label_selector=sel).items,
-            "Pod": self.core.list_namespaced_pod(self.ns, label_selector=sel).items,
-        }
-
-    def events(self, name: str) -> list[str]:
-        items = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
-        return [e.reason for e in sorted(items, key=lambda e: e.metadata.creation_timestamp)]
-
-
 rljob = rljob_manifest
-
-
-@pytest.fixture
-def env(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Env]:
-    api = api_client_of(cluster)
-    ensure_crds(api)
-    operator = OperatorProcess(
-        kubeconfig_of(cluster), tmp_path / "operator.log", namespace=namespace, env=FAST_ENV
-    )
-    operator.start()
-    handle = Env(api, namespace, operator)
-    try:
-        yield handle
-    finally:
-        # Delete our objects while the operator still runs, so kopf removes its finalizer.
-        for plural in ("rljobs", "sftjobs", "taskapps"):
-            with contextlib.suppress(ApiException):
-                handle.co.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, plural)
-        with contextlib.suppress(AssertionError):
-            wait_for(
-                lambda: all(
-                    not handle.co.list_namespaced_custom_object(GROUP, VERSION, namespace, p)["items"]
-                    for p in ("rljobs", "sftjobs", "taskapps")
-                ),
-                20,
-                "jobs deleted",
-            )
-        operator.stop()
 
 
 def test_rljob_full_lifecycle(env: Env, math_taskapp: Any) -> None:
@@ -250,7 +135,7 @@ def test_taskapp_verified_then_outage_flips_condition(env: Env, tmp_path: Path) 
                 "spec": {
                     "url": url,
                     "apiKeySecretRef": {"name": "ta-key"},
-                    "verification": {"periodSeconds": 1, "timeoutSeconds": 10, "requestTimeoutSeconds": 2},
+                    "verification": {"periodSeconds": 5, "timeoutSeconds": 10, "requestTimeoutSeconds": 2},
                 },
             },
         )

@@ -21,7 +21,9 @@ def test_status_strings_fit_the_crd_limits() -> None:
         "message": f"verifying task app {long_url}: GET /health failed",
         "reason": "VerifyingTaskApp",
         "model": "Qwen/Qwen3-4B",
-        "conditions": [{"type": "TaskAppVerified", "status": "Unknown", "reason": "R" * 2000, "message": long_url * 20}],
+        "conditions": [
+            {"type": "TaskAppVerified", "status": "Unknown", "reason": "R" * 2000, "message": long_url * 20}
+        ],
         "observedGeneration": 3,
         "progress": {"step": 4},
     }
@@ -30,7 +32,9 @@ def test_status_strings_fit_the_crd_limits() -> None:
     assert out["message"].startswith("verifying task app http://task.example/ppp")
     cond = out["conditions"][0]
     assert len(cond["reason"]) == 1024 and len(cond["message"]) == 32768
-    assert out["observedGeneration"] == 3 and out["progress"] == {"step": 4} and out["model"] == "Qwen/Qwen3-4B"
+    assert (
+        out["observedGeneration"] == 3 and out["progress"] == {"step": 4} and out["model"] == "Qwen/Qwen3-4B"
+    )
     assert status["message"] != out["message"]  # the input is not modified
     ta = bound_status("TaskApp", {"url": long_url[:2048], "message": "m" * 2000})
     assert ta["url"] == long_url[:2048] and len(ta["message"]) == 1024  # a URL that fits is kept whole

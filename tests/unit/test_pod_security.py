@@ -76,7 +76,11 @@ def test_every_pod_is_restricted_and_only_the_trainer_has_a_token() -> None:
     trainer = next(p for n, p in pods(out.children) if n == "math-rl-trainer")
     assert [c["name"] for c in trainer["initContainers"]] == ["verify-task-app", "wait-for-servers"]
     sft = render.render_sftjob(
-        {**rljob(), "kind": "SFTJob", "spec": {"model": {"base": "Qwen/Qwen3-0.6B"}, "compute": {"gpuCount": 1}}},
+        {
+            **rljob(),
+            "kind": "SFTJob",
+            "spec": {"model": {"base": "Qwen/Qwen3-0.6B"}, "compute": {"gpuCount": 1}},
+        },
         SETTINGS,
     )
     for _, pod in pods(sft.children):
@@ -121,7 +125,9 @@ def test_network_policy_admits_only_the_job_and_its_task_app() -> None:
                             if c["kind"] in ("Deployment", "Job")]:  # fmt: skip
         labels = pod_template["metadata"]["labels"]
         assert all(labels.get(k) == v for k, v in own["matchLabels"].items())
-    by_url = render.render_rljob(rljob(taskApp={"url": "http://x"}), SETTINGS, render.TaskAppTarget("http://x", None))
+    by_url = render.render_rljob(
+        rljob(taskApp={"url": "http://x"}), SETTINGS, render.TaskAppTarget("http://x", None)
+    )
     (policy,) = [c for c in by_url.children if c["kind"] == "NetworkPolicy"]
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": own}]}]
 
@@ -146,7 +152,10 @@ def test_trainer_job_survives_disruptions_and_fails_fast_on_config_errors() -> N
     spec = job["spec"]
     assert spec["backoffLimit"] == 3 and spec["podReplacementPolicy"] == "Failed"
     rules = spec["podFailurePolicy"]["rules"]
-    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert rules[0] == {
+        "action": "Ignore",
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+    }
     assert rules[1] == {
         "action": "FailJob",
         "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2, 65, 78]},
@@ -164,7 +173,11 @@ def test_checkpoints_by_default() -> None:
     mine = render.render_rljob(rljob(training={"extras": {"checkpoint_every": 3}}), SETTINGS, TARGET)
     assert mine.jobfile["checkpoint_every"] == 3
     sft = render.render_sftjob(
-        {**rljob(), "kind": "SFTJob", "spec": {"model": {"base": "Qwen/Qwen3-0.6B"}, "compute": {"gpuCount": 1}}},
+        {
+            **rljob(),
+            "kind": "SFTJob",
+            "spec": {"model": {"base": "Qwen/Qwen3-0.6B"}, "compute": {"gpuCount": 1}},
+        },
         SETTINGS,
     )
     assert sft.jobfile["checkpoint_every"] == 200
@@ -190,5 +203,7 @@ def test_unrenderable_specs_name_the_field() -> None:
         message = render_failure_message(err.value)
         assert message.startswith("spec.model.source: ") and "fix:" in message
     # a model id is never a format string
-    out = render.render_rljob(rljob(model={"base": "org/{x}"}), OperatorSettings(base_model_uri="s3://m/{base}/"), TARGET)
+    out = render.render_rljob(
+        rljob(model={"base": "org/{x}"}), OperatorSettings(base_model_uri="s3://m/{base}/"), TARGET
+    )
     assert out.jobfile["model_path"] == "s3://m/org/{x}/"

@@ -180,9 +180,15 @@ def test_weight_sync_and_captures_need_the_job_token(tmp_path):
     async def scenario():
         proxy, http = make(calls, run_dir=tmp_path, token="tok-123")
         good = {"Authorization": "Bearer tok-123"}
-        r = await http.post("/v1/chat/completions?cid=c1", json={"messages": [{"role": "user", "content": "x"}]})
+        r = await http.post(
+            "/v1/chat/completions?cid=c1", json={"messages": [{"role": "user", "content": "x"}]}
+        )
         assert r.status_code == 200  # the task app's call, no token
-        for method, path in (("GET", "/v1/captures/c1"), ("DELETE", "/v1/captures/c1"), ("GET", "/v1/captures")):
+        for method, path in (
+            ("GET", "/v1/captures/c1"),
+            ("DELETE", "/v1/captures/c1"),
+            ("GET", "/v1/captures"),
+        ):
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "tok-123"}):
                 refused = await http.request(method, path, headers=headers)
                 assert refused.status_code == 401, (method, path, headers)

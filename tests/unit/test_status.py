@@ -355,8 +355,15 @@ def test_an_invalid_spec_fails_the_job_with_the_field() -> None:
 def test_taskapp_status_carries_message_reason_generation() -> None:
     ta = {"metadata": {"name": "math", "generation": 4}, "spec": {"url": "http://t"}}
     out = taskapp_status(
-        ta, "http://t", Verification("failed", "TaskApp math", "GET /health -> HTTP 503", "HTTPError", 503), NOW
+        ta,
+        "http://t",
+        Verification("failed", "TaskApp math", "GET /health -> HTTP 503", "HTTPError", 503),
+        NOW,
     )
-    assert (out["observedGeneration"], out["reason"], out["message"]) == (4, "HTTPError", "GET /health -> HTTP 503")
+    assert (out["observedGeneration"], out["reason"], out["message"]) == (
+        4,
+        "HTTPError",
+        "GET /health -> HTTP 503",
+    )
     assert get_condition(out, "Verified")["observedGeneration"] == 4
     assert get_condition(out, "Ready")["status"] == "False"

@@ -250,7 +250,8 @@ def parse_fine_tuned_id(model_id: str) -> FineTunedId:
     match = _TAIL.match(tail) if sep and sep2 else None
     if prefix.lower() not in FT_PREFIXES or not base or match is None:
         raise ModelIdError(
-            f"{model_id!r} is not a posttrain fine-tuned model id (<ft|rl>:<base>:<namespace>.<name>.<uid8>)"
+            f"{model_id!r} is not a posttrain fine-tuned model id (<ft|rl>:<base>:<namespace>.<name>.<uid8>)",
+            fix=SOURCE_FIX,
         )
     return FineTunedId(prefix.lower(), base, match["ns"], match["name"], match["uid8"])
 

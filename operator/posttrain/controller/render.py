@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.controller import rollout_token, security, specs
+from posttrain.controller.bounds import truncate
 from posttrain.controller.network import render_network_policy
 from posttrain.controller.settings import (
     API_VERSION,
@@ -60,6 +61,7 @@ IDENTITY_KINDS = {"ServiceAccount", "Role", "RoleBinding"}
 # their watch events).
 SUPPORTING_KINDS = IDENTITY_KINDS | {"NetworkPolicy"}
 SERVER_CLI_ROLE = {"rollout": "policy", "reference": "reference", "judge": "judge"}
+DISPLAY_URL_MAX = 200
 
 
 # ----------------------------------------------------------------------------------------------------- names
@@ -135,14 +137,24 @@ class Topology:
         return max(1, self.trainer_gpus_per_pod)
 
 
+def _count(section: dict[str, Any], name: str, where: str, default: int = 0) -> int:
+    """A whole number from a spec section (typed by the CRD, but a section's `extras` are not): the field
+    is named when it is not one."""
+    value = specs.get(section, name, default)
+    try:
+        return int(value or default)
+    except (TypeError, ValueError):
+        raise SpecError(f"{where}.{name}", f"{value!r} is not a whole number", "give an integer") from None
+
+
 def topology(spec: dict[str, Any], kind: str = "rl") -> Topology:
     compute = specs.section(spec, "compute")
     topo = specs.section(compute, "topology")
-    gpu_count = int(specs.get(compute, "gpuCount", 0) or 0)
-    nodes = max(1, int(specs.get(compute, "nodes", 1) or 1))
+    gpu_count = _count(compute, "gpuCount", "compute")
+    nodes = max(1, _count(compute, "nodes", "compute", 1))
     vllm = specs.section(spec, "vllm")
     reference = specs.section(spec, "reference")
-    tp = int(specs.get(topo, "tensorParallel", 0) or specs.get(vllm, "tensorParallelSize", 0) or 1)
+    tp = _count(topo, "tensorParallel", "compute.topology") or _count(vllm, "tensorParallelSize", "vllm") or 1
     ref = specs.get(topo, "gpusForRef")
     placement = specs.get(reference, "placement") or specs.get(topo, "referencePlacement")
     # synth's CLI injects reference_placement="none" even when [reference].placement="dedicated": an
@@ -194,7 +206,9 @@ class TaskAppTarget:
 
     @property
     def display(self) -> str:
-        return f"TaskApp {self.name} ({self.url})" if self.name else f"task app {self.url}"
+        """For status messages: the URL is cut to keep room for why the task app failed."""
+        url = truncate(self.url, DISPLAY_URL_MAX)
+        return f"TaskApp {self.name} ({url})" if self.name else f"task app {url}"
 
 
 def task_app_target(
