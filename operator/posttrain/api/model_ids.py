@@ -195,7 +195,7 @@ def normalize_source(model_id: str, mode: str) -> str:
     normalized = f"{prefix.lower()}:{pattern.sub(base, rest, count=1)}"
     if not is_resolvable_source(normalized):
         raise ModelIdError(
-            f"model.source {model_id!r} is not a posttrain fine-tuned id: posttrain finds a job's weights "
+            f"{model_id!r} is not a posttrain fine-tuned id: posttrain finds a job's weights "
             "from the <namespace>.<name>.<uid8> at the end of the id",
             fix=SOURCE_FIX,
         )
