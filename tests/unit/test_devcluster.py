@@ -55,3 +55,14 @@ def test_controller_manager_runs_gc_and_jobs_but_not_node_lifecycle(tmp_path: Pa
     assert "-garbage-collector-controller" not in enabled and "-job-controller" not in enabled
     assert len(DISABLED_CONTROLLERS) == len(enabled) - 1
     assert all("127.0.0.1" in a for a in cluster._apiserver_args() if a.startswith("--bind-address"))
+
+
+def test_apiserver_enforces_owner_reference_permissions(tmp_path: Path):
+    """Clusters that run OwnerReferencesPermissionEnforcement refuse ownerReferences a client may not set
+    (blockOwnerDeletion without `update` on the owner's finalizers); the dev control plane runs it too."""
+    cluster = DevCluster(tmp_path)
+    cluster.ports.update(apiserver=1, etcd=2)
+    assert "--enable-admission-plugins=OwnerReferencesPermissionEnforcement" in cluster._apiserver_args()
+    bare = DevCluster(tmp_path, admission_plugins=())
+    bare.ports.update(apiserver=1, etcd=2)
+    assert not [a for a in bare._apiserver_args() if a.startswith("--enable-admission-plugins")]
