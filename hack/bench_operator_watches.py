@@ -173,7 +173,11 @@ def main() -> int:
         with DevCluster(workdir / "cluster") as cluster:
             ensure_crds(api_client_of(cluster))
             if args.baseline_source is not None:
-                runs.append(measure(cluster, "baseline", args.baseline_source.resolve(), args.objects, workdir, args.idle))
+                runs.append(
+                    measure(
+                        cluster, "baseline", args.baseline_source.resolve(), args.objects, workdir, args.idle
+                    )
+                )
             runs.append(measure(cluster, "this-tree", None, args.objects, workdir, args.idle))
     print(f"{'run':<10} {'RSS idle':>9} {'RSS after':>10} {'RSS peak':>9} {'CPU idle':>14} {'CPU noise':>16}")
     for r in runs:

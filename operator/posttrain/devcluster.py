@@ -335,7 +335,11 @@ class DevCluster:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--allow-privileged=true",
-            *([f"--enable-admission-plugins={','.join(self.admission_plugins)}"] if self.admission_plugins else []),
+            *(
+                [f"--enable-admission-plugins={','.join(self.admission_plugins)}"]
+                if self.admission_plugins
+                else []
+            ),
             # Loopback is not a valid endpoint for the `kubernetes` Service: do not reconcile it.
             "--endpoint-reconciler-type=none",
             # One test client on 2 cores: flow control only adds latency here.

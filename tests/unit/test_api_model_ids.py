@@ -73,7 +73,9 @@ def test_experimental_gating(monkeypatch):
 
 
 def test_fine_tuned_id_rules():
-    assert m.normalize_source("rl:qwen/qwen3-4b:team.job.ab12cd34", "rl") == "rl:Qwen/Qwen3-4B:team.job.ab12cd34"
+    assert (
+        m.normalize_source("rl:qwen/qwen3-4b:team.job.ab12cd34", "rl") == "rl:Qwen/Qwen3-4B:team.job.ab12cd34"
+    )
     assert m.base_of_fine_tuned("rl:Qwen/Qwen3-4B:job_x") == "Qwen/Qwen3-4B"
     for bad in ("ft:YOUR_FT_MODEL_ID", "Qwen/Qwen3-4B"):
         with pytest.raises(m.ModelIdError):
@@ -92,7 +94,13 @@ def test_a_synth_backend_id_is_refused_with_a_fix():
     assert "rl:<base>:<namespace>.<name>.<uid8>" in (err.value.fix or "")
     for ok in ("ft:Qwen/Qwen3-4B:default.math-sft-full.7c1e2a9b", "s3://bucket/jobs/x/final/", "/models/m"):
         assert m.is_resolvable_source(ok), ok
-    for bad in ("ft:Qwen/Qwen3-4B:job_abc123", "Qwen/Qwen3-4B", "ft:x", "s3://", "rl:Qwen/Qwen3-4B:a.b." + "x" * 9):
+    for bad in (
+        "ft:Qwen/Qwen3-4B:job_abc123",
+        "Qwen/Qwen3-4B",
+        "ft:x",
+        "s3://",
+        "rl:Qwen/Qwen3-4B:a.b." + "x" * 9,
+    ):
         assert not m.is_resolvable_source(bad), bad
     for base in ("Qwen/Qwen3-4B", "posttrain/tiny-random-qwen2", "/models/qwen", "s3://b/base/"):
         assert re.fullmatch(m.BASE_PATTERN, base), base

@@ -211,9 +211,16 @@ def test_a_synth_backend_id_is_refused_by_validate_and_convert(capsys, tmp_path)
     before anything reaches a cluster (where the CRD's pattern would refuse it too)."""
     src = (REPO / "examples" / "rl_from_ft.toml").read_text()
     path = tmp_path / "rl.toml"
-    path.write_text(src.replace("ft:Qwen/Qwen3-4B:default.math-sft-full.7c1e2a9b", "ft:Qwen/Qwen3-4B:job_abc123"))
-    for command in (["validate", "--config", str(path)], ["convert", "--config", str(path), "--task-url", "http://t"]):
+    path.write_text(
+        src.replace("ft:Qwen/Qwen3-4B:default.math-sft-full.7c1e2a9b", "ft:Qwen/Qwen3-4B:job_abc123")
+    )
+    for command in (
+        ["validate", "--config", str(path)],
+        ["convert", "--config", str(path), "--task-url", "http://t"],
+    ):
         assert main(command) == 2
         err = capsys.readouterr().err
-        assert f"{path}:26: model.source: 'ft:Qwen/Qwen3-4B:job_abc123' is not a posttrain fine-tuned id" in err
+        assert (
+            f"{path}:26: model.source: 'ft:Qwen/Qwen3-4B:job_abc123' is not a posttrain fine-tuned id" in err
+        )
         assert "(fix: use the fine_tuned_model id a posttrain job printed" in err and "Traceback" not in err

@@ -135,7 +135,9 @@ def test_rbac_is_least_privilege():
 @needs_kubectl
 def test_namespaced_install_has_no_cluster_wide_secret_read():
     docs = render(NAMESPACED)
-    assert not [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "posttrain-operator"]
+    assert not [
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "posttrain-operator"
+    ]
     cluster = granted_rules(find(docs, "ClusterRole", "posttrain-operator-cluster"))
     assert cluster == {
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},

@@ -69,10 +69,22 @@ def test_rljob_children_topology_and_labels() -> None:
         meta = child["metadata"]
         assert meta["namespace"] == "team-a"
         assert meta["labels"]["posttrain.dev/job"] == "math-rl"
-        assert meta["labels"]["posttrain.dev/role"] in {"config", "rollout", "reference", "trainer", "network"}
+        assert meta["labels"]["posttrain.dev/role"] in {
+            "config",
+            "rollout",
+            "reference",
+            "trainer",
+            "network",
+        }
         # no blockOwnerDeletion: it needs `update` on rljobs/finalizers, which the operator does not hold
         assert meta["ownerReferences"] == [
-            {"apiVersion": "posttrain.dev/v1alpha1", "kind": "RLJob", "name": "math-rl", "uid": UID, "controller": True}
+            {
+                "apiVersion": "posttrain.dev/v1alpha1",
+                "kind": "RLJob",
+                "name": "math-rl",
+                "uid": UID,
+                "controller": True,
+            }
         ]
     rollout = by(out.children, "Deployment", "rollout")
     assert rollout["spec"]["replicas"] == 2  # 4 GPUs / TP 2

@@ -17,7 +17,9 @@ def main(argv: list[str] | None = None) -> int:
         run(parse_args(argv))
     except ChildFailedError as err:
         codes = [failure.exitcode for failure in err.failures.values()]
-        print(f"posttrain_trainer.launch: workers exited with {sorted(set(codes))}", file=sys.stderr, flush=True)
+        print(
+            f"posttrain_trainer.launch: workers exited with {sorted(set(codes))}", file=sys.stderr, flush=True
+        )
         return launcher_exit_code(codes)
     return EXIT_OK
 

@@ -256,7 +256,9 @@ def _check_model_ids(model: ModelSection, mode: str, problems: list[Problem], fi
             model.source = model_ids.normalize_source(model.source, mode)
     except model_ids.ModelIdError as err:
         which = "base" if model.base and not model.source else "source"
-        problems.append(Problem(str(err), field=f"{field}.{which}", fix=err.fix or "use a supported model id"))
+        problems.append(
+            Problem(str(err), field=f"{field}.{which}", fix=err.fix or "use a supported model id")
+        )
 
 
 def base_model_of(model: ModelSection) -> str | None:

@@ -27,7 +27,9 @@ def render_network_policy(
     `task_app` the name of the TaskApp the job uses, if any."""
     ingress: list[dict[str, Any]] = [{"from": [{"podSelector": job_pod_selector(job)}]}]
     if task_app:
-        task_app_pods = {"matchLabels": {LABEL_JOB: task_app, LABEL_KIND: "taskapp", LABEL_ROLE: ROLE_TASK_APP}}
+        task_app_pods = {
+            "matchLabels": {LABEL_JOB: task_app, LABEL_KIND: "taskapp", LABEL_ROLE: ROLE_TASK_APP}
+        }
         ingress.append(
             {"from": [{"podSelector": task_app_pods}], "ports": [{"protocol": "TCP", "port": server_port}]}
         )

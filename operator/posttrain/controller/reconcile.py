@@ -248,9 +248,7 @@ def invalid_spec_status(job: dict[str, Any], message: str) -> dict[str, Any]:
     now = utcnow()
     status = job.get("status") or {}
     generation = job["metadata"].get("generation", 1)
-    conditions = [
-        c for c in status.get("conditions") or [] if c.get("type") not in ("Failed", "Ready")
-    ]
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") not in ("Failed", "Ready")]
     for ctype in ("Failed", "Ready"):
         conditions.append(
             {

@@ -47,14 +47,15 @@ def scratch_env() -> list[dict[str, str]]:
     return [{"name": "HOME", "value": SCRATCH_MOUNT}]
 
 
-def lock_down(pod_spec: dict[str, Any], *, run_as_user: int, read_only_root: bool, token: bool) -> dict[str, Any]:
+def lock_down(
+    pod_spec: dict[str, Any], *, run_as_user: int, read_only_root: bool, token: bool
+) -> dict[str, Any]:
     """`pod_spec` with the security contexts on every container and init container, the scratch volume
     mounted where the root filesystem is read-only, and the ServiceAccount token mounted only when the pod
     calls the API server (`token`)."""
     out = dict(pod_spec)
     out["securityContext"] = pod_security_context(run_as_user)
     out["automountServiceAccountToken"] = token
-    containers = []
     for key in ("initContainers", "containers"):
         if key not in out:
             continue

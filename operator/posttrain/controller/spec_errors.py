@@ -36,7 +36,9 @@ def unprocessable_causes(details: dict[str, Any] | None) -> list[tuple[str, str]
     out = []
     for cause in (details or {}).get("causes") or []:
         if isinstance(cause, dict):
-            out.append((str(cause.get("field") or ""), str(cause.get("message") or cause.get("reason") or "")))
+            out.append(
+                (str(cause.get("field") or ""), str(cause.get("message") or cause.get("reason") or ""))
+            )
     return out
 
 

@@ -91,9 +91,7 @@ def deployment_problem(status: dict[str, Any]) -> str:
     Pod Security refusal, a missing ServiceAccount) or of a rollout that stopped progressing."""
     for cond in status.get("conditions") or []:
         kind, state = cond.get("type"), cond.get("status")
-        if (kind == "ReplicaFailure" and state == "True") or (
-            kind == "Progressing" and state == "False"
-        ):
+        if (kind == "ReplicaFailure" and state == "True") or (kind == "Progressing" and state == "False"):
             text = f"{cond.get('reason') or kind}: {cond.get('message') or ''}".strip().rstrip(":")
             return text[:PROBLEM_MAX]
     return ""
@@ -469,7 +467,9 @@ def taskapp_status(
     cstatus = "True" if ok else ("False" if verification.state == "failed" else "Unknown")
     reason = verification.reason or ("Verified" if ok else "Verifying")
     conds = set_condition(conds, TASKAPP_VERIFIED, cstatus, reason, verification.message, now, generation)
-    conds = set_condition(conds, COND_READY, "True" if ok else "False", reason, verification.message, now, generation)
+    conds = set_condition(
+        conds, COND_READY, "True" if ok else "False", reason, verification.message, now, generation
+    )
     out: dict[str, Any] = {
         "verified": ok,
         "url": url,

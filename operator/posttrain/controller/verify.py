@@ -78,7 +78,8 @@ class VerifyPolicy:
             backoff_initial=float(settings.verify_backoff_initial),
             backoff_max=float(settings.verify_backoff_max),
             request_timeout=_clamp(
-                float(v.get("requestTimeoutSeconds") or settings.verify_request_timeout), REQUEST_TIMEOUT_RANGE
+                float(v.get("requestTimeoutSeconds") or settings.verify_request_timeout),
+                REQUEST_TIMEOUT_RANGE,
             ),
             period_seconds=given("periodSeconds", settings.reverify_period_seconds, PERIOD_RANGE),
         )
@@ -202,7 +203,9 @@ async def _get(
 class TaskAppProber:
     """The operator's one HTTP client for task apps (connection pool shared by every check)."""
 
-    def __init__(self, *, transport: Any = None, max_bytes: int = MAX_RESPONSE_BYTES, max_connections: int = 100):
+    def __init__(
+        self, *, transport: Any = None, max_bytes: int = MAX_RESPONSE_BYTES, max_connections: int = 100
+    ):
         self.max_bytes = max_bytes
         self._transport = transport
         self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=20)
