@@ -510,14 +510,21 @@ async def reconcile_task_app(rt: Runtime, body: Any, indexes: dict[str, Any], st
     key: Key = (meta["namespace"], "taskapp", meta["name"])
     observed = observe(key, indexes)
     children = render.render_task_app(ta, rt.settings)
+    refused: ChildRefused | None = None
     if children:
-        await ensure_children(rt, children, observed, state)
+        try:
+            await ensure_children(rt, children, observed, state)
+        except ChildRefused as err:
+            refused = err  # its spec holds a value the API server refuses: say so, do not check
     policy = VerifyPolicy.from_settings(rt.settings, spec.get("verification"))
     url = render.task_app_service_url(ta)
     secret = spec.get("apiKeySecretRef") or {}
-    attempt = await check_task_app(
-        rt, meta["namespace"], url, secret.get("name"), secret.get("key") or "ENVIRONMENT_API_KEY", policy
-    )
+    if refused is not None:
+        attempt = Attempt(False, INVALID_SPEC, refused.message)
+    else:
+        attempt = await check_task_app(
+            rt, meta["namespace"], url, secret.get("name"), secret.get("key") or "ENVIRONMENT_API_KEY", policy
+        )
     now_s = time.time()
     status = ta.get("status") or {}
     cond = get_condition(status, TASKAPP_VERIFIED)
