@@ -24,6 +24,7 @@ from posttrain.controller.testing import (
     VERSION,
     api_client_of,
     complete_trainer,
+    ensure_crds,
     free_port,
     kubeconfig_of,
     rljob_manifest,
@@ -119,23 +120,26 @@ def test_specs_that_cannot_be_acted_on_fail_naming_the_field(env: Env, math_task
     compute = {"gpuType": "H100", "gpuCount": 2, "extras": {"nodes": "two"},
                "topology": {"gpusForVllm": 1, "gpusForTraining": 1, "tensorParallel": 1}}  # fmt: skip
     env.create("rljobs", rljob("bad-nodes", math_taskapp.url, compute=compute))
+    # Refused up front too: a resource quantity that is not one.
+    with pytest.raises(ApiException) as refused:
+        env.create(
+            "rljobs", rljob("lots", math_taskapp.url, scheduling={"resources": {"requests": {"cpu": "lots"}}})
+        )
+    assert refused.value.status == 422 and "spec.scheduling.resources.requests.cpu" in refused.value.body
     # Rendered, but a child carries a value the API server refuses (422 on the Deployment).
-    env.create(
-        "rljobs",
-        rljob("bad-cpu", math_taskapp.url, scheduling={"resources": {"requests": {"cpu": "lots"}}}),
-    )
+    env.create("rljobs", rljob("bad-label", math_taskapp.url, scheduling={"nodeSelector": {"bad key!": "x"}}))
     status = env.wait_phase("rljobs", "bad-nodes", "Failed", timeout=40)
     assert status["reason"] == "InvalidSpec"
     assert status["message"].startswith("spec.compute.nodes: 'two' is not a whole number")
     assert cond(status, "Failed")["reason"] == "InvalidSpec" and status["observedGeneration"] == 1
     kids = env.children("bad-nodes")
     assert not kids["Deployment"] and not kids["Job"] and not kids["Pod"]
-    status = env.wait_phase("rljobs", "bad-cpu", "Failed", timeout=40)
+    status = env.wait_phase("rljobs", "bad-label", "Failed", timeout=40)
     assert status["reason"] == "InvalidSpec"
-    assert "the API server refused Deployment bad-cpu-rollout" in status["message"]
-    assert "resources.requests[cpu]" in status["message"], status["message"]
-    assert not env.children("bad-cpu")["Job"]  # nothing after the refused child is made
-    assert "Failed" in env.events("bad-cpu")
+    assert "the API server refused Deployment bad-label-rollout" in status["message"]
+    assert "spec.template.spec.nodeSelector" in status["message"], status["message"]
+    assert not env.children("bad-label")["Job"]  # nothing after the refused child is made
+    assert "Failed" in env.events("bad-label")
 
 
 def test_hostile_task_apps_fail_their_own_jobs_and_nothing_else(
@@ -422,18 +426,22 @@ def test_the_namespaced_install_runs_a_job_with_a_role_only(
 def test_a_status_the_api_server_refuses_ends_the_job_invalid(cluster: Any, namespace: str) -> None:
     """The last line of defence: if a derived status is still refused with 422, the job says so (Failed,
     InvalidSpec, the refused field) instead of retrying for ever with no phase."""
+    import kopf
     import kopf._core.engines.posting as posting
     from posttrain.controller.kube import Kube
     from posttrain.controller.reconcile import LoopState, patch_status
     from posttrain.controller.runtime import Runtime
     from posttrain.controller.settings import OperatorSettings
 
-    co = client.CustomObjectsApi(api_client_of(cluster))
+    api = api_client_of(cluster)
+    ensure_crds(api)
+    co = client.CustomObjectsApi(api)
     body = rljob("refused", "http://127.0.0.1:9")
     body["metadata"]["namespace"] = namespace
     job = co.create_namespaced_custom_object(GROUP, VERSION, namespace, "rljobs", body)
 
     async def run() -> list[Any]:
+        posting.settings_var.set(kopf.OperatorSettings())  # what a running operator has in context
         posting.event_queue_loop_var.set(asyncio.get_running_loop())
         queue: asyncio.Queue = asyncio.Queue()
         posting.event_queue_var.set(queue)

@@ -207,3 +207,18 @@ def test_unrenderable_specs_name_the_field() -> None:
         rljob(model={"base": "org/{x}"}), OperatorSettings(base_model_uri="s3://m/{base}/"), TARGET
     )
     assert out.jobfile["model_path"] == "s3://m/org/{x}/"
+
+
+def test_a_resource_quantity_that_is_not_one_names_its_field() -> None:
+    import pytest
+    from posttrain.controller.spec_errors import SpecError
+
+    with pytest.raises(SpecError) as err:
+        render.render_rljob(
+            rljob(scheduling={"resources": {"trainer": {"limits": {"memory": "lots"}}}}), SETTINGS, TARGET
+        )
+    assert str(err.value).startswith("spec.scheduling.resources.trainer.limits.memory: 'lots' is not a")
+    ok = render.render_rljob(
+        rljob(scheduling={"resources": {"requests": {"cpu": "500m", "memory": 4}}}), SETTINGS, TARGET
+    )
+    assert ok.children

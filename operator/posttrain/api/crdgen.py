@@ -21,6 +21,7 @@ from posttrain.api.base import EXTRAS_KEY, CRModel, Section
 from posttrain.api.resources import (
     GROUP,
     KINDS,
+    QUANTITY_PATTERN,
     VERSION,
     ComputeConfig,
     DatasetRef,
@@ -149,8 +150,8 @@ def type_schema(annotation: Any, field: FieldInfo | None = None) -> dict[str, An
     args = typing.get_args(annotation)
     schema: dict[str, Any]
     if origin in (Union, types.UnionType):
-        if set(args) == {int, str}:
-            return {"x-kubernetes-int-or-string": True}
+        if set(args) == {int, str}:  # the models' only int-or-string is a resource quantity
+            return {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}
         if set(args) == {int, float}:
             return {"type": "number", **cons}
         raise TypeError(f"unsupported union {annotation!r}")

@@ -76,7 +76,10 @@ class Toleration(CRModel):
     toleration_seconds: int | None = None
 
 
-Quantity = int | str  # rendered as x-kubernetes-int-or-string
+Quantity = int | str  # rendered as x-kubernetes-int-or-string with QUANTITY_PATTERN for its strings
+# Kubernetes' resource.Quantity syntax: the CRD refuses "lots" at apply time instead of the API server
+# failing to decode the Deployment the operator renders from it.
+QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 
 
 class ResourceRequirements(CRModel):

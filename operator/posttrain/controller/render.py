@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.api.resources import QUANTITY_PATTERN
 from posttrain.controller import rollout_token, security, specs
 from posttrain.controller.bounds import truncate
 from posttrain.controller.network import render_network_policy
@@ -299,6 +300,15 @@ def _resources(spec: dict[str, Any], role: str, gpus: int, settings: OperatorSet
     given = specs.get(specs.section(spec, "scheduling"), "resources") or {}
     given = given if isinstance(given, dict) else {}
     per_role = given.get(role) if isinstance(given.get(role), dict) else {}
+    for where, section in (("", given), (f"{role}.", per_role)):
+        for kind in ("requests", "limits"):
+            for name, value in (section.get(kind) or {}).items():
+                if not isinstance(value, int) and not re.fullmatch(QUANTITY_PATTERN, str(value)):
+                    raise SpecError(
+                        f"scheduling.resources.{where}{kind}.{name}",
+                        f"{value!r} is not a Kubernetes quantity",
+                        "e.g. 500m, 4, 16Gi",
+                    )
     requests = {**(given.get("requests") or {}), **(per_role.get("requests") or {})}
     limits = {**(given.get("limits") or {}), **(per_role.get("limits") or {})}
     if gpus > 0:
