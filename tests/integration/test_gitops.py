@@ -27,7 +27,7 @@ pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
-OVERLAYS = ["overlays/dev", "overlays/prod"]
+OVERLAYS = ["overlays/dev", "overlays/prod", "overlays/namespaced"]
 GIT_FOLDER = MANIFESTS / "argocd" / "example-jobs"
 OPERATOR_SA = "system:serviceaccount:posttrain-system:posttrain-operator"
 
@@ -99,6 +99,7 @@ def platform(cluster) -> str:
     create a namespace, so objects that need them are dry-run against the real ones."""
     kcfg = kubeconfig_of(cluster)
     prereqs = [d for d in render("overlays/dev") if d["kind"] in {"Namespace", "CustomResourceDefinition"}]
+    prereqs += [d for d in render("overlays/namespaced") if d["kind"] == "Namespace" and d not in prereqs]
     kubectl(kcfg, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=dump(prereqs))
     names = [f"crd/{d['metadata']['name']}" for d in prereqs if d["kind"] == "CustomResourceDefinition"]
     kubectl(kcfg, "wait", "--for=condition=Established", "--timeout=60s", *names)
