@@ -204,3 +204,65 @@ def test_weight_sync_and_captures_need_the_job_token(tmp_path):
         await http.aclose()
 
     run(scenario())
+
+
+def test_the_trainer_sends_the_token_the_server_demands(tmp_path, monkeypatch):
+    """The trainer's two clients of the privileged routes (captures in rollouts.py, weight sync in
+    weightsync.py) against the proxy served over real HTTP on 127.0.0.1 with a token: they pass with the
+    job's token from POSTTRAIN_ROLLOUT_TOKEN and are refused without it."""
+    import socket
+    import threading
+    import time as _time
+
+    import uvicorn
+    from posttrain_trainer.rollouts import RolloutClient, RolloutSpec
+    from posttrain_trainer.weightsync import WeightSyncer, WeightSyncError
+
+    calls = []
+    proxy = Proxy("http://vllm", served_model_name="m", run_dir=tmp_path, token="job-token-1")
+    proxy.client = httpx.AsyncClient(transport=httpx.ASGITransport(fake_vllm(calls)), base_url="http://vllm")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(proxy), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    while not server.started:
+        _time.sleep(0.05)
+    try:
+        chat = {"messages": [{"role": "user", "content": "x"}]}
+        for cid in ("a", "b"):
+            assert httpx.post(f"{base}/v1/chat/completions?cid={cid}", json=chat).status_code == 200
+        client = RolloutClient(task_url="http://task", config={}, model="m", api_key="k")
+
+        async def captures(cid: str):
+            async with httpx.AsyncClient() as http:
+                return await client._captures(
+                    http, RolloutSpec(seed=0, group=0, index=0, cid=cid, endpoint=base)
+                )
+
+        monkeypatch.delenv("POSTTRAIN_ROLLOUT_TOKEN", raising=False)
+        try:
+            asyncio.run(captures("a"))
+            raise AssertionError("captures were served without the token")
+        except httpx.HTTPStatusError as err:
+            assert err.response.status_code == 401
+        monkeypatch.setenv("POSTTRAIN_ROLLOUT_TOKEN", "job-token-1")
+        assert [e["completion_token_ids"] for e in asyncio.run(captures("b"))] == [[3]]
+
+        syncer = WeightSyncer.__new__(WeightSyncer)  # only its POST to the servers is under test
+        syncer.endpoints, syncer.timeout_s = [base], 30.0
+        assert syncer.post(str(tmp_path), "full", 7)[0]["weight_version"] == 7
+        monkeypatch.setenv("POSTTRAIN_ROLLOUT_TOKEN", "someone-else")
+        try:
+            syncer.post(str(tmp_path), "full", 8)
+            raise AssertionError("weights were swapped without the job's token")
+        except WeightSyncError as err:
+            assert "HTTP 401" in str(err) and "job-token-1" not in str(err)
+        assert proxy.gate.version == 7
+    finally:
+        server.should_exit = True
+        thread.join(10)
