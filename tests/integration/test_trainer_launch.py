@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,4 +29,5 @@ def test_any_other_worker_failure_is_worth_retrying(tmp_path: Path) -> None:
     script.write_text("import sys\nsys.exit(3)\n")
     crashed = launch(str(script), cwd=tmp_path)
     assert crashed.returncode == 1, crashed.stderr[-2000:]
-    assert "workers exited with [3]" in crashed.stderr
+    # the other worker may be stopped by torchrun (-15) before it exits by itself
+    assert re.search(r"workers exited with \[(-15, )?3\]", crashed.stderr), crashed.stderr[-2000:]
