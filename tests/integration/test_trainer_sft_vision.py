@@ -226,11 +226,12 @@ def test_vision_sft_lowers_heldout_loss(tiny_vl_model_dir, tmp_path, one_thread)
 
 
 def test_text_only_model_rejects_image_parts(tiny_model_dir, tmp_path, capsys):
+    from posttrain_trainer.exitcodes import EXIT_DATA_ERROR
     from posttrain_trainer.jobfile import load_jobfile
     from posttrain_trainer.sft import main
 
     train, _ = make_colour_dataset(tmp_path / "data", n_train=4, n_val=1)
     job_path = make_job(tmp_path / "run", tiny_model_dir, train, None, hp={"batch_size": 4})
-    assert main(load_jobfile(job_path)) == 2
+    assert main(load_jobfile(job_path)) == EXIT_DATA_ERROR
     out = capsys.readouterr().out
     assert "error: train.jsonl:1: image content, but the model is text-only" in out
