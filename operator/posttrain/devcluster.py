@@ -38,6 +38,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
+from posttrain import reaper
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STAGES_FILE = REPO_ROOT / "hack" / "k8s" / "kwok-stages.yaml"
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -299,6 +301,7 @@ class DevCluster:
         for name in reversed(list(self.processes)):
             proc = self.processes.pop(name)
             _terminate(proc)
+            reaper.unwatch(proc.pid)
 
     # ---------------------------------------------------------------------------------------- arguments
 
@@ -405,6 +408,7 @@ class DevCluster:
             env=env,
             start_new_session=True,  # its own process group: stopping it never signals the test runner
         )
+        reaper.watch(self.processes[name].pid)  # stopped even if this process dies without stop()
         log.close()
 
     def _check_alive(self) -> None:

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from posttrain import reaper
+
 DEFAULT_BUCKET = "posttrain"
 
 
@@ -88,16 +90,18 @@ class S3Server:
 
     def stop(self, timeout: float = 15.0) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        reaper.unwatch(proc.pid)
 
 
 def _wait_ready(server: S3Server, timeout: float) -> None:
@@ -189,6 +193,7 @@ def start(
         cwd=data_dir,
         start_new_session=True,
     )
+    reaper.watch(proc.pid)  # stopped even if this process dies before server.stop() runs
     log.close()
     server = S3Server(
         endpoint=f"127.0.0.1:{ports['s3.port']}",

@@ -33,7 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--served-model-name", default=None)
     s.add_argument("--max-model-len", type=int, default=None)
     s.add_argument("--tensor-parallel-size", type=int, default=1)
-    s.add_argument("--dtype", default="bfloat16")
+    s.add_argument(
+        "--dtype",
+        default=None,
+        help="vLLM --dtype (default: what this machine computes natively, posttrain.hardware: bfloat16 where "
+        "bf16 is native, float32 on other CPUs, float16 on other GPUs)",
+    )
     s.add_argument("--limit-mm-per-prompt", default=None, help='JSON, e.g. {"image": 1}')
     s.add_argument("--enable-lora", action="store_true")
     s.add_argument("--max-lora-rank", type=int, default=None)
@@ -53,17 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
-    if proc.poll() is not None:
-        return
+    """SIGTERM vLLM's process group, SIGKILL what is left after `grace` seconds. Also when the API server
+    has exited already: its engine-core process may still be in the group."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
 
 
@@ -110,6 +115,8 @@ async def _serve(args: argparse.Namespace, proc: subprocess.Popen, proxy, starte
 
 
 def serve(args: argparse.Namespace) -> int:
+    from posttrain import reaper
+
     from posttrain_rollout import vllm_args, weights
     from posttrain_rollout.captures import CaptureStore
     from posttrain_rollout.server import Proxy
@@ -121,13 +128,20 @@ def serve(args: argparse.Namespace) -> int:
     model_dir = weights.local_path(args.model, run_dir / "models", "base")
     port = vllm_args.free_port()
     cpu = vllm_args.is_cpu_backend()
+    from posttrain import hardware
+
+    capability = hardware.probe()
+    dtype = args.dtype or hardware.vllm_dtype(capability)
+    log.info(
+        "%s; vLLM --dtype %s (%s)", capability.describe(), dtype, "given" if args.dtype else "chosen for it"
+    )
     argv = vllm_args.vllm_argv(
         str(model_dir),
         port,
         served_model_name=args.served_model_name,
         max_model_len=args.max_model_len,
         tensor_parallel_size=args.tensor_parallel_size,
-        dtype=args.dtype,
+        dtype=dtype,
         limit_mm_per_prompt=args.limit_mm_per_prompt,
         enable_lora=args.enable_lora,
         max_lora_rank=args.max_lora_rank,
@@ -140,11 +154,15 @@ def serve(args: argparse.Namespace) -> int:
     )
     started = time.monotonic()
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    reaper.watch(proc.pid)  # vLLM's group is stopped even if this process is killed outright
 
     def on_signal(signum, _frame):
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     proxy = Proxy(
         f"http://127.0.0.1:{port}",
         role=args.role,
@@ -163,6 +181,7 @@ def serve(args: argparse.Namespace) -> int:
         rc = 0
     finally:
         _stop_group(proc)
+        reaper.unwatch(proc.pid)
         vllm_args.remove_fallback_tmp(env, run_dir)
     return rc
 

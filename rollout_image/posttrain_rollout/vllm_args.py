@@ -48,7 +48,7 @@ def vllm_argv(
     served_model_name: str | None = None,
     max_model_len: int | None = None,
     tensor_parallel_size: int | None = None,
-    dtype: str | None = "bfloat16",
+    dtype: str | None = None,
     limit_mm_per_prompt: str | dict[str, Any] | None = None,
     enable_lora: bool = False,
     max_lora_rank: int | None = None,

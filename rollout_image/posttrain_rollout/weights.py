@@ -130,15 +130,19 @@ def local_path(path: str, cache_dir: str | Path, name: str) -> Path:
     return p
 
 
-def merge_lora(base_dir: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> Path:
-    """Merge a PEFT adapter into the base weights (bf16 safetensors + config + tokenizer) for
-    reload_weights: the CPU path (vLLM's LoRA serving switches compilation off on CPU)."""
-    import torch
+def merge_lora(
+    base_dir: str | Path, adapter_dir: str | Path, out_dir: str | Path, dtype: str | None = None
+) -> Path:
+    """Merge a PEFT adapter into the base weights (safetensors + config + tokenizer) for reload_weights: the
+    CPU path (vLLM's LoRA serving switches compilation off on CPU). dtype defaults to the one vLLM serves in
+    on this machine (posttrain.hardware: bf16 where native, else fp32 on a CPU)."""
     from peft import PeftModel
+    from posttrain import hardware
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out_dir = Path(out_dir)
-    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.bfloat16)
+    torch_dtype = hardware.torch_dtype(dtype or hardware.vllm_dtype(hardware.probe()))
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch_dtype)
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     if tmp.exists():

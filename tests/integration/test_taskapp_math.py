@@ -27,6 +27,7 @@ if not (REPO / "tests" / "fixtures" / "vllm.py").exists():
 
     @pytest.fixture(scope="module")
     def policy_server(tmp_path_factory):
+        from posttrain import hardware
         from posttrain.local.processes import ProcessSet, free_port, wait_http
         from posttrain.local.runner import _vllm_env
         from posttrain.modelzoo import build_tiny_model
@@ -36,7 +37,7 @@ if not (REPO / "tests" / "fixtures" / "vllm.py").exists():
         port = free_port()
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                 "--served-model-name", "posttrain/tiny-random-qwen2", "--host", "127.0.0.1", "--port", str(port),
-                "--dtype", "bfloat16", "--max-model-len", "512"]  # fmt: skip
+                "--dtype", hardware.vllm_dtype(hardware.probe()), "--max-model-len", "512"]  # fmt: skip
         with ProcessSet() as procs:
             proc = procs.start("vllm", argv, run / "vllm.log", env=_vllm_env(dict(os.environ), run, run, 1))
             wait_http(f"http://127.0.0.1:{port}/health", timeout=600, proc=proc, interval=1.0)

@@ -162,3 +162,32 @@ def test_collate_and_token_logprobs_match_manual():
     )
     aligned = batch.completion_values([[-0.1, -0.2, -0.3], [-0.4]])
     assert aligned.flatten().tolist() == pytest.approx([0, -0.1, -0.2, -0.3, -0.4, 0, 0, 0])
+
+
+def test_token_logprobs_skip_prompt_logits():
+    """first_target: the model is asked for logits from that position on only (logits_to_keep), the values
+    on every trained column are the same as with full logits, and the skipped prompt columns read 0."""
+    torch.manual_seed(0)
+    kept: list[int | None] = []
+
+    class Toy(torch.nn.Module):  # logits depend on the previous token only; honours logits_to_keep
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(9, 9)
+
+        def forward(self, input_ids, attention_mask=None, use_cache=False, logits_to_keep=0):
+            kept.append(logits_to_keep)
+            logits = self.table(input_ids)
+            return type("Out", (), {"logits": logits[:, -logits_to_keep:] if logits_to_keep else logits})()
+
+    model = Toy()
+    batch = collate_sequences([[1, 2, 3], [4, 5, 6, 7]], [[8, 1], [2, 3, 4]], None, pad_id=0)
+    assert batch.first_target == 2
+    full = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=0.7)
+    part = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=0.7,
+                          first_target=batch.first_target)  # fmt: skip
+    assert kept == [0, batch.input_ids.shape[1] - 2]
+    assert part.shape == full.shape
+    trained = batch.loss_mask.bool()
+    assert torch.allclose(part[trained], full[trained])
+    assert part[:, :2].abs().sum().item() == 0.0

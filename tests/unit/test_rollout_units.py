@@ -155,8 +155,10 @@ def test_vllm_argv_and_env(tmp_path):
         limit_mm_per_prompt='{"image": 1}',
         enable_lora=True,
         max_lora_rank=16,
+        dtype="bfloat16",
         python="py",
     )
+    assert "--dtype" not in vllm_args.vllm_argv("/m", 1)  # no dtype given: the server's probe decides
     assert argv[:4] == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model"]
     joined = " ".join(argv)
     for part in ("--host 127.0.0.1", "--port 1234", "--served-model-name n", "--max-model-len 512",

@@ -3,10 +3,10 @@
 What runs where (measured, see /work/shared/reference/deepspeed-cpu.md and tests/integration/test_trainer_*):
 - CPU (gloo): single process, DDP over N processes, DeepSpeed ZeRO 0-3 (fp32, and bf16 at stage >= 1;
   bf16 at stage 0 drifts, so bf16 is forced to stage >= 1 here). The DeepSpeed shared-memory comm op is
-  disabled on CPU (its JIT compile takes ~85 s and changes nothing). CPU runs train in fp32 unless
-  hyperparameters.parallelism.bf16 = true asks for bf16 autocast.
-- GPU only: NCCL, bf16 autocast by default (fp32 master weights), DeepSpeed fused optimizers (we always pass a
-  torch AdamW, so no op is JIT-compiled on either).
+  disabled on CPU (its JIT compile takes ~85 s and changes nothing).
+- GPU only: NCCL, DeepSpeed fused optimizers (we always pass a torch AdamW, so no op is JIT-compiled on either).
+- Precision on both: posttrain.hardware decides from the device's native bf16 and parallelism.bf16 /
+  parallelism.force_bf16 (bf16 autocast with fp32 master weights where bf16 is native, fp32 elsewhere).
 
 Loss convention for every engine: the caller passes a loss already normalised for the whole optimizer step
 (all ranks, all accumulation micro-batches), as if computed in one process. DDP averages gradients over
@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from posttrain import hardware
 
 
 def backend() -> str:
@@ -119,11 +120,13 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 @dataclass
 class ParallelConfig:
-    """hyperparameters.parallelism (synth): use_deepspeed, deepspeed_stage, bf16, activation_checkpointing."""
+    """hyperparameters.parallelism (synth): use_deepspeed, deepspeed_stage, bf16, force_bf16,
+    activation_checkpointing."""
 
     use_deepspeed: bool = False
     deepspeed_stage: int = 2
-    bf16: bool | None = None  # None = auto (bf16 autocast on GPUs that have it, fp32 on CPU)
+    bf16: bool | None = None  # None = auto: bf16 where the hardware has it natively (posttrain.hardware)
+    force_bf16: bool = False  # bf16 even where it is emulated (slow)
     activation_checkpointing: bool = False
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -132,24 +135,35 @@ class ParallelConfig:
         raw = dict(raw or {})
         known = {
             k: raw.pop(k)
-            for k in ("use_deepspeed", "deepspeed_stage", "bf16", "activation_checkpointing")
+            for k in ("use_deepspeed", "deepspeed_stage", "bf16", "force_bf16", "activation_checkpointing")
             if k in raw
         }
         cfg = cls(**known)
         cfg.use_deepspeed = bool(cfg.use_deepspeed)
         cfg.deepspeed_stage = int(cfg.deepspeed_stage or 0)
+        cfg.force_bf16 = bool(cfg.force_bf16)
         cfg.extras = raw
         return cfg
 
-
-def bf16_supported() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    def precision(self) -> hardware.Precision:
+        """The dtypes of this run on this machine (posttrain.hardware's decision table)."""
+        return hardware.plan(self.bf16, self.force_bf16)
 
 
 def use_bf16(cfg: ParallelConfig) -> bool:
-    if cfg.bf16 is None:
-        return bf16_supported()
-    return bool(cfg.bf16)
+    return cfg.precision().bf16
+
+
+def announce_precision(cfg: ParallelConfig) -> hardware.Precision:
+    """The capability and the dtypes chosen, printed once (rank 0), with the warning when a bf16 request
+    was turned down; returns the decision."""
+    precision = cfg.precision()
+    if is_main():
+        print(f"[posttrain] {hardware.probe().describe()}", flush=True)
+        print(f"[posttrain] {precision.describe()}", flush=True)
+        if precision.warning:
+            print(f"[posttrain] warning: {precision.warning}", flush=True)
+    return precision
 
 
 def deepspeed_available() -> tuple[bool, str]:

@@ -182,6 +182,11 @@ class TokenBatch:
     def targets(self) -> torch.Tensor:
         return self.input_ids[:, 1:]
 
+    @property
+    def first_target(self) -> int:
+        """The first target column any row trains on (the shortest prompt's first completion token)."""
+        return max(0, min(self.completion_start) - 1)
+
     def completion_values(self, per_token: Sequence[Sequence[float]]) -> torch.Tensor:
         """Values given per completion token (e.g. sampling or reference logprobs) -> [B, T - 1] aligned with
         the targets (zeros elsewhere)."""
@@ -232,16 +237,28 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     autocast: contextlib.AbstractContextManager | None = None,
+    first_target: int = 0,
 ) -> torch.Tensor:
     """log pi(input_ids[:, t+1] | input_ids[:, :t+1]) for every t: [B, T - 1], float32.
 
     Logits are divided by the sampling temperature (the distribution the tokens were drawn from). Computed as
-    gathered logit - logsumexp, in float32, without materialising a full log-softmax copy."""
+    gathered logit - logsumexp, in float32, without materialising a full log-softmax copy. Targets before
+    column `first_target` (prompt tokens nobody trains on, TokenBatch.first_target) read 0: their logits
+    are never computed (the model's `logits_to_keep`), which saves the vocabulary projection and its
+    log-softmax on every prompt position."""
+    width = input_ids.shape[1]
+    first_target = max(0, min(int(first_target), width - 1))
+    kwargs: dict[str, Any] = {"logits_to_keep": width - first_target} if first_target else {}
     with autocast or contextlib.nullcontext():
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    logits = out.logits[:, :-1, :].float()
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
+    logits = out.logits[:, -(width - first_target) :, :][:, :-1, :].float()
     if temperature and temperature != 1.0:
         logits = logits / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
+    targets = input_ids[:, first_target + 1 :].unsqueeze(-1)
     picked = torch.gather(logits, -1, targets).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+    values = picked - torch.logsumexp(logits, dim=-1)
+    if not first_target:
+        return values
+    full = values.new_zeros((input_ids.shape[0], width - 1))
+    full[:, first_target:] = values
+    return full

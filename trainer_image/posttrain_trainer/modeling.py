@@ -4,8 +4,10 @@ Sources: a local folder or an s3:// URI (downloaded and cached). A folder holdin
 job's final/) is loaded as its base model with the adapter merged in, so `model.source = ft:...` works for
 both full and LoRA results.
 
-Dtype policy: trainable weights stay fp32 (master weights); compute runs in bf16 autocast on GPUs that have
-bf16 (see distributed.use_bf16), fp32 on CPU. DeepSpeed with bf16 casts the module itself."""
+Dtype policy (posttrain.hardware decides, distributed.announce_precision prints it): trainable weights stay
+fp32 (master weights); compute runs in bf16 autocast where bf16 is native (GPUs with bf16, CPUs with
+AVX512-BF16/AMX), fp32 elsewhere; a LoRA's frozen base loads in the compute dtype (load_dtype); weight sync
+writes the sync dtype. DeepSpeed with bf16 casts the module itself."""
 
 from __future__ import annotations
 
@@ -154,6 +156,14 @@ def load_model_and_tokenizer(
     elif trainer_mode != "full":
         raise ValueError(f"unknown trainer_mode {trainer_mode!r} (full, lora, qlora)")
     return model, tokenizer
+
+
+def load_dtype(precision: Any, trainer_mode: str) -> torch.dtype:
+    """The dtype to load weights in: fp32 for a full fine-tune (every weight trains: fp32 master weights),
+    the decided frozen-weight dtype (posttrain.hardware.Precision.load) under LoRA / QLoRA."""
+    from posttrain.hardware import torch_dtype
+
+    return torch_dtype(precision.load) if trainer_mode in ("lora", "qlora") else torch.float32
 
 
 def is_peft(model: torch.nn.Module) -> bool:

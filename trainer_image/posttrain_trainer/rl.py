@@ -9,8 +9,10 @@ Loop: iterations = training.num_epochs x training.iterations_per_epoch. Each ite
      zero-advantage sequences (uniform groups) are dropped: they carry no gradient.
   3. the sequences are shuffled (seeded), split into training.num_minibatches mini-batches (default 4), and
      each mini-batch is split across ranks (DDP averages gradients); old logprobs are recomputed by the
-     trainer before the first update (vLLM's bf16 sampling logprobs differ by ~0.04, reference/vllm-cpu.md),
-     with the same micro-batch composition as the update, so the first mini-batch's ratio is exactly 1.
+     trainer, never taken from the sampler (vLLM's bf16 sampling logprobs differ by ~0.04): the first
+     mini-batch runs on the pre-update weights, so its old logprobs are its own, detached (ratio exactly 1,
+     no extra forward pass); later mini-batches get theirs before the first update, with the same
+     micro-batch composition as the update. Logits are computed only from the first completion token on.
      Optional reference logprobs (beta > 0): endpoints.reference POST /v1/score, else a frozen local copy
      (LoRA: the base model under disable_adapter; full: a frozen copy of the initial weights).
   4. one optimizer step per mini-batch (gspo.gspo_loss, clip eps_low/eps_high).
@@ -270,31 +272,41 @@ def gspo_update(
     order = list(range(len(seqs)))
     random.Random(cfg.seed * 1_000_003 + iteration).shuffle(order)
     shuffled = [seqs[i] for i in order]
-    minibatches = gspo.split_minibatches(shuffled, cfg.num_minibatches)
+    # Within a mini-batch the order changes no gradient (the loss sums over its sequences): by length, so
+    # that micro-batches hold sequences of similar length (less padding) and ranks get similar work.
+    minibatches = [
+        sorted(mb, key=lambda s: s.tokens) for mb in gspo.split_minibatches(shuffled, cfg.num_minibatches)
+    ]
     plans = [_micro_plan(mb, cfg.micro_batch) for mb in minibatches]
     model = engine.model
     temperature = cfg.temperature
 
-    # old (and reference) logprobs with the pre-update weights, same micro-batch composition as the update
+    # Old (and reference) logprobs with the pre-update weights, same micro-batch composition as the update.
+    # The first mini-batch runs on the pre-update weights, so its old logprobs are its own logprobs,
+    # detached (ratio exactly 1): no extra forward pass for it; with one mini-batch per iteration (on-policy
+    # GSPO) that is the whole batch.
     prepared: list[
-        list[tuple[gspo.TokenBatch, torch.Tensor, torch.Tensor | None, list[TrainSeq]] | None]
+        list[tuple[gspo.TokenBatch, torch.Tensor | None, torch.Tensor | None, list[TrainSeq]] | None]
     ] = []
     dev = D.device()
     with torch.no_grad():
-        for plan in plans:
+        for index, plan in enumerate(plans):
             row = []
             for micro in plan:
                 if not micro:
                     row.append(None)
                     continue
                 batch = _collate(micro, pad_id)
-                old = gspo.token_logprobs(
-                    engine.module,
-                    batch.input_ids.to(dev),
-                    batch.attention_mask.to(dev),
-                    temperature=temperature,
-                    autocast=engine.autocast(),
-                )
+                old = None
+                if index > 0:
+                    old = gspo.token_logprobs(
+                        engine.module,
+                        batch.input_ids.to(dev),
+                        batch.attention_mask.to(dev),
+                        temperature=temperature,
+                        autocast=engine.autocast(),
+                        first_target=batch.first_target,
+                    )
                 ref = ref_fn(micro, batch).to(dev) if (ref_fn is not None and cfg.beta) else None
                 row.append((batch, old, ref, micro))
             prepared.append(row)
@@ -322,6 +334,7 @@ def gspo_update(
                     batch.attention_mask.to(dev),
                     temperature=temperature,
                     autocast=engine.autocast(),
+                    first_target=batch.first_target,
                 )
                 engine.backward(lp.sum() * 0.0, boundary=boundary)
                 continue
@@ -333,11 +346,12 @@ def gspo_update(
                 batch.attention_mask.to(dev),
                 temperature=temperature,
                 autocast=engine.autocast(),
+                first_target=batch.first_target,
             )
             adv = torch.tensor([s.advantage for s in micro], dtype=torch.float32, device=dev)
             terms = gspo.gspo_terms(
                 lp,
-                old,
+                lp.detach() if old is None else old,
                 adv,
                 mask,
                 cfg.eps_low,
@@ -412,15 +426,12 @@ def local_reference_fn(engine: D.TrainEngine, frozen: torch.nn.Module | None, te
     def score(micro: list[TrainSeq], batch: gspo.TokenBatch) -> torch.Tensor:
         dev = D.device()
         with torch.no_grad():
+            ids, mask, first = batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.first_target
             if frozen is not None:
-                return gspo.token_logprobs(
-                    frozen, batch.input_ids.to(dev), batch.attention_mask.to(dev), temperature=temperature
-                )
+                return gspo.token_logprobs(frozen, ids, mask, temperature=temperature, first_target=first)
             module = engine.module
             with module.disable_adapter():
-                return gspo.token_logprobs(
-                    module, batch.input_ids.to(dev), batch.attention_mask.to(dev), temperature=temperature
-                )
+                return gspo.token_logprobs(module, ids, mask, temperature=temperature, first_target=first)
 
     return score
 
@@ -469,8 +480,10 @@ def _collect(client: RolloutClient, specs, **kwargs) -> list[RolloutResult]:
 
 
 def train(job: JobFile) -> dict[str, Any]:
+    from posttrain.hardware import torch_dtype
+
     from posttrain_trainer.artifacts import finalize
-    from posttrain_trainer.modeling import is_peft, load_model_and_tokenizer
+    from posttrain_trainer.modeling import is_peft, load_dtype, load_model_and_tokenizer
     from posttrain_trainer.optim import build_optimizer, build_scheduler
     from posttrain_trainer.weightsync import WeightSyncer, sync_format
 
@@ -485,12 +498,14 @@ def train(job: JobFile) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
+    precision = D.announce_precision(cfg.parallel)
 
     model, tokenizer = load_model_and_tokenizer(
         job.model_path,
         trainer_mode=cfg.trainer_mode,
         lora=cfg.lora,
         storage=job.storage,
+        dtype=load_dtype(precision, cfg.trainer_mode),
         gradient_checkpointing=cfg.parallel.activation_checkpointing,
         seed=cfg.seed,
     )
@@ -572,7 +587,7 @@ def train(job: JobFile) -> dict[str, Any]:
         judge=judge,
     )
     budget = ErrorBudget.from_config(job.config)
-    syncer = WeightSyncer(job, client=client) if D.is_main() else None
+    syncer = WeightSyncer(job, client=client, dtype=torch_dtype(precision.sync)) if D.is_main() else None
     fmt = sync_format(job.config, is_peft(engine.module))
     run = run_tag(job.job.name, job.job.uid)
     synced_at = iteration  # the policy server holds the weights of this iteration

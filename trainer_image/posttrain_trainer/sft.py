@@ -259,7 +259,7 @@ def _is_text_only(model) -> bool:
 def train(job: JobFile) -> dict[str, Any]:
     """Run the SFT job; returns the final metrics (rank 0 also uploads artifacts and reports the result)."""
     from posttrain_trainer.artifacts import finalize
-    from posttrain_trainer.modeling import load_model_and_tokenizer, load_processor
+    from posttrain_trainer.modeling import load_dtype, load_model_and_tokenizer, load_processor
 
     D.init_distributed()
     cfg = parse_sft_config(job.config)
@@ -267,12 +267,14 @@ def train(job: JobFile) -> dict[str, Any]:
     workdir = Path(job.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
+    precision = D.announce_precision(cfg.parallel)
 
     model, tokenizer = load_model_and_tokenizer(
         job.model_path,
         trainer_mode=cfg.trainer_mode,
         lora=cfg.lora,
         storage=job.storage,
+        dtype=load_dtype(precision, cfg.trainer_mode),
         gradient_checkpointing=cfg.parallel.activation_checkpointing,
         seed=cfg.seed,
     )

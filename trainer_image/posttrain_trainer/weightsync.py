@@ -1,6 +1,7 @@
 """Weight sync from the trainer to the policy rollout servers after an update.
 
-Rank 0 only. Full weights (LoRA merged out of place, bf16 safetensors + config + tokenizer: a folder vLLM's
+Rank 0 only. Full weights (LoRA merged out of place, safetensors in the sync dtype that posttrain.hardware
+decides (bf16 where bf16 is native, fp32 elsewhere) + config + tokenizer: a folder vLLM's
 reload_weights reads) or the LoRA adapter alone (format "lora", for GPU servers that hot-load adapters; on
 CPU the rollout server merges it itself or refuses). The folder goes to the shared dir (weight_sync.via =
 "path": a volume both sides mount) or to S3 under <prefix>weights/v<N>/ (via = "s3"); then POST /v1/weights
@@ -63,6 +64,7 @@ class WeightSyncer:
         client=None,
         keep: int = 2,
         timeout_s: float = 600.0,
+        dtype: torch.dtype = torch.bfloat16,
     ):
         self.job = job
         self.endpoints = list(endpoints if endpoints is not None else job.endpoints.policy)
@@ -72,6 +74,7 @@ class WeightSyncer:
         self.client = client
         self.keep = keep
         self.timeout_s = timeout_s
+        self.dtype = dtype
         self._written: list[Path] = []
 
     def save(self, model: torch.nn.Module, tokenizer, version: int, fmt: str) -> Path:
@@ -89,7 +92,7 @@ class WeightSyncer:
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
         else:
-            save_merged(model, tokenizer, tmp)
+            save_merged(model, tokenizer, tmp, dtype=self.dtype)
         tmp.rename(out)  # the server never sees a half-written folder
         self._written.append(out)
         while len(self._written) > self.keep:

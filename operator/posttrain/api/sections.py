@@ -195,6 +195,26 @@ class RewardsConfig(Section):
     event_rewards_kind: Literal["unique", "absolute"] | None = Field(None, description="unique or absolute.")
 
 
+class ParallelismConfig(Section):
+    """`[hyperparameters.parallelism]`."""
+
+    use_deepspeed: bool | None = Field(None, description="Train with DeepSpeed.")
+    deepspeed_stage: int | None = Field(None, ge=0, le=3, description="ZeRO stage.")
+    fsdp: bool | None = Field(None, description="FSDP.")
+    bf16: bool | None = Field(
+        None,
+        description="bf16 autocast where the hardware has native bf16 (GPUs with bf16, CPUs with "
+        "AVX512-BF16/AMX); elsewhere fp32 with a warning. Unset: bf16 exactly where native.",
+    )
+    force_bf16: bool | None = Field(
+        None, description="bf16 even where it is emulated (many times slower than fp32 on such CPUs)."
+    )
+    fp16: bool | None = Field(None, description="fp16.")
+    activation_checkpointing: bool | None = Field(None, description="Gradient checkpointing.")
+    tensor_parallel_size: int | None = Field(None, ge=1, description="Tensor parallel degree.")
+    pipeline_parallel_size: int | None = Field(None, ge=1, description="Pipeline parallel degree.")
+
+
 class RLTrainingConfig(Section):
     """`[training]` for RL (GSPO)."""
 
@@ -210,6 +230,7 @@ class RLTrainingConfig(Section):
     weight_sync_interval: int | None = Field(None, ge=1, description="Push weights to vLLM every N steps.")
     weight_sync: WeightSyncConfig | None = Field(None, description="Weight sync settings.")
     lora: LoraConfig | None = Field(None, description="LoRA settings (top-level [lora] is an alias).")
+    parallelism: ParallelismConfig | None = Field(None, description="Precision and parallelism settings.")
     rewards: RewardsConfig | None = Field(None, description="Nested step-reward settings.")
     step_rewards_enabled: bool | None = Field(None, description="Deprecated flat form of rewards.*.")
     step_rewards_mode: Literal["off", "decision_stepwise", "env_sparse"] | None = Field(
@@ -378,19 +399,6 @@ class SFTTrainingConfig(Section):
     use_qlora: bool | None = Field(None, description="QLoRA (mode = lora + use_qlora = true).")
     validation: ValidationConfig | None = Field(None, description="Validation settings.")
     lora: LoraConfig | None = Field(None, description="LoRA settings.")
-
-
-class ParallelismConfig(Section):
-    """`[hyperparameters.parallelism]`."""
-
-    use_deepspeed: bool | None = Field(None, description="Train with DeepSpeed.")
-    deepspeed_stage: int | None = Field(None, ge=0, le=3, description="ZeRO stage.")
-    fsdp: bool | None = Field(None, description="FSDP.")
-    bf16: bool | None = Field(None, description="bf16 weights/compute.")
-    fp16: bool | None = Field(None, description="fp16.")
-    activation_checkpointing: bool | None = Field(None, description="Gradient checkpointing.")
-    tensor_parallel_size: int | None = Field(None, ge=1, description="Tensor parallel degree.")
-    pipeline_parallel_size: int | None = Field(None, ge=1, description="Pipeline parallel degree.")
 
 
 class HyperparametersConfig(Section):

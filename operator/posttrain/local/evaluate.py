@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from posttrain import hardware
 from posttrain.local.models import resolve_model
 from posttrain.local.processes import ProcessSet, free_port, sigterm_as_keyboard_interrupt, wait_http
 from posttrain.local.runner import RUNS_DIR, _rollout_argv, _vllm_env
@@ -84,7 +85,8 @@ def evaluate_url(
 
 def materialize(model_path: str, out_dir: Path, s3: Any) -> Path:
     """A plain local HF folder for a model path: itself when it is one; else (an s3:// final/ folder, full
-    weights or a LoRA adapter on a chain of bases) loaded with the trainer's loader, merged, saved bf16."""
+    weights or a LoRA adapter on a chain of bases) loaded with the trainer's loader, merged in fp32, saved in
+    the dtype vLLM serves in here (posttrain.hardware)."""
     local = Path(model_path)
     if not model_path.startswith("s3://") and (local / "config.json").exists():
         return local
@@ -98,8 +100,8 @@ def materialize(model_path: str, out_dir: Path, s3: Any) -> Path:
     saved = {k: os.environ.get(k) for k in s3.env()}
     os.environ.update(s3.env())
     try:
-        model, tokenizer = load_model_and_tokenizer(model_path, storage=storage, dtype=torch.bfloat16)
-        save_merged(model, tokenizer, out_dir)
+        model, tokenizer = load_model_and_tokenizer(model_path, storage=storage, dtype=torch.float32)
+        save_merged(model, tokenizer, out_dir, dtype=hardware.torch_dtype(hardware.plan().sync))
     finally:
         for key, value in saved.items():
             if value is None:
@@ -118,7 +120,7 @@ def _eval_server_argv(folder: Path, port: int, served_name: str, max_model_len: 
         return _rollout_argv("policy", str(folder), port, served_name, max_model_len)
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
             "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "bfloat16", "--max-model-len", str(max_model_len)]  # fmt: skip
+            "--dtype", hardware.vllm_dtype(hardware.probe()), "--max-model-len", str(max_model_len)]  # fmt: skip
 
 
 def _swap_weights(base: str, path: Path, version: int) -> bool:

@@ -1,6 +1,7 @@
 """Child processes of the local runner: each in its own process group (so that torchrun's workers and vLLM's
 engine processes go with it), its output in a log file, stopped in reverse start order on exit, failure or
-Ctrl-C (SIGTERM to the group, then SIGKILL after a grace period)."""
+Ctrl-C (SIGTERM to the group, then SIGKILL after a grace period). Every group is also handed to this
+process's reaper (posttrain.reaper), which stops it if this process dies before it could (SIGKILL, OOM)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+
+from posttrain import reaper
 
 
 class ProcessFailed(RuntimeError):
@@ -59,6 +62,7 @@ class ManagedProcess:
             cwd=cwd,
             start_new_session=True,  # own process group: killpg reaches its children
         )
+        reaper.watch(self.popen.pid)
 
     @property
     def pid(self) -> int:
@@ -88,6 +92,7 @@ class ManagedProcess:
             os.killpg(self.popen.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(5)
+        reaper.unwatch(self.popen.pid)
         self._log.close()
 
 
@@ -164,9 +169,13 @@ def wait_http(
 @contextlib.contextmanager
 def sigterm_as_keyboard_interrupt():
     """SIGTERM and SIGINT raise KeyboardInterrupt (also where SIGINT was inherited as ignored, e.g. a
-    background job of a script), so that `finally` blocks stop the children."""
+    background job of a script), so that `finally` blocks stop the children. Only the first signal does: the
+    ones after it (a terminal's Ctrl-C reaches the whole group, then a parent forwards it) are ignored until
+    the block ends, so that they cannot break off the clean-up half-way."""
 
     def handler(signum: int, frame: object) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -175,3 +184,19 @@ def sigterm_as_keyboard_interrupt():
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel to send `sig` to this process when its parent exits (Linux prctl PR_SET_PDEATHSIG).
+    Used as a child's preexec hook where the child must not outlive the one process that reads its output
+    (the demo's `posttrain train --local`); a no-op where prctl is unavailable."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        return

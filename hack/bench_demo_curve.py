@@ -1,0 +1,387 @@
+"""`make demo`'s learning curve against a minimal hand-written GSPO loop (the reference), on this machine.
+
+The reference is the loop this project first learned the demo task with, written out plainly: SmolLM2-135M-
+Instruct served by vLLM (OpenAI server, dev mode), plain torch + peft LoRA r16 / alpha 32 on all linear
+layers, AdamW lr 2e-4, 8 prompts x group 8 (64 samples, T = 1, at most 48 new tokens), reward 1 when the last
+number of the answer is right, group advantages (population std), only groups with mixed rewards trained,
+two mini-batches with GSPO's clip (3e-4 / 4e-4), old log-probabilities recomputed by the trainer, and after
+every update the LoRA merged into a copy of the base weights, saved, and reloaded by vLLM (reload_weights +
+reset_prefix_cache). No SFT warm-up. It was measured at 0.05 -> 0.95 mean reward by iteration 17 (336 s) on
+an AVX-512/AMX CPU in bf16.
+
+Ours is the product: `posttrain train --local` on examples/demo/rl.toml (what `make demo` trains).
+
+Same task and prompts for both: the math task app's own make_problem / score (two-digit + one-digit
+addition, training seeds 0, 1, 2, ... in order, 8 per iteration), and the same held-out greedy evaluation
+(the eval split, seeds 1000000-1000127). Both use the dtypes posttrain.hardware picks for this machine.
+Printed: mean reward and seconds per iteration, then side by side the training seconds and iterations to
+mean reward >= --target (training seconds: from the first rollout of iteration 1, without server start-up
+and evaluation), and held-out accuracy before and after. `uptime` is printed beside the timings (a shared
+machine inflates them).
+
+Not a test: `make bench-demo` (or part of `make bench`);
+`.venv/bin/python hack/bench_demo_curve.py [--which both|reference|ours] [--iterations 20]`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+MATH_APP = REPO / "examples" / "taskapps" / "math" / "app.py"
+DEMO_RL = REPO / "examples" / "demo" / "rl.toml"
+ENV_CONFIG = {"difficulty": "medium"}
+EVAL_SEEDS = list(range(1_000_000, 1_000_128))
+PROMPTS, GROUP, MAX_TOKENS = 8, 8, 48
+LR, LORA_R, LORA_ALPHA = 2e-4, 16, 32
+EPS_LOW, EPS_HIGH, MINIBATCHES = 3e-4, 4e-4, 2
+
+
+def uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "uptime unavailable"
+
+
+def math_app():
+    spec = importlib.util.spec_from_file_location("posttrain_bench_math_app", MATH_APP)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def first_reaching(values: list[float], target: float) -> int | None:
+    """1-based index of the first value >= target, or None."""
+    for index, value in enumerate(values, 1):
+        if value is not None and value >= target:
+            return index
+    return None
+
+
+# -- the reference loop --------------------------------------------------------------------------------
+
+
+class VLLMServer:
+    """vLLM's own OpenAI server (dev mode for reload_weights) in its own process group."""
+
+    def __init__(self, model: Path, workdir: Path, dtype: str):
+        from posttrain import reaper
+        from posttrain_rollout import vllm_args
+
+        self.port = vllm_args.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = vllm_args.vllm_argv(str(model), self.port, served_model_name="policy", max_model_len=512,
+                                   dtype=dtype)  # fmt: skip
+        env = vllm_args.vllm_env(None, workdir, cpu=vllm_args.is_cpu_backend())
+        env["VLLM_CACHE_ROOT"] = str(REPO / ".runs" / "cache" / "vllm")  # shared with the demo: warm starts
+        self.log = workdir / "vllm.log"
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        reaper.watch(self.proc.pid)
+
+    def wait_ready(self, timeout: float = 1800) -> float:
+        import httpx
+
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited ({self.proc.returncode}); log {self.log}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"vLLM not ready after {timeout} s; log {self.log}")
+
+    def stop(self) -> None:
+        from posttrain import reaper
+
+        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                continue
+        reaper.unwatch(self.proc.pid)
+
+
+async def _chat(client, url: str, question: str, *, n: int, temperature: float) -> list[dict[str, Any]]:
+    body = {"model": "policy", "messages": [{"role": "user", "content": question}], "n": n,
+            "temperature": temperature, "top_p": 1.0, "max_tokens": MAX_TOKENS, "return_token_ids": True}  # fmt: skip
+    response = await client.post(f"{url}/v1/chat/completions", json=body)
+    response.raise_for_status()
+    data = response.json()
+    prompt_ids = data.get("prompt_token_ids") or data["choices"][0].get("prompt_token_ids")
+    return [{"text": c["message"]["content"] or "", "prompt_ids": list(prompt_ids),
+             "completion_ids": list(c["token_ids"])} for c in data["choices"]]  # fmt: skip
+
+
+def sample(url: str, problems: list[dict[str, Any]], *, n: int, temperature: float) -> list[list[dict]]:
+    import httpx
+
+    async def run() -> list[list[dict]]:
+        async with httpx.AsyncClient(timeout=600) as client:
+            return list(await asyncio.gather(
+                *(_chat(client, url, p["question"], n=n, temperature=temperature) for p in problems)))  # fmt: skip
+
+    return asyncio.run(run())
+
+
+def greedy_accuracy(url: str, app) -> float:
+    problems = [app.make_problem(seed, ENV_CONFIG) for seed in EVAL_SEEDS]
+    answers = sample(url, problems, n=1, temperature=0.0)
+    return sum(app.score(p, a[0]["text"])[0] for p, a in zip(problems, answers, strict=True)) / len(problems)
+
+
+def token_logprobs(model, rows: list[dict[str, Any]], pad_id: int):
+    """Per-token log-probabilities of each row's completion tokens: ([B, T-1] logprobs, [B, T-1] mask)."""
+    import torch
+
+    width = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    mask = torch.zeros((len(rows), width - 1))
+    for i, r in enumerate(rows):
+        seq = r["prompt_ids"] + r["completion_ids"]
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attention[i, : len(seq)] = 1
+        mask[i, len(r["prompt_ids"]) - 1 : len(seq) - 1] = 1
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+    picked = torch.gather(logits, -1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1), mask
+
+
+def gspo_step(model, optimizer, rows: list[dict[str, Any]], pad_id: int) -> None:
+    import torch
+
+    with torch.no_grad():
+        old, _ = token_logprobs(model, rows, pad_id)
+    order = list(range(len(rows)))
+    random.shuffle(order)
+    size = (len(rows) + MINIBATCHES - 1) // MINIBATCHES
+    for start in range(0, len(rows), size):
+        picked = order[start : start + size]
+        batch = [rows[i] for i in picked]
+        logprobs, mask = token_logprobs(model, batch, pad_id)
+        old_batch = old[picked][:, : logprobs.shape[1]]
+        adv = torch.tensor([r["advantage"] for r in batch])
+        ratio = torch.exp(((logprobs - old_batch) * mask).sum(-1) / mask.sum(-1).clamp(min=1))
+        objective = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - EPS_LOW, 1 + EPS_HIGH) * adv)
+        loss = -objective.mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def merged_weights(model, dtype) -> dict[str, Any]:
+    """The base weights with the LoRA merged in, out of place (peft's merge on a deep copy)."""
+    import copy
+
+    merged = copy.deepcopy(model).merge_and_unload()
+    state = {k: v.detach().to(dtype).contiguous() for k, v in merged.state_dict().items()}
+    if merged.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def reference(args, workdir: Path) -> dict[str, Any]:
+    import httpx
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from posttrain import hardware
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    precision = hardware.plan()
+    print(f"[reference] {hardware.probe().describe()}; {precision.describe()}", flush=True)
+    app = math_app()
+    model_dir = args.model_dir
+    started = time.monotonic()
+    server = VLLMServer(model_dir, workdir, precision.vllm)
+    try:
+        ready = server.wait_ready()
+        print(f"[reference] vLLM ready in {ready:.0f} s ({uptime()})", flush=True)
+        torch.manual_seed(0)
+        random.seed(0)
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model = get_peft_model(base, LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
+                                                target_modules="all-linear", task_type="CAUSAL_LM"))  # fmt: skip
+        model.eval()  # no dropout: the clip band is far narrower than dropout noise
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+        sync_dir = workdir / "weights"
+        shutil.copytree(
+            model_dir, sync_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors")
+        )
+        config = json.loads((sync_dir / "config.json").read_text())
+        config["dtype"] = precision.sync
+        (sync_dir / "config.json").write_text(json.dumps(config))
+        eval_before = greedy_accuracy(server.url, app)
+        print(f"[reference] held-out greedy accuracy before: {eval_before:.3f}", flush=True)
+        pad_id = 2
+        rows_out, train_seconds = [], 0.0
+        for iteration in range(args.iterations):
+            t0 = time.monotonic()
+            seeds = [iteration * PROMPTS + j for j in range(PROMPTS)]
+            problems = [app.make_problem(seed, ENV_CONFIG) for seed in seeds]
+            groups = sample(server.url, problems, n=GROUP, temperature=1.0)
+            t1 = time.monotonic()
+            rows, rewards = [], []
+            for problem, group in zip(problems, groups, strict=True):
+                scores = torch.tensor([app.score(problem, g["text"])[0] for g in group])
+                rewards += scores.tolist()
+                if scores.std() == 0:
+                    continue
+                adv = (scores - scores.mean()) / (scores.std(unbiased=False) + 1e-6)
+                rows += [dict(g, advantage=float(a)) for g, a in zip(group, adv, strict=True)]
+            if rows:
+                gspo_step(model, optimizer, rows, pad_id)
+            t2 = time.monotonic()
+            save_file(merged_weights(model, hardware.torch_dtype(precision.sync)),
+                      str(sync_dir / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+            for path, body in (("/collective_rpc", {"method": "reload_weights",
+                                                    "kwargs": {"weights_path": str(sync_dir)}}),
+                               ("/reset_prefix_cache", None)):  # fmt: skip
+                httpx.post(f"{server.url}{path}", json=body, timeout=600).raise_for_status()
+            t3 = time.monotonic()
+            train_seconds += t3 - t0
+            mean = sum(rewards) / len(rewards)
+            row = {"iteration": iteration + 1, "mean_return": mean, "mixed_groups": len(rows) // GROUP,
+                   "rollout_s": t1 - t0, "update_s": t2 - t1, "sync_s": t3 - t2, "elapsed_s": train_seconds}  # fmt: skip
+            rows_out.append(row)
+            print(f"[reference] it {iteration + 1:2d}  mean_return {mean:.3f}  mixed {row['mixed_groups']}/8  "
+                  f"rollout {row['rollout_s']:.1f} s  update {row['update_s']:.1f} s  sync {row['sync_s']:.1f} s  "
+                  f"training {train_seconds:.0f} s", flush=True)  # fmt: skip
+            if args.stop_at_target and mean >= args.target:
+                break
+        eval_after = greedy_accuracy(server.url, app)
+        print(f"[reference] held-out greedy accuracy after: {eval_after:.3f} ({uptime()})", flush=True)
+    finally:
+        server.stop()
+    return {"iterations": rows_out, "eval_before": eval_before, "eval_after": eval_after,
+            "server_start_s": ready, "wall_s": time.monotonic() - started}  # fmt: skip
+
+
+# -- ours ----------------------------------------------------------------------------------------------
+
+
+def ours(args, workdir: Path) -> dict[str, Any]:
+    """`posttrain train --local` on the demo's RL config from the base model (no SFT), its per-iteration
+    events, and its first and final evaluation (the config's [evaluation]: the held-out seeds, greedy)."""
+    started = time.monotonic()
+    argv = [sys.executable, "-m", "posttrain.cli", "train", "--local", "--type", "rl", "--config", str(args.config),
+            "--runs-dir", str(workdir / "runs"), "--name", "bench-ours"]  # fmt: skip
+    print(f"[ours] $ posttrain {' '.join(argv[3:])}", flush=True)
+    run_dir = None
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(f"[ours] {line}", end="", flush=True)
+            if "run folder " in line:
+                run_dir = Path(line.rsplit("run folder ", 1)[1].strip())
+        code = proc.wait()
+    if code != 0 or run_dir is None:
+        raise SystemExit(f"posttrain train --local failed (exit {code})")
+    rows, evals, ready = [], [], None
+    for raw in (run_dir / "report.jsonl").read_text().splitlines():
+        line = json.loads(raw)
+        if line.get("event") == "iteration":
+            rows.append(line)
+        elif line.get("event") == "evaluation":
+            evals.append(line["eval_score"])
+    elapsed = 0.0
+    for row in rows:
+        elapsed += row["iteration_seconds"]
+        row["elapsed_s"] = elapsed
+    progress = [json.loads(raw)["progress"] for raw in (run_dir / "report.jsonl").read_text().splitlines()
+                if "progress" in json.loads(raw)]  # fmt: skip
+    by_step = {p["step"]: p for p in progress if p.get("meanReturn") is not None}
+    for row in rows:
+        row["mean_return"] = by_step.get(row["step"], {}).get("meanReturn")
+    log = (run_dir / "logs" / "rollout-policy.log").read_text(errors="replace")
+    for text in log.splitlines():
+        if "vLLM ready after" in text:
+            ready = float(text.rsplit("after", 1)[1].split()[0])
+    return {"iterations": rows, "eval_before": evals[0] if evals else None,
+            "eval_after": evals[-1] if evals else None, "server_start_s": ready,
+            "wall_s": time.monotonic() - started, "run_dir": str(run_dir)}  # fmt: skip
+
+
+def summarize(name: str, result: dict[str, Any], target: float) -> dict[str, Any]:
+    returns = [r["mean_return"] for r in result["iterations"]]
+    hit = first_reaching(returns, target)
+    return {
+        "name": name,
+        "iterations_to_target": hit,
+        "seconds_to_target": result["iterations"][hit - 1]["elapsed_s"] if hit else None,
+        "iterations_run": len(returns),
+        "mean_return": [round(r, 3) for r in returns],
+        "eval_before": result["eval_before"],
+        "eval_after": result["eval_after"],
+        "server_start_s": result["server_start_s"],
+        "wall_s": round(result["wall_s"], 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--which", choices=["both", "reference", "ours"], default="both")
+    parser.add_argument("--iterations", type=int, default=20, help="reference iterations at most")
+    parser.add_argument("--target", type=float, default=0.8)
+    parser.add_argument("--stop-at-target", action="store_true", help="end the reference once it reaches it")
+    parser.add_argument("--config", type=Path, default=DEMO_RL, help="our RL config (default: the demo's)")
+    parser.add_argument("--json-out", type=Path, default=REPO / "bench-results" / "demo_curve.json")
+    args = parser.parse_args(argv)
+    from posttrain import hardware, modelzoo
+
+    args.model_dir = modelzoo.convert_smollm2(REPO / ".models" / "smollm2-135m-instruct")
+    print(f"machine: {hardware.probe().describe()}; {os.cpu_count()} cores; {uptime()}", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-demo-curve-") as tmp:
+        if args.which in ("both", "reference"):
+            results.append(summarize("reference", reference(args, Path(tmp) / "reference"), args.target))
+        if args.which in ("both", "ours"):
+            (Path(tmp) / "ours").mkdir()
+            results.append(summarize("ours (posttrain)", ours(args, Path(tmp) / "ours"), args.target))
+    print(f"\n== side by side ({hardware.probe().describe()}; {uptime()})")
+    print(f"{'':18} {'iters to ' + str(args.target):>14} {'train s to it':>14} {'held-out before':>16} "
+          f"{'after':>7} {'vLLM start s':>13} {'wall s':>8}")  # fmt: skip
+    for r in results:
+
+        def fmt(v, spec):
+            return format(v, spec) if isinstance(v, int | float) else "-"
+
+        print(f"{r['name']:18} {fmt(r['iterations_to_target'], 'd'):>14} {fmt(r['seconds_to_target'], '.0f'):>14} "
+              f"{fmt(r['eval_before'], '.3f'):>16} {fmt(r['eval_after'], '.3f'):>7} "
+              f"{fmt(r['server_start_s'], '.0f'):>13} {fmt(r['wall_s'], '.0f'):>8}")  # fmt: skip
+        print(f"{'':18} mean_return: {', '.join(f'{v:.2f}' for v in r['mean_return'])}")
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps({"machine": hardware.probe().describe(), "uptime": uptime(),
+                                         "results": results}, indent=2))  # fmt: skip
+    print(f"written: {args.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
