@@ -85,8 +85,9 @@ class VLLMServer:
         self.url = f"http://127.0.0.1:{self.port}"
         argv = vllm_args.vllm_argv(str(model), self.port, served_model_name="policy", max_model_len=512,
                                    dtype=dtype)  # fmt: skip
-        env = vllm_args.vllm_env(None, workdir, cpu=vllm_args.is_cpu_backend())
-        env["VLLM_CACHE_ROOT"] = str(REPO / ".runs" / "cache" / "vllm")  # shared with the demo: warm starts
+        workdir.mkdir(parents=True, exist_ok=True)
+        shared = {**os.environ, "VLLM_CACHE_ROOT": str(REPO / ".runs" / "cache" / "vllm")}  # the demo's too
+        env = vllm_args.vllm_env(shared, workdir, cpu=vllm_args.is_cpu_backend())
         self.log = workdir / "vllm.log"
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -101,6 +101,9 @@ def vllm_env(
     if enable_lora:
         env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
     env.setdefault("VLLM_CACHE_ROOT", str(run_dir / "cache" / "vllm"))
+    # torch.compile's generated C++ (inductor) goes to $TMPDIR unless told: with TMPDIR per run (below) every
+    # start compiled it again, minutes on 2 cores. Beside vLLM's own compile cache, it outlives the run.
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(env["VLLM_CACHE_ROOT"]) / "torchinductor"))
     tmp = run_dir / "tmp"
     # vLLM binds ZMQ ipc sockets at $TMPDIR/<uuid4>; a Unix socket path holds at most 107 bytes, so a deep
     # run folder (pytest's, a long job name) would kill the engine at start: fall back to a short folder.

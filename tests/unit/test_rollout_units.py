@@ -173,6 +173,10 @@ def test_vllm_argv_and_env(tmp_path):
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-3"
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert env["TMPDIR"] == str(tmp_path / "tmp") and env["VLLM_CACHE_ROOT"].startswith(str(tmp_path))
+    # inductor's generated code is cached beside vLLM's compile cache, not in the per-run TMPDIR
+    assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(env["VLLM_CACHE_ROOT"])
+    shared = vllm_args.vllm_env({"VLLM_CACHE_ROOT": "/cache/vllm"}, tmp_path, cpu=True)
+    assert shared["TORCHINDUCTOR_CACHE_DIR"] == "/cache/vllm/torchinductor"
     assert (
         vllm_args.vllm_env({"VLLM_CPU_KVCACHE_SPACE": "4"}, tmp_path, cpu=True)["VLLM_CPU_KVCACHE_SPACE"]
         == "4"
