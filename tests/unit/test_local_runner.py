@@ -169,3 +169,39 @@ def test_demo_ctrl_c_is_a_clean_exit_130(monkeypatch, capsys):
     monkeypatch.setattr(demo, "main", interrupted)
     assert demo.run([]) == 130
     assert "stopped every process" in capsys.readouterr().err
+
+
+def test_demo_task_and_held_out_seeds_are_fixed():
+    """The demo adapts to the machine, never by making the task easier: two-digit + one-digit addition, the
+    reward on the last number, and 128 held-out seeds of the task app's eval split, evaluated greedily."""
+    import tomllib
+
+    from posttrain.local import demo
+
+    config = tomllib.loads((demo.DEMO_DIR / "rl.toml").read_text())
+    assert config["rollout"]["env_config"] == {"difficulty": "medium"}
+    assert config["rollout"]["policy_config"]["max_tokens"] == 48
+    assert config["evaluation"]["seeds"] == list(range(1_000_000, 1_000_128))
+    assert config["evaluation"].get("temperature", 0.0) == 0.0
+    assert config["evaluation"]["every_n_iters"] > config["training"]["iterations_per_epoch"]
+    assert demo._eval_seeds_text(demo.DEMO_DIR / "rl.toml") == "128 seeds 1000000-1000127"
+
+
+def test_demo_reads_evaluations_iterations_and_phases(tmp_path):
+    from posttrain.local import demo
+
+    rows = [{"event": "evaluation", "step": 0, "eval_score": 0.1},
+            {"event": "iteration", "step": 1, "rollout_seconds": 2.0, "update_seconds": 3.0,
+             "weight_sync_seconds": 0.5, "iteration_seconds": 6.0},
+            {"event": "iteration", "step": 2, "rollout_seconds": 1.0, "update_seconds": 2.0,
+             "weight_sync_seconds": 0.5, "iteration_seconds": 4.0},
+            {"event": "evaluation", "step": 2, "eval_score": 0.9}]  # fmt: skip
+    (tmp_path / "report.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rollout-policy.log").write_text("x posttrain_rollout INFO vLLM ready after 41.5 s\n")
+    assert [e["eval_score"] for e in demo.evaluations_of(tmp_path)] == [0.1, 0.9]
+    detail = demo.iterations_of(tmp_path)
+    assert demo._phase_seconds(tmp_path, detail) == {
+        "rollouts_s": 3.0, "updates_s": 5.0, "weight_syncs_s": 1.0, "iterations_s": 10.0, "vllm_start_s": 41.5,
+    }  # fmt: skip
+    assert [demo.trainer_processes(n) for n in (1, 2, 3, 8, 64)] == [1, 1, 1, 4, 4]

@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     from posttrain import hardware, modelzoo
 
     nproc = args.nproc_per_node or trainer_processes()
+    load_at_start = os.getloadavg()  # timings on a shared machine mean little without it
     print(f"== machine: {hardware.probe().describe()}, {os.cpu_count()} cores", flush=True)
     print(f"   {hardware.plan().describe()}; {nproc} trainer process(es)", flush=True)
     timings: dict[str, float] = {}
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "total_s": round(total, 1),
         "timings": timings,
         "machine": hardware.probe().describe(),
+        "load_average": {"start": load_at_start, "end": os.getloadavg()},
         "dtypes": hardware.plan().describe(),
         "trainer_processes": nproc,
         "sft": sft,
@@ -251,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     print("== summary", flush=True)
     print(f"  machine:               {summary['machine']}; {summary['dtypes']}")
     print(f"  total time:            {total / 60:.1f} min ({json.dumps(timings)})")
+    loads = summary["load_average"]
+    print(
+        f"  load average:          {loads['start'][0]:.2f} at start, {loads['end'][0]:.2f} at the end (1 min)"
+    )
     if returns:
         print(f"  mean_return:           first iteration {returns[0]:.3f} -> last {returns[-1]:.3f}")
     if eval_final is not None:
