@@ -4,8 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 POSTTRAIN := $(VENV)/bin/posttrain
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
-.PHONY: setup k8s-bins test test-unit demo bench cluster-up cluster-down crds lint images clean
+.PHONY: setup k8s-bins test test-unit demo bench bench-demo cluster-up cluster-down crds lint images clean
 
 setup:
 	bash hack/setup.sh
@@ -20,11 +21,16 @@ test: setup k8s-bins
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
+# DEMO_ARGS: options of `python -m posttrain.local.demo` (--help), e.g. DEMO_ARGS=--sft-warmup
 demo: setup
-	bash hack/demo.sh
+	bash hack/demo.sh $(DEMO_ARGS)
 
 bench: setup k8s-bins
 	bash hack/bench.sh
+
+# make demo's learning curve beside a minimal hand-written GSPO loop, one run on this machine (also in `make bench`)
+bench-demo: setup
+	$(PY) hack/bench_demo_curve.py
 
 cluster-up: setup k8s-bins
 	$(PY) -m posttrain.devcluster up --dir .cluster
