@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# make demo: GSPO on SmolLM2-135M-Instruct against the math task app, CPU only, on this machine:
-# an SFT warm-up job chained into the RL job (FFT-first), the reward curve, and a held-out evaluation of the
-# base and the fine-tuned model. Everything runs under .runs/demo/ and every process is stopped at the end.
+# make demo: GSPO on SmolLM2-135M-Instruct against the math task app, CPU only, on this machine: the RL job
+# from the base model with a held-out evaluation before and after, and the reward curve (--sft-warmup chains a
+# short SFT job in first). Everything runs under .runs/demo/; every process is stopped at the end, on Ctrl-C,
+# on SIGTERM and on failure. Arguments go to `python -m posttrain.local.demo` (make demo DEMO_ARGS="...").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec .venv/bin/python -m posttrain.local.demo "$@"
