@@ -205,3 +205,18 @@ def test_demo_reads_evaluations_iterations_and_phases(tmp_path):
         "rollouts_s": 3.0, "updates_s": 5.0, "weight_syncs_s": 1.0, "iterations_s": 10.0, "vllm_start_s": 41.5,
     }  # fmt: skip
     assert [demo.trainer_processes(n) for n in (1, 2, 3, 8, 64)] == [1, 1, 1, 4, 4]
+
+
+def test_train_local_prints_the_machine_and_the_dtypes_it_will_use(monkeypatch):
+    from posttrain import hardware
+    from posttrain.local.runner import _precision_line
+
+    avx2 = hardware.Capability(device="cpu", cpu_model="AMD EPYC", cpu_capability="AVX2", cpu_bf16=False)
+    monkeypatch.setattr(hardware, "probe", lambda: avx2)
+    rl_bf16 = {"training": {"parallelism": {"bf16": True}}}
+    line = _precision_line(rl_bf16)
+    assert line.startswith("machine: cpu AMD EPYC (torch AVX2, native bf16: no); dtypes (bf16): compute fp32")
+    assert "WARNING" in line and "parallelism.force_bf16 = true" in line and "\n" not in line
+    sft_forced = {"hyperparameters": {"parallelism": {"force_bf16": True}}}
+    assert "compute bf16 autocast" in _precision_line(sft_forced)
+    assert "dtypes (auto): compute fp32" in _precision_line({}) and "WARNING" not in _precision_line({})

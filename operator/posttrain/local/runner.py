@@ -102,6 +102,19 @@ def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _precision_line(config: dict[str, Any]) -> str:
+    """This machine and the dtypes the trainer will pick for the config's parallelism (where the trainer
+    reads it: hyperparameters.parallelism, else training.parallelism), as the trainer's log will say."""
+    from posttrain import hardware
+
+    parallelism = _section(_section(config, "hyperparameters"), "parallelism") or _section(
+        _section(config, "training"), "parallelism"
+    )
+    precision = hardware.plan(parallelism.get("bf16"), parallelism.get("force_bf16"))
+    warning = f"; WARNING: {precision.warning}" if precision.warning else ""
+    return f"machine: {hardware.probe().describe()}; {precision.describe()}{warning}"
+
+
 def _validate_jsonl(path: Path) -> int:
     problems, count = [], 0
     with path.open() as handle:
@@ -272,6 +285,7 @@ def run_local(opts: LocalOptions) -> LocalResult:
     printer.line(
         f"posttrain train --local: {opts.kind} job {LOCAL_NAMESPACE}/{name} (uid {uid}), run folder {run_dir}"
     )
+    printer.line(_precision_line(config))
     progress: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     result: dict[str, Any] | None = None
