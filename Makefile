@@ -33,10 +33,10 @@ bench-demo: setup
 	$(PY) hack/bench_demo_curve.py
 
 cluster-up: setup k8s-bins
-	$(PY) -m posttrain.devcluster up --dir .cluster
+	$(PY) -m posttrain.dev.devcluster up --dir .cluster
 
 cluster-down:
-	$(PY) -m posttrain.devcluster down --dir .cluster
+	$(PY) -m posttrain.dev.devcluster down --dir .cluster
 
 crds: setup
 	$(POSTTRAIN) crds -o crds

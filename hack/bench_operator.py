@@ -1,5 +1,5 @@
 """Operator benchmark (`make bench`, not a test): N RLJobs of 2 GPUs each (1 rollout, 1 trainer) applied at
-once on a kwok cluster of 128 nodes x 8 GPUs (the real control plane from posttrain.devcluster), the real
+once on a kwok cluster of 128 nodes x 8 GPUs (the real control plane from posttrain.dev.devcluster), the real
 operator as a subprocess, the real math task app on 127.0.0.1 verifying every job.
 
 Prints: apply-to-Running latency p50/p99, jobs reconciled per second (Running jobs / wall time from the
@@ -194,7 +194,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
-    from posttrain.devcluster import DevCluster
+    from posttrain.dev.devcluster import DevCluster
 
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
         workdir = Path(tmp)

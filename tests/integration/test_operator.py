@@ -4,7 +4,7 @@ test's namespace. The task app is the real math task app (examples/taskapps/math
 from the `math_taskapp` fixture; the outage test starts its own instance so it can stop it.
 
 kwok makes pods Running/Ready; the trainer's success is driven the way issue 3's harness provides
-(posttrain.devcluster), and status.result is written the way the trainer writes it (a merge patch of the
+(posttrain.dev.devcluster), and status.result is written the way the trainer writes it (a merge patch of the
 job's status subresource)."""
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from posttrain.controller.testing import (
     kubeconfig_of,
     rljob_manifest,
 )
-from posttrain.devcluster import kubectl_path
+from posttrain.dev.devcluster import kubectl_path
 
 pytestmark = [pytest.mark.cluster]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from posttrain.devcluster import (
+from posttrain.dev.devcluster import (
     DISABLED_CONTROLLERS,
     GPU_RESOURCE,
     KWOK_NODE_ANNOTATION,

@@ -4,8 +4,8 @@ kube-scheduler and kwok with simulated GPU nodes, all on 127.0.0.1, built by hac
     with DevCluster(Path(".cluster")) as cluster:      # tests
         cluster.kubeconfig                             # admin kubeconfig (system:masters)
 
-    python -m posttrain.devcluster up --dir .cluster   # people: background, prints `export KUBECONFIG=...`
-    python -m posttrain.devcluster down --dir .cluster
+    python -m posttrain.dev.devcluster up --dir .cluster   # people: background, prints `export KUBECONFIG=...`
+    python -m posttrain.dev.devcluster down --dir .cluster
 
 Flags follow controller-runtime's envtest (certificates, service-account keys, RBAC) plus what envtest lacks
 and a job controller needs: garbage collection, the Job controller, the scheduler, and nodes (kwok).
@@ -40,7 +40,7 @@ from cryptography.x509.oid import NameOID
 
 from posttrain import reaper
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 STAGES_FILE = REPO_ROOT / "hack" / "k8s" / "kwok-stages.yaml"
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -565,7 +565,7 @@ def _up(args: argparse.Namespace) -> int:
             [
                 sys.executable,
                 "-m",
-                "posttrain.devcluster",
+                "posttrain.dev.devcluster",
                 "serve",
                 "--dir",
                 str(workdir),
@@ -620,7 +620,7 @@ def _pid_alive(pid: int) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m posttrain.devcluster", description=__doc__.split("\n")[0]
+        prog="python -m posttrain.dev.devcluster", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="action", required=True)
     for name in ("up", "serve", "down"):
