@@ -24,8 +24,9 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
+sys.path.insert(0, str(REPO / "tests"))  # fixtures.operator_process: the operator as a subprocess
 
-from posttrain.controller.testing import (  # noqa: E402
+from fixtures.operator_process import (  # noqa: E402
     GROUP,
     VERSION,
     OperatorProcess,

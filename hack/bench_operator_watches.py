@@ -27,8 +27,9 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
+sys.path.insert(0, str(REPO / "tests"))  # fixtures.operator_process: the operator as a subprocess
 
-from posttrain.controller.testing import OperatorProcess, api_client_of, ensure_crds, kubeconfig_of  # noqa: E402
+from fixtures.operator_process import OperatorProcess, api_client_of, ensure_crds, kubeconfig_of  # noqa: E402
 
 NOISE_NAMESPACES = 4
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from posttrain.controller.testing import GROUP, VERSION, api_client_of, ensure_crds, kubeconfig_of
+from fixtures.operator_process import GROUP, VERSION, api_client_of, ensure_crds, kubeconfig_of
 
 pytestmark = [pytest.mark.cluster]
 

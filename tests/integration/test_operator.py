@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 from fixtures.operator_env import KEY, Env, wait_for
-from kubernetes import client
-from posttrain.controller.testing import (
+from fixtures.operator_process import (
     GROUP,
     VERSION,
     add_gpu_nodes,
@@ -24,6 +23,7 @@ from posttrain.controller.testing import (
     free_port,
     rljob_manifest,
 )
+from kubernetes import client
 
 pytestmark = [pytest.mark.cluster]
 

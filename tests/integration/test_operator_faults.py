@@ -16,9 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures.operator_env import KEY, Env, operator_env, wait_for
-from kubernetes import client
-from kubernetes.client.rest import ApiException
-from posttrain.controller.testing import (
+from fixtures.operator_process import (
     GROUP,
     KWOK_EXIT_ANNOTATION,
     VERSION,
@@ -29,6 +27,8 @@ from posttrain.controller.testing import (
     kubeconfig_of,
     rljob_manifest,
 )
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 from posttrain.dev.devcluster import kubectl_path
 
 pytestmark = [pytest.mark.cluster]
