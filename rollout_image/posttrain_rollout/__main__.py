@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -18,7 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from posttrain.localhost import free_port, stop_group
+
 ROLES = ("policy", "reference", "judge")
+VLLM_STOP_GRACE_SECONDS = 20.0  # vLLM frees its engine and KV cache on SIGTERM; give it the time
 log = logging.getLogger("posttrain_rollout")
 
 
@@ -55,21 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="environment variable holding the token POST /v1/weights and the captures demand (unset: open)",
     )
     return parser
-
-
-def _stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
-    """SIGTERM vLLM's process group, SIGKILL what is left after `grace` seconds. Also when the API server
-    has exited already: its engine-core process may still be in the group."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
 
 
 async def _serve(args: argparse.Namespace, proc: subprocess.Popen, proxy, started: float) -> int:
@@ -126,7 +113,7 @@ def serve(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="posttrain-rollout-")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     model_dir = weights.local_path(args.model, run_dir / "models", "base")
-    port = vllm_args.free_port()
+    port = free_port()
     cpu = vllm_args.is_cpu_backend()
     from posttrain import hardware
 
@@ -180,7 +167,7 @@ def serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         rc = 0
     finally:
-        _stop_group(proc)
+        stop_group(proc, VLLM_STOP_GRACE_SECONDS)
         reaper.unwatch(proc.pid)
         vllm_args.remove_fallback_tmp(env, run_dir)
     return rc

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -13,12 +12,6 @@ from typing import Any
 
 # sizeof(sockaddr_un.sun_path) - 1: the longest Unix socket path ZMQ can bind.
 IPC_PATH_MAX = 107
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def is_cpu_backend() -> bool:

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from posttrain.localhost import free_port
 
 pytestmark = pytest.mark.cluster
 
@@ -214,12 +214,6 @@ def operator_credentials(kcfg: str, tmp_path: Path) -> tuple[str, bool]:
 def rbac_enforced(kcfg: str) -> bool:
     proc = kubectl(kcfg, "auth", "can-i", "delete", "nodes", f"--as={OPERATOR_SA}", check=False)
     return proc.stdout.strip() == "no"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Operator:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from fixtures.vllm import start_rollout_server, stop_process_group
+from fixtures.vllm import STOP_GRACE_S, start_rollout_server
+from posttrain.localhost import stop_group
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -58,4 +59,4 @@ def test_lora_hot_load_in_place(vllm_model_dir, tmp_path):
         assert r.status_code == 200, r.text
         assert greedy(server.url, name) == base
     finally:
-        stop_process_group(proc)
+        stop_group(proc, STOP_GRACE_S)

@@ -28,8 +28,9 @@ if not (REPO / "tests" / "fixtures" / "vllm.py").exists():
     @pytest.fixture(scope="module")
     def policy_server(tmp_path_factory):
         from posttrain import hardware
-        from posttrain.local.processes import ProcessSet, free_port, wait_http
+        from posttrain.local.processes import ProcessSet, wait_http
         from posttrain.local.runner import _vllm_env
+        from posttrain.localhost import free_port
         from posttrain.modelzoo import build_tiny_model
 
         model = build_tiny_model(REPO / ".models" / "tiny-random-qwen2-hd32", hidden_size=128)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from posttrain.local.processes import free_port
+from posttrain.localhost import free_port
 
 POSTTRAIN = [sys.executable, "-m", "posttrain.cli"]
 REPO = Path(__file__).resolve().parents[2]

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import contextlib
 import datetime as dt
 import ipaddress
 import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -39,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from posttrain import reaper
+from posttrain.localhost import free_port, stop_group
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 STAGES_FILE = REPO_ROOT / "hack" / "k8s" / "kwok-stages.yaml"
@@ -86,12 +85,6 @@ def kubectl_path() -> str:
     if not found:
         raise ClusterError("kubectl not found: run `make k8s-bins` (it builds bin/kubectl)")
     return found
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # ---------------------------------------------------------------------------------------------- certificates
@@ -300,7 +293,7 @@ class DevCluster:
         # Reverse start order: nodes' controller first, the store last.
         for name in reversed(list(self.processes)):
             proc = self.processes.pop(name)
-            _terminate(proc)
+            stop_group(proc)
             reaper.unwatch(proc.pid)
 
     # ---------------------------------------------------------------------------------------- arguments
@@ -510,19 +503,6 @@ class DevCluster:
                 return
             time.sleep(0.2)
         raise ClusterError(f"cluster not ready after {self.start_timeout:.0f}s (see {self.workdir / 'logs'})")
-
-
-def _terminate(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=grace)
 
 
 # ---------------------------------------------------------------------------------------------- CLI

@@ -21,9 +21,10 @@ from typing import Any
 
 from posttrain import hardware
 from posttrain.local.models import resolve_model
-from posttrain.local.processes import ProcessSet, free_port, sigterm_as_keyboard_interrupt, wait_http
+from posttrain.local.processes import ProcessSet, sigterm_as_keyboard_interrupt, wait_http
 from posttrain.local.runner import RUNS_DIR, _rollout_argv, _vllm_env
 from posttrain.local.taskapp import start_taskapp
+from posttrain.localhost import free_port
 from posttrain.taskapp_client import TaskAppClient, TaskAppError, rollout_request
 
 

@@ -1,15 +1,14 @@
 """Child processes of the local runner: each in its own process group (so that torchrun's workers and vLLM's
 engine processes go with it), its output in a log file, stopped in reverse start order on exit, failure or
-Ctrl-C (SIGTERM to the group, then SIGKILL after a grace period). Every group is also handed to this
-process's reaper (posttrain.reaper), which stops it if this process dies before it could (SIGKILL, OOM)."""
+Ctrl-C (posttrain.localhost.stop_group: SIGTERM to the group, then SIGKILL after a grace period). Every
+group is also handed to this process's reaper (posttrain.reaper), which stops it if this process dies
+before it could (SIGKILL, OOM)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -19,16 +18,11 @@ from typing import IO
 import httpx
 
 from posttrain import reaper
+from posttrain.localhost import stop_group
 
 
 class ProcessFailed(RuntimeError):
     """A child exited early or never became ready; the message names its log file."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def tail(path: Path, lines: int = 20) -> str:
@@ -82,16 +76,7 @@ class ManagedProcess:
         return self.popen.wait(timeout)
 
     def stop(self, grace: float = 10.0) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(grace)
-        # The group may outlive its leader (e.g. vLLM's engine core): kill what is left.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(5)
+        stop_group(self.popen, grace)
         reaper.unwatch(self.popen.pid)
         self._log.close()
 

@@ -25,12 +25,12 @@ from posttrain.local.processes import (
     ManagedProcess,
     ProcessFailed,
     ProcessSet,
-    free_port,
     sigterm_as_keyboard_interrupt,
     tail,
     wait_http,
 )
 from posttrain.local.taskapp import start_taskapp
+from posttrain.localhost import free_port
 
 RUNS_DIR = REPO_ROOT / ".runs"
 LOCAL_NAMESPACE = "local"

@@ -6,7 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from posttrain.local.processes import ManagedProcess, ProcessSet, free_port, wait_http
+from posttrain.local.processes import ManagedProcess, ProcessSet, wait_http
+from posttrain.localhost import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MATH_APP = REPO_ROOT / "examples" / "taskapps" / "math" / "app.py"

@@ -1,0 +1,78 @@
+"""posttrain.localhost: free ports, and stopping a server with its whole process group (real processes)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from posttrain.localhost import free_ports, stop_group
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie (exited, not yet reaped by its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def _start(script: str, log: Path) -> subprocess.Popen:
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-c", script], stdout=out, start_new_session=True)
+
+
+def _first_line(log: Path, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        if "\n" in text:
+            return text.split("\n", 1)[0]
+        time.sleep(0.05)
+    raise AssertionError(f"nothing printed to {log}")
+
+
+def test_free_ports_are_distinct_and_bindable():
+    ports = free_ports(8)
+    assert len(set(ports)) == 8
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_a_leader_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    script = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(60)\n"
+    proc = _start(script, tmp_path / "stubborn.log")
+    _first_line(tmp_path / "stubborn.log")
+    started = time.monotonic()
+    stop_group(proc, grace=0.5)
+    assert proc.returncode == -9 and time.monotonic() - started < 10
+
+
+def test_what_outlives_its_leader_goes_with_the_group(tmp_path):
+    """A group member left behind by a leader that exited on SIGTERM (vLLM's engine core does that), and
+    one left by a leader that had exited before stop_group was called."""
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(float(sys.argv[1]))\n"
+    )
+    for leader_seconds in ("60", "0"):
+        log = tmp_path / f"leader-{leader_seconds}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", script, leader_seconds], stdout=out, start_new_session=True
+            )
+        survivor = int(_first_line(log))
+        if leader_seconds == "0":
+            proc.wait(20)
+        assert not _gone(survivor)
+        stop_group(proc, grace=2.0)
+        deadline = time.monotonic() + 5
+        while not _gone(survivor) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(survivor), f"pid {survivor} outlived stop_group (leader ran {leader_seconds} s)"
