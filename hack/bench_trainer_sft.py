@@ -50,7 +50,7 @@ def model_dir(which: str) -> Path:
 
 def bench_posttrain(path: Path, rows: list[dict], args, work: Path) -> dict:
     import torch
-    from posttrain_trainer.jobfile import JobFile
+    from posttrain.api.jobfile import JobFile
     from posttrain_trainer.sft import train
 
     data = work / "train.jsonl"

@@ -220,7 +220,7 @@ def test_sft_lowers_heldout_loss_and_uploads_artifacts(s3_env, tiny_model_dir, t
     assert again[-1]["result"] == result and not step_losses(again)
 
     # the uploaded model is the trained one: it loads from its s3:// URI and scores the held-out loss
-    from posttrain_trainer.jobfile import StorageRef
+    from posttrain.api.jobfile import StorageRef
     from posttrain_trainer.modeling import load_model_and_tokenizer
     from posttrain_trainer.sft_data import collate, encode_all, parse_jsonl
 
@@ -358,7 +358,7 @@ def test_killed_run_resumes_from_checkpoint(s3_env, tiny_model_dir, tmp_path):
 def test_eval_cadence_early_stop_and_best_model(tiny_model_dir, tmp_path):
     """In-process run: evaluation every 2 steps; an improvement threshold no eval can meet makes patience 1
     stop at the second evaluation, and save_best_model_at_end restores the step-0 weights."""
-    from posttrain_trainer.jobfile import load_jobfile
+    from posttrain.api.jobfile import load_jobfile
     from posttrain_trainer.sft import train
 
     train_file, val = make_dataset(tmp_path / "data", n_train=64, n_val=16)
@@ -387,7 +387,7 @@ def test_eval_cadence_early_stop_and_best_model(tiny_model_dir, tmp_path):
 
 
 def test_bad_dataset_fails_with_the_line(tiny_model_dir, tmp_path, capsys):
-    from posttrain_trainer.jobfile import load_jobfile
+    from posttrain.api.jobfile import load_jobfile
     from posttrain_trainer.sft import main
 
     train_file, _ = make_dataset(tmp_path / "data", n_train=8)

@@ -182,7 +182,7 @@ def test_vision_labels_only_assistant_text(tiny_vl_model_dir, tmp_path, one_thre
 
 
 def test_vision_sft_lowers_heldout_loss(tiny_vl_model_dir, tmp_path, one_thread):
-    from posttrain_trainer.jobfile import load_jobfile
+    from posttrain.api.jobfile import load_jobfile
     from posttrain_trainer.modeling import is_vision_model, load_model_and_tokenizer, load_processor
     from posttrain_trainer.sft import main
 
@@ -227,7 +227,7 @@ def test_vision_sft_lowers_heldout_loss(tiny_vl_model_dir, tmp_path, one_thread)
 
 def test_text_only_model_rejects_image_parts(tiny_model_dir, tmp_path, capsys):
     from posttrain_trainer.exitcodes import EXIT_DATA_ERROR
-    from posttrain_trainer.jobfile import load_jobfile
+    from posttrain.api.jobfile import load_jobfile
     from posttrain_trainer.sft import main
 
     train, _ = make_colour_dataset(tmp_path / "data", n_train=4, n_val=1)

@@ -177,7 +177,7 @@ def test_configmap_has_jobfile_and_toml_and_no_secret_values() -> None:
 
 
 def test_jobfile_validates_against_trainer_contract() -> None:
-    jobfile_mod = pytest.importorskip("posttrain_trainer.jobfile")
+    jobfile_mod = pytest.importorskip("posttrain.api.jobfile")
     out = render.render_rljob(rljob(), SETTINGS, TARGET)
     parsed = jobfile_mod.JobFile.model_validate(out.jobfile)
     assert parsed.kind == "rl" and parsed.plural == "rljobs"

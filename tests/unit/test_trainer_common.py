@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from posttrain.api.jobfile import JobFile, load_jobfile
 from posttrain_trainer.artifacts import fine_tuned_model_id, uid8
-from posttrain_trainer.jobfile import JobFile, load_jobfile
 from posttrain_trainer.optim import BatchPlan, accumulation_groups
 from posttrain_trainer.report import Reporter, camel_progress
 
@@ -39,7 +39,7 @@ def test_jobfile_roundtrip_and_defaults(tmp_path):
 
 
 def test_jobfile_imports_no_torch():
-    code = "import sys, posttrain_trainer.jobfile; print('torch' in sys.modules)"
+    code = "import sys, posttrain.api.jobfile; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -1,5 +1,5 @@
 """Contract: the job file the operator renders (posttrain.controller.render.render_jobfile) is one the trainer
-accepts (posttrain_trainer.jobfile.JobFile), with the S3 prefix the artifacts land under."""
+accepts (posttrain.api.jobfile.JobFile), with the S3 prefix the artifacts land under."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ settings_mod = pytest.importorskip("posttrain.controller.settings")
 
 
 def test_operator_jobfile_validates_in_the_trainer():
+    from posttrain.api.jobfile import JobFile
     from posttrain_trainer.artifacts import job_model_id
-    from posttrain_trainer.jobfile import JobFile
 
     job = {
         "apiVersion": "posttrain.dev/v1alpha1",

@@ -8,7 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from posttrain_trainer.jobfile import JobFile
+from posttrain.api.jobfile import JobFile
 from posttrain_trainer.report import Reporter
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from posttrain.api.jobfile import load_jobfile
 from pydantic import ValidationError
 
 from posttrain_trainer.exitcodes import EXIT_CONFIG_ERROR
-from posttrain_trainer.jobfile import load_jobfile
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from posttrain.api.jobfile import JobFile
+
 from posttrain_trainer import storage as s3
-from posttrain_trainer.jobfile import JobFile
 
 try:  # owned by issue 2; the local copy below follows the same rule
     from posttrain.api.model_ids import fine_tuned_model_id as _api_fine_tuned_model_id

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from posttrain_trainer.jobfile import JobFile
+from posttrain.api.jobfile import JobFile
 
 PROGRESS_KEYS = {
     "step": "step",

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from posttrain.api.jobfile import JobFile
 
-from posttrain_trainer.jobfile import JobFile
 from posttrain_trainer.server_auth import rollout_auth_headers
 
 

@@ -495,7 +495,7 @@ def render_jobfile(
     endpoints: dict[str, Any] | None = None,
     dataset: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The trainer's job file (trainer_image/posttrain_trainer/jobfile.py), no secrets."""
+    """The trainer's job file (operator/posttrain/api/jobfile.py), no secrets."""
     meta = job["metadata"]
     spec = job["spec"]
     base, model_path = model_ids(spec, settings)

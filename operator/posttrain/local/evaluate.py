@@ -92,8 +92,9 @@ def materialize(model_path: str, out_dir: Path, s3: Any) -> Path:
     if not model_path.startswith("s3://") and (local / "config.json").exists():
         return local
     import torch
-    from posttrain_trainer.jobfile import StorageRef
     from posttrain_trainer.modeling import load_model_and_tokenizer, save_merged
+
+    from posttrain.api.jobfile import StorageRef
 
     if (out_dir / "config.json").exists():
         return out_dir

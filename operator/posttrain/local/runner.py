@@ -250,9 +250,8 @@ def _read_report(path: Path, offset: int) -> tuple[int, list[dict[str, Any]]]:
 
 def run_local(opts: LocalOptions) -> LocalResult:
     """Run one job on this machine; raises UserError for a bad config, returns the final phase otherwise."""
-    from posttrain_trainer.jobfile import JobFile, dump_jobfile
-
     from posttrain import s3server
+    from posttrain.api.jobfile import JobFile, dump_jobfile
 
     printer = Printer(opts.out)
     config = dict(opts.config)
