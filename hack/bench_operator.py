@@ -27,14 +27,13 @@ sys.path.insert(0, str(REPO / "operator"))
 sys.path.insert(0, str(REPO / "tests"))  # fixtures.operator_process: the operator as a subprocess
 
 from fixtures.operator_process import (  # noqa: E402
-    GROUP,
-    VERSION,
     OperatorProcess,
     api_client_of,
     ensure_crds,
     kubeconfig_of,
     rljob_manifest,
 )
+from posttrain.api.resources import GROUP, VERSION  # noqa: E402
 
 KEY = "sk_env_bench_0001"
 

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures.operator_process import GROUP, VERSION, api_client_of, ensure_crds, kubeconfig_of
+from fixtures.operator_process import api_client_of, ensure_crds, kubeconfig_of
+from posttrain.api.resources import GROUP, VERSION
 
 pytestmark = [pytest.mark.cluster]
 

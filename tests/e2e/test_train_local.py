@@ -189,15 +189,6 @@ def test_sft_local_end_to_end(sft_job, runs):
     assert not _left_running(_run_dir(out)), "processes left running"
 
 
-def _rollout_server_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("posttrain_rollout.__main__") is not None
-
-
-@pytest.mark.skipif(
-    not _rollout_server_available(), reason="posttrain_rollout serve (issue 6) is not in the tree"
-)
 def test_rl_local_chained_from_the_sft_model(sft_job, runs, tmp_path):
     ft_id = re.search(r"^fine_tuned_model: (\S+)$", sft_job, re.M).group(1)
     rl_toml = tmp_path / "rl.toml"

@@ -265,7 +265,6 @@ def documented_annotation(key: str, readme: str) -> bool:
 
 
 def test_no_diff_after_the_operator_reconciled(platform, namespace, math_taskapp, tmp_path):
-    pytest.importorskip("posttrain.controller.main", reason="the operator (issue 4) has not landed")
     ns = namespace if isinstance(namespace, str) else getattr(namespace, "name", str(namespace))
     kcfg = platform
     op_kcfg, own_token = operator_credentials(kcfg, tmp_path)

@@ -3,8 +3,8 @@ nodes from the `cluster` fixture), run as a real `posttrain operator` subprocess
 test's namespace. The task app is the real math task app (examples/taskapps/math/app.py) on 127.0.0.1,
 from the `math_taskapp` fixture; the outage test starts its own instance so it can stop it.
 
-kwok makes pods Running/Ready; the trainer's success is driven the way issue 3's harness provides
-(posttrain.dev.devcluster), and status.result is written the way the trainer writes it (a merge patch of the
+kwok makes pods Running/Ready; the trainer's success is driven through the control plane's kwok stages
+(posttrain.dev.devcluster: an annotation ends a running pod with an exit code), and status.result is written the way the trainer writes it (a merge patch of the
 job's status subresource)."""
 
 from __future__ import annotations
@@ -15,15 +15,10 @@ from typing import Any
 
 import pytest
 from fixtures.operator_env import KEY, Env, wait_for
-from fixtures.operator_process import (
-    GROUP,
-    VERSION,
-    add_gpu_nodes,
-    complete_trainer,
-    free_port,
-    rljob_manifest,
-)
+from fixtures.operator_process import add_gpu_nodes, complete_trainer, rljob_manifest
 from kubernetes import client
+from posttrain.api.resources import GROUP, VERSION
+from posttrain.localhost import free_port
 
 pytestmark = [pytest.mark.cluster]
 

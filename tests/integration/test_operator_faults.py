@@ -17,19 +17,17 @@ import pytest
 import yaml
 from fixtures.operator_env import KEY, Env, operator_env, wait_for
 from fixtures.operator_process import (
-    GROUP,
-    KWOK_EXIT_ANNOTATION,
-    VERSION,
     api_client_of,
     complete_trainer,
     ensure_crds,
-    free_port,
     kubeconfig_of,
     rljob_manifest,
 )
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from posttrain.dev.devcluster import kubectl_path
+from posttrain.api.resources import GROUP, VERSION
+from posttrain.dev.devcluster import KWOK_EXIT_ANNOTATION, kubectl_path
+from posttrain.localhost import free_port
 
 pytestmark = [pytest.mark.cluster]
 
@@ -447,6 +445,7 @@ def test_a_status_the_api_server_refuses_ends_the_job_invalid(cluster: Any, name
     import kopf
     import kopf._core.engines.posting as posting
     from posttrain.controller.kube import Kube
+    from posttrain.controller.objects import owner_of
     from posttrain.controller.reconcile import LoopState, patch_status
     from posttrain.controller.runtime import Runtime
     from posttrain.controller.settings import OperatorSettings
@@ -472,7 +471,7 @@ def test_a_status_the_api_server_refuses_ends_the_job_invalid(cluster: Any, name
                 "message": "fine",
                 "conditions": [{"type": "Running", "status": "Maybe", "reason": "x", "message": "y"}],
             }
-            await patch_status(rt, job, desired, LoopState())
+            await patch_status(rt, owner_of(job), {}, desired, LoopState())
         finally:
             await kube.close()
         return [queue.get_nowait() for _ in range(queue.qsize())]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from posttrain.api.config import normalized_config
 from posttrain.api.convert import config_to_spec, load, spec_to_config
+from posttrain.api.resources import JOB_KINDS, parse_spec
 from posttrain.errors import UserError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "synth"
@@ -25,7 +26,7 @@ def test_fixture_loads_and_round_trips(path):
     spec = config_to_spec(config, kind)
     if kind == "rl" and "taskApp" not in spec:
         spec["taskApp"] = {"name": "t"}
-    assert spec_to_config(spec, kind) == normalized_config(config)
+    assert spec_to_config(parse_spec(JOB_KINDS[kind], spec)) == normalized_config(config)
 
 
 def test_rl_from_base_qwen4b_reference_placement_and_topology_alias():

@@ -11,7 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from fixtures.jobs import job_object, rl_spec
+from posttrain.api.resources import Verification
 from posttrain.controller import render
+from posttrain.controller.objects import parse_job
 from posttrain.controller.reconcile import LoopState, ensure_children, expected_of
 from posttrain.controller.settings import OperatorSettings
 from posttrain.controller.status import DeploymentObs, Observed, TrainerObs
@@ -137,11 +140,13 @@ def test_retry_then_success() -> None:
 
 
 def test_policy_from_taskapp_spec() -> None:
-    policy = VerifyPolicy.from_settings(
-        OperatorSettings(), {"timeoutSeconds": 30, "periodSeconds": 5, "requestTimeoutSeconds": 2}
-    )
+    spec = Verification.model_validate({"timeoutSeconds": 30, "periodSeconds": 5, "requestTimeoutSeconds": 2})
+    policy = VerifyPolicy.from_settings(OperatorSettings(), spec)
     assert (policy.timeout_seconds, policy.period_seconds, policy.request_timeout) == (30, 5, 2)
     assert VerifyPolicy.from_settings(OperatorSettings()).timeout_seconds == 300
+    # what a TaskApp leaves unset is the operator's, not the model's default
+    fast = OperatorSettings(verify_timeout_seconds=6)
+    assert VerifyPolicy.from_settings(fast, Verification(period_seconds=7)).timeout_seconds == 6
 
 
 def test_summarise_task_info_shapes() -> None:
@@ -168,15 +173,7 @@ class FakeRuntime:
 
 
 def _rendered() -> render.Rendered:
-    job = {
-        "apiVersion": "posttrain.dev/v1alpha1",
-        "kind": "RLJob",
-        "metadata": {"name": "j", "namespace": "ns", "uid": "u-1"},
-        "spec": {
-            "model": {"base": "m"},
-            "compute": {"gpuCount": 2, "topology": {"gpusForVllm": 1, "gpusForTraining": 1}},
-        },
-    }
+    job = parse_job(job_object("RLJob", rl_spec(model={"base": "m"})))
     return render.render_rljob(job, OperatorSettings(), render.TaskAppTarget("http://t", "s"))
 
 

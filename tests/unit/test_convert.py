@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures.jobs import RL_SPEC, SFT_SPEC
 from posttrain.api.config import normalized_config
 from posttrain.api.convert import config_to_spec, load, spec_to_config, toml_to_cr
-from posttrain.api.resources import RLJob, SFTJob, TaskApp
+from posttrain.api.resources import RLJob, SFTJob, TaskApp, parse_spec
 from posttrain.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +62,7 @@ def test_examples_are_valid_resources_and_round_trip(toml_path):
     assert doc["spec"]["originalToml"] == toml_path.read_text()
     kind, config, _ = load(toml_path.read_text())
     expected = normalized_config(config)
-    back = spec_to_config(doc["spec"], kind)
+    back = spec_to_config(parse_spec(doc["kind"], doc["spec"]))
     if "taskApp" in doc["spec"]:  # the flags chose the task app; the rest is the TOML's
         assert back.pop("services", {}).get("task_url") == doc["spec"]["taskApp"].get("url")
         expected.get("services", {}).pop("task_url", None)
@@ -188,7 +189,7 @@ def test_unknown_keys_travel_in_extras_and_back():
     assert spec["extras"]["services"] == {"environment": "x"}
     assert spec["training"]["extras"] == {"my_knob": 7}
     assert spec["rollout"]["envConfig"]["extras"] == {"step_rewards": {"enabled": True}}
-    config = spec_to_config(spec, "rl")
+    config = spec_to_config(parse_spec("RLJob", spec))
     assert config["data"] == {"split": "train", "seed_start": 3}
     assert config["training"]["my_knob"] == 7 and config["services"] == {
         "task_url": "http://t",
@@ -199,11 +200,17 @@ def test_unknown_keys_travel_in_extras_and_back():
     assert config_to_spec(model, kind)["training"]["extras"] == {"my_knob": 7}
 
 
-def test_spec_to_config_is_lenient_with_partial_specs():
-    config = spec_to_config({"model": {"base": "x"}, "hyperparameters": {"nEpochs": 1}}, "rl")
-    assert config == {"hyperparameters": {"n_epochs": 1}, "job": {"model": "x"}}
-    config = spec_to_config({"taskApp": {"name": "m"}, "training": {"numEpochs": 2, "extras": {"k": 1}}})
-    assert config == {"training": {"num_epochs": 2, "k": 1}}
+def test_spec_to_config_keeps_what_the_spec_sets_and_drops_the_operators_fields():
+    spec = {**SFT_SPEC, "hyperparameters": {"nEpochs": 1}, "suspend": True, "storage": {"bucket": "b"}}
+    assert spec_to_config(parse_spec("SFTJob", spec)) == {
+        "algorithm": {"type": "offline", "method": "sft", "variety": "fft"},
+        "hyperparameters": {"n_epochs": 1},
+        "job": {"model": "x"},
+    }
+    rl = parse_spec("RLJob", {**RL_SPEC, "training": {**RL_SPEC["training"], "extras": {"k": 1}}})
+    config = spec_to_config(rl)
+    assert config["training"]["k"] == 1 and config["training"]["num_epochs"] == 1
+    assert config["services"] == {"task_url": "http://t"} and "task_app" not in config
 
 
 def test_a_synth_backend_id_is_refused_by_validate_and_convert(capsys, tmp_path):

@@ -15,9 +15,6 @@ from posttrain.local.processes import ProcessFailed, ProcessSet
 
 def test_fine_tuned_id_resolves_to_the_earlier_jobs_final_folder():
     model_id = "rl:HuggingFaceTB/SmolLM2-135M-Instruct:local.demo-rl.1a2b3c4d"
-    assert models.parse_fine_tuned_id(model_id) == (
-        "rl", "HuggingFaceTB/SmolLM2-135M-Instruct", "local", "demo-rl", "1a2b3c4d"
-    )  # fmt: skip
     resolved = models.resolve_model(None, model_id, bucket="posttrain")
     assert resolved.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert resolved.model_path == "s3://posttrain/jobs/local/demo-rl-1a2b3c4d/final/"
@@ -42,7 +39,8 @@ def test_model_fields_and_reference_detection():
     assert not runner.needs_reference(
         {"compute": {"topology": {"reference_placement": "none", "gpus_for_ref": 0}}}
     )
-    assert runner.needs_reference({"topology": {"gpus_for_ref": 1}})
+    assert runner.needs_reference({"compute": {"topology": {"gpus_for_ref": 1}}})
+    assert runner.needs_reference({"reference": {"placement": "shared"}})  # on one machine: a server too
     assert runner.model_fields("sft", {"job": {"model": "m"}}) == ("m", None, None)
     assert runner.model_fields("rl", {"policy": {"source": "ft:b:ns.n.12345678", "label": "x"}})[
         1

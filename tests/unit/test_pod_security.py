@@ -5,20 +5,21 @@ the trainer Job's handling of lost pods."""
 from __future__ import annotations
 
 import base64
+from typing import Any
 
+from fixtures.jobs import RL_SPEC, UID, job_object, sft_spec
 from posttrain.controller import render
+from posttrain.controller.objects import Job, parse_job, parse_task_app
+from posttrain.controller.render.taskapp import TaskAppTarget, render_task_app
+from posttrain.controller.render.token import render_token_secret
 from posttrain.controller.settings import OperatorSettings
 
-UID = "1234abcd-5678-90ef-1234-567890abcdef"
 SETTINGS = OperatorSettings(trainer_image="reg/trainer:1", rollout_image="reg/rollout:1")
 
 
-def rljob(**spec: object) -> dict:
-    return {
-        "apiVersion": "posttrain.dev/v1alpha1",
-        "kind": "RLJob",
-        "metadata": {"name": "math-rl", "namespace": "team-a", "uid": UID, "generation": 1},
-        "spec": {
+def rljob(**spec: Any) -> Job:
+    return parse_job(job_object("RLJob", {
+            **RL_SPEC,
             "taskApp": {"name": "math"},
             "model": {"base": "Qwen/Qwen3-0.6B"},
             "algorithm": {"type": "online", "method": "policy_gradient", "variety": "gspo"},
@@ -27,11 +28,15 @@ def rljob(**spec: object) -> dict:
             "reference": {"placement": "dedicated"},
             "judge": {"options": {"provider": "vllm", "model": "Qwen/Qwen3-0.6B"}},
             **spec,
-        },
-    }  # fmt: skip
+        }, name="math-rl", namespace="team-a"))  # fmt: skip
 
 
-TARGET = render.TaskAppTarget(url="http://math-task-app.team-a.svc:8000", secret_name="k", name="math")
+def sftjob() -> Job:
+    spec = sft_spec(model={"base": "Qwen/Qwen3-0.6B"}, compute={"gpuType": "H100", "gpuCount": 1})
+    return parse_job(job_object("SFTJob", spec, name="math-sft", namespace="team-a"))
+
+
+TARGET = TaskAppTarget(url="http://math-task-app.team-a.svc:8000", secret_name="k", name="math")
 
 
 def pods(children: list[dict]) -> list[tuple[str, dict]]:
@@ -75,14 +80,7 @@ def test_every_pod_is_restricted_and_only_the_trainer_has_a_token() -> None:
     }
     trainer = next(p for n, p in pods(out.children) if n == "math-rl-trainer")
     assert [c["name"] for c in trainer["initContainers"]] == ["verify-task-app", "wait-for-servers"]
-    sft = render.render_sftjob(
-        {
-            **rljob(),
-            "kind": "SFTJob",
-            "spec": {"model": {"base": "Qwen/Qwen3-0.6B"}, "compute": {"gpuCount": 1}},
-        },
-        SETTINGS,
-    )
+    sft = render.render_sftjob(sftjob(), SETTINGS)
     for _, pod in pods(sft.children):
         assert_restricted(pod, read_only=True)
 
@@ -94,7 +92,7 @@ def test_task_app_pods_are_restricted_but_keep_a_writable_root() -> None:
         "metadata": {"name": "math", "namespace": "team-a", "uid": UID},
         "spec": {"image": "reg/math:1", "scheduling": {"nodeSelector": {"pool": "cpu"}}},
     }
-    (dep, _svc) = render.render_task_app(ta, SETTINGS)
+    (dep, _svc) = render_task_app(parse_task_app(ta), SETTINGS)
     pod = dep["spec"]["template"]["spec"]
     assert_restricted(pod, read_only=False)
     assert pod["automountServiceAccountToken"] is False and pod["nodeSelector"] == {"pool": "cpu"}
@@ -125,9 +123,7 @@ def test_network_policy_admits_only_the_job_and_its_task_app() -> None:
                             if c["kind"] in ("Deployment", "Job")]:  # fmt: skip
         labels = pod_template["metadata"]["labels"]
         assert all(labels.get(k) == v for k, v in own["matchLabels"].items())
-    by_url = render.render_rljob(
-        rljob(taskApp={"url": "http://x"}), SETTINGS, render.TaskAppTarget("http://x", None)
-    )
+    by_url = render.render_rljob(rljob(taskApp={"url": "http://x"}), SETTINGS, TaskAppTarget("http://x", None))
     (policy,) = [c for c in by_url.children if c["kind"] == "NetworkPolicy"]
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": own}]}]
 
@@ -139,7 +135,7 @@ def test_servers_and_trainer_share_the_rollout_token_secret() -> None:
     for _, pod in pods(out.children):
         env = {e["name"]: e.get("valueFrom") for e in pod["containers"][0]["env"]}
         assert env["POSTTRAIN_ROLLOUT_TOKEN"] == want
-    secret = render.render_token_secret(rljob(), "s3cr3t")
+    secret = render_token_secret(rljob().owner, "s3cr3t")
     assert secret["kind"] == "Secret" and base64.b64decode(secret["data"]["token"]) == b"s3cr3t"
     assert secret["metadata"]["ownerReferences"][0]["uid"] == UID
     # the token never appears in what is rendered for the job (ConfigMap, env values)
@@ -169,25 +165,17 @@ def test_trainer_job_survives_disruptions_and_fails_fast_on_config_errors() -> N
 
 def test_checkpoints_by_default() -> None:
     out = render.render_rljob(rljob(), SETTINGS, TARGET)
-    assert out.jobfile["checkpoint_every"] == 10
-    mine = render.render_rljob(rljob(training={"extras": {"checkpoint_every": 3}}), SETTINGS, TARGET)
-    assert mine.jobfile["checkpoint_every"] == 3
-    sft = render.render_sftjob(
-        {
-            **rljob(),
-            "kind": "SFTJob",
-            "spec": {"model": {"base": "Qwen/Qwen3-0.6B"}, "compute": {"gpuCount": 1}},
-        },
-        SETTINGS,
-    )
-    assert sft.jobfile["checkpoint_every"] == 200
+    assert out.jobfile.checkpoint_every == 10
+    training = {**RL_SPEC["training"], "extras": {"checkpoint_every": 3}}
+    mine = render.render_rljob(rljob(training=training), SETTINGS, TARGET)
+    assert mine.jobfile.checkpoint_every == 3
+    sft = render.render_sftjob(sftjob(), SETTINGS)
+    assert sft.jobfile.checkpoint_every == 200
 
 
-def test_operator_and_trainer_agree_on_the_config_error_exit_codes() -> None:
-    from posttrain.controller import trainer_policy
-    from posttrain_trainer import exitcodes
+def test_the_launcher_exits_with_a_workers_config_error_code() -> None:
+    from posttrain.api import exitcodes
 
-    assert trainer_policy.CONFIG_ERROR_EXIT_CODES == exitcodes.CONFIG_ERROR_EXIT_CODES
     assert exitcodes.launcher_exit_code([1, 78, 1]) == 78
     assert exitcodes.launcher_exit_code([143, 65]) == 65
     assert exitcodes.launcher_exit_code([1, -9]) == 1
@@ -206,7 +194,7 @@ def test_unrenderable_specs_name_the_field() -> None:
     out = render.render_rljob(
         rljob(model={"base": "org/{x}"}), OperatorSettings(base_model_uri="s3://m/{base}/"), TARGET
     )
-    assert out.jobfile["model_path"] == "s3://m/org/{x}/"
+    assert out.jobfile.model_path == "s3://m/org/{x}/"
 
 
 def test_a_resource_quantity_that_is_not_one_names_its_field() -> None:

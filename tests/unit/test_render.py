@@ -1,24 +1,27 @@
-"""render.py: spec -> manifests, pure."""
+"""controller/render: a parsed job -> manifests, pure."""
 
 from __future__ import annotations
 
-import copy
 import json
+from typing import Any
 
-import pytest
+from fixtures.jobs import RL_SPEC, UID, job_object, sft_spec
+from posttrain.api.jobfile import JobFile
 from posttrain.controller import render
+from posttrain.controller.objects import Job, parse_job, parse_task_app
+from posttrain.controller.render.model import model_location
+from posttrain.controller.render.taskapp import TaskAppTarget, render_task_app, task_app_target
 from posttrain.controller.settings import OperatorSettings
 
-UID = "1234abcd-5678-90ef-1234-567890abcdef"
 SETTINGS = OperatorSettings(trainer_image="reg/trainer:1", rollout_image="reg/rollout:1", s3_bucket="bkt")
-TARGET = render.TaskAppTarget(url="http://math.tasks.svc:8000", secret_name="task-key", name=None)
+TARGET = TaskAppTarget(url="http://math.tasks.svc:8000", secret_name="task-key", name=None)
 
 
-def rljob(**spec_over: object) -> dict:
+def rljob(name: str = "math-rl", **spec_over: Any) -> Job:
     spec = {
+        **RL_SPEC,
         "taskApp": {"url": "http://math.tasks.svc:8000", "apiKeySecretRef": {"name": "task-key"}},
         "model": {"base": "Qwen/Qwen3-0.6B", "trainerMode": "full"},
-        "algorithm": {"type": "online", "method": "policy_gradient", "variety": "gspo"},
         "compute": {
             "gpuType": "H100",
             "gpuCount": 8,
@@ -26,16 +29,12 @@ def rljob(**spec_over: object) -> dict:
             "topology": {"gpusForVllm": 4, "gpusForTraining": 3, "gpusForRef": 1, "tensorParallel": 2},
         },
         "reference": {"placement": "dedicated"},
-        "training": {"numEpochs": 1, "extras": {"weird_key": 3}},
+        "training": {**RL_SPEC["training"], "extras": {"weird_key": 3}},
         "originalToml": "[algorithm]\ntype = 'online'\n",
     }
     spec.update(spec_over)
-    return {
-        "apiVersion": "posttrain.dev/v1alpha1",
-        "kind": "RLJob",
-        "metadata": {"name": "math-rl", "namespace": "team-a", "uid": UID, "generation": 1},
-        "spec": spec,
-    }
+    return parse_job(job_object("RLJob", {k: v for k, v in spec.items() if v is not None}, name=name,
+                                namespace="team-a"))  # fmt: skip
 
 
 def by(children: list[dict], kind: str, role: str) -> dict:
@@ -95,8 +94,8 @@ def test_rljob_children_topology_and_labels() -> None:
     ref = by(out.children, "Deployment", "reference")
     assert ref["spec"]["replicas"] == 1
     assert ref["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert out.jobfile["endpoints"]["policy"] == ["http://math-rl-rollout.team-a.svc:8000"]
-    assert out.jobfile["endpoints"]["reference"] == "http://math-rl-reference.team-a.svc:8000"
+    assert out.jobfile.endpoints.policy == ["http://math-rl-rollout.team-a.svc:8000"]
+    assert out.jobfile.endpoints.reference == "http://math-rl-reference.team-a.svc:8000"
 
 
 def test_rollout_role_is_policy() -> None:
@@ -106,15 +105,13 @@ def test_rollout_role_is_policy() -> None:
 
 
 def test_trainer_indexed_job_torchrun_env() -> None:
-    spec = rljob()
-    spec["spec"]["compute"] = {
+    compute = {
         "gpuType": "H100",
         "gpuCount": 24,
         "nodes": 2,
         "topology": {"gpusForVllm": 8, "gpusForTraining": 16, "tensorParallel": 1},
     }
-    spec["spec"].pop("reference")
-    out = render.render_rljob(spec, SETTINGS, TARGET)
+    out = render.render_rljob(rljob(compute=compute, reference=None), SETTINGS, TARGET)
     job = by(out.children, "Job", "trainer")
     js = job["spec"]
     assert js["completionMode"] == "Indexed"
@@ -177,10 +174,10 @@ def test_configmap_has_jobfile_and_toml_and_no_secret_values() -> None:
 
 
 def test_jobfile_validates_against_trainer_contract() -> None:
-    jobfile_mod = pytest.importorskip("posttrain.api.jobfile")
     out = render.render_rljob(rljob(), SETTINGS, TARGET)
-    parsed = jobfile_mod.JobFile.model_validate(out.jobfile)
-    assert parsed.kind == "rl" and parsed.plural == "rljobs"
+    cm = by(out.children, "ConfigMap", "config")
+    parsed = JobFile.model_validate(json.loads(cm["data"]["job.json"]))
+    assert parsed == out.jobfile and parsed.kind == "rl" and parsed.plural == "rljobs"
 
 
 def test_image_override_and_scheduling_passthrough() -> None:
@@ -228,7 +225,7 @@ def test_judges_self_hosted_vs_external() -> None:
     out = render.render_rljob(hosted, SETTINGS, TARGET)
     judge = by(out.children, "Deployment", "judge")
     assert judge["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    assert out.jobfile["endpoints"]["judges"] == {"judge": "http://math-rl-judge.team-a.svc:8000"}
+    assert out.jobfile.endpoints.judges == {"judge": "http://math-rl-judge.team-a.svc:8000"}
 
     external = rljob(judge={"options": {"provider": "openai", "model": "gpt-4o-mini"}})
     out = render.render_rljob(external, SETTINGS, TARGET)
@@ -242,49 +239,14 @@ def test_judges_self_hosted_vs_external() -> None:
     assert "OPENAI_API_KEY" not in json.dumps(out.children)
 
 
-@pytest.mark.parametrize(
-    ("compute", "reference", "want"),
-    [
-        ({"gpuCount": 2, "topology": {"gpusForVllm": 1, "gpusForTraining": 1}}, {}, (1, 1, 0, 1)),
-        (
-            {"gpuCount": 8, "topology": {"gpusForVllm": 5, "gpusForTraining": 2, "gpusForRef": 1}},
-            {},
-            (5, 2, 1, 5),
-        ),
-        (
-            {
-                "gpuCount": 8,
-                "topology": {"gpusForVllm": 4, "gpusForTraining": 4, "referencePlacement": "none"},
-            },
-            {"placement": "dedicated"},
-            (4, 4, 1, 4),
-        ),
-        (
-            {"gpuCount": 4, "topology": {"gpusForVllm": 4, "tensorParallel": 4, "gpusForTraining": 0}},
-            {},
-            (4, 0, 0, 1),
-        ),
-        ({"gpuCount": 4}, {}, (2, 2, 0, 2)),
-    ],
-)
-def test_topology(compute: dict, reference: dict, want: tuple) -> None:
-    topo = render.topology({"compute": compute, "reference": reference}, "rl")
-    assert (topo.gpus_for_vllm, topo.gpus_for_training, topo.gpus_for_ref, topo.rollout_replicas) == want
-
-
 def test_sftjob_children_dataset_configmap() -> None:
-    job = {
-        "apiVersion": "posttrain.dev/v1alpha1",
-        "kind": "SFTJob",
-        "metadata": {"name": "sft1", "namespace": "ns", "uid": UID, "generation": 1},
-        "spec": {
-            "model": {"base": "posttrain/tiny-random-qwen2"},
-            "compute": {"gpuType": "H100", "gpuCount": 2},
-            "hyperparameters": {"nEpochs": 1, "batchSize": 4},
-            "dataset": {"configMapRef": {"name": "sft1-data", "key": "train.jsonl"}},
-        },
-    }
-    out = render.render_sftjob(job, SETTINGS)
+    spec = sft_spec(
+        model={"base": "posttrain/tiny-random-qwen2"},
+        compute={"gpuType": "H100", "gpuCount": 2},
+        hyperparameters={"nEpochs": 1, "batchSize": 4},
+        dataset={"configMapRef": {"name": "sft1-data", "key": "train.jsonl"}},
+    )
+    out = render.render_sftjob(parse_job(job_object("SFTJob", spec, name="sft1")), SETTINGS)
     assert sorted(c["kind"] for c in out.children) == [
         "ConfigMap",
         "Job",
@@ -297,44 +259,44 @@ def test_sftjob_children_dataset_configmap() -> None:
     pod = by(out.children, "Job", "trainer")["spec"]["template"]["spec"]
     assert "initContainers" not in pod
     assert {"name": "data", "configMap": {"name": "sft1-data"}} in pod["volumes"]
-    assert out.jobfile["dataset"]["train"] == "/data/train.jsonl"
-    assert out.jobfile["kind"] == "sft" and out.jobfile["task_app"] is None
-    assert out.jobfile["config"]["hyperparameters"]["n_epochs"] == 1
+    assert out.jobfile.dataset.train == "/data/train.jsonl"
+    assert out.jobfile.kind == "sft" and out.jobfile.task_app is None
+    assert out.jobfile.config["hyperparameters"]["n_epochs"] == 1
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    job["spec"]["dataset"] = {"uri": "s3://bkt/datasets/x.jsonl"}
-    assert render.render_sftjob(job, SETTINGS).jobfile["dataset"]["train"] == "s3://bkt/datasets/x.jsonl"
+    spec["dataset"] = {"uri": "s3://bkt/datasets/x.jsonl"}
+    job = parse_job(job_object("SFTJob", spec, name="sft1"))
+    assert render.render_sftjob(job, SETTINGS).jobfile.dataset.train == "s3://bkt/datasets/x.jsonl"
 
 
 def test_long_names_stay_valid_and_stable() -> None:
-    job = rljob()
-    job["metadata"]["name"] = "a" * 63
-    out = render.render_rljob(job, SETTINGS, TARGET)
+    out = render.render_rljob(rljob("a" * 63), SETTINGS, TARGET)
     names = [c["metadata"]["name"] for c in out.children]
     assert all(len(n) <= 63 for n in names)
     assert len(by(out.children, "Job", "trainer")["metadata"]["name"]) <= 57
-    again = render.render_rljob(copy.deepcopy(job), SETTINGS, TARGET)
+    again = render.render_rljob(rljob("a" * 63), SETTINGS, TARGET)
     assert names == [c["metadata"]["name"] for c in again.children]
 
 
 def test_fine_tuned_source_resolves_to_s3() -> None:
     job = rljob(model={"source": "ft:Qwen/Qwen3-0.6B:team-a.sft1.abcd1234"})
-    base, path = render.model_ids(job["spec"], SETTINGS)
+    base, path = model_location(job.spec, SETTINGS)
     assert base == "Qwen/Qwen3-0.6B"
     assert path == "s3://bkt/jobs/team-a/sft1-abcd1234/final/"
 
 
 def test_task_app_by_name_uses_taskapp_url_and_secret() -> None:
-    spec = {"taskApp": {"name": "math"}}
+    spec = rljob(taskApp={"name": "math"}).rl
     ta = {
+        "kind": "TaskApp",
         "metadata": {"name": "math", "namespace": "ns"},
         "spec": {"image": "math:1", "port": 8100, "apiKeySecretRef": {"name": "math-key"}},
     }
-    target = render.task_app_target(spec, ta, "ns")
+    target = task_app_target(spec, parse_task_app(ta))
     assert target is not None
     assert target.url == "http://math-task-app.ns.svc:8100"
     assert target.secret_name == "math-key" and target.display.startswith("TaskApp math")
     ta["status"] = {"url": "http://elsewhere:1"}
-    assert render.task_app_target(spec, ta, "ns").url == "http://elsewhere:1"
+    assert task_app_target(spec, parse_task_app(ta)).url == "http://elsewhere:1"
 
 
 def test_task_app_image_children() -> None:
@@ -342,14 +304,15 @@ def test_task_app_image_children() -> None:
         "apiVersion": "posttrain.dev/v1alpha1",
         "kind": "TaskApp",
         "metadata": {"name": "math", "namespace": "ns", "uid": UID},
-        "spec": {"image": "math:1", "env": {"A": "1"}, "replicas": 2, "apiKeySecretRef": {"name": "k"}},
-    }
-    dep, svc = render.render_task_app(ta, SETTINGS)
+        "spec": {"image": "math:1", "env": [{"name": "A", "value": "1"}], "replicas": 2,
+                 "apiKeySecretRef": {"name": "k"}},
+    }  # fmt: skip
+    dep, svc = render_task_app(parse_task_app(ta), SETTINGS)
     assert dep["spec"]["replicas"] == 2 and svc["kind"] == "Service"
     env = env_of(dep["spec"]["template"]["spec"]["containers"][0])
     assert env["A"] == "1" and env["ENVIRONMENT_API_KEY"]["secretKeyRef"]["name"] == "k"
     assert dep["metadata"]["labels"]["posttrain.dev/role"] == "task-app"
-    assert render.render_task_app({**ta, "spec": {"url": "http://x"}}, SETTINGS) == []
+    assert render_task_app(parse_task_app({**ta, "spec": {"url": "http://x"}}), SETTINGS) == []
 
 
 def test_per_job_trainer_identity() -> None:
@@ -379,6 +342,6 @@ def test_kueue_owns_suspend_while_queued() -> None:
     queued = rljob(scheduling={"queueName": "q"})
     trainer = by(render.render_rljob(queued, SETTINGS, TARGET).children, "Job", "trainer")
     assert "suspend" not in trainer["spec"] and render.desired_state(trainer) == {}
-    queued["spec"]["suspend"] = True
+    queued = rljob(scheduling={"queueName": "q"}, suspend=True)
     trainer = by(render.render_rljob(queued, SETTINGS, TARGET).children, "Job", "trainer")
     assert trainer["spec"]["suspend"] is True

@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from fixtures.jobs import UID, job_object, rl_spec, sft_spec
+from posttrain.controller.objects import Job, Owner, parse_job
 from posttrain.controller.status import (
     DeploymentObs,
     Expected,
@@ -21,7 +23,6 @@ from posttrain.controller.status import (
 )
 
 NOW = datetime(2026, 11, 22, 14, 0, 0, tzinfo=UTC)
-UID = "1234abcd-5678-90ef-1234-567890abcdef"
 EXPECTED = Expected(
     trainer="j-trainer",
     nodes=1,
@@ -40,14 +41,9 @@ BAD_KEY = Verification(
 )
 
 
-def job(kind: str = "RLJob", status: dict | None = None, **spec: Any) -> dict:
-    return {
-        "apiVersion": "posttrain.dev/v1alpha1",
-        "kind": kind,
-        "metadata": {"name": "j", "namespace": "ns", "uid": UID, "generation": 3},
-        "spec": {"model": {"base": "Qwen/Qwen3-0.6B"}, **spec},
-        "status": status or {},
-    }
+def job(kind: str = "RLJob", status: dict | None = None, **spec: Any) -> Job:
+    complete = (rl_spec if kind == "RLJob" else sft_spec)(model={"base": "Qwen/Qwen3-0.6B"}, **spec)
+    return parse_job(job_object(kind, complete, uid=UID, generation=3, status=status or {}))
 
 
 def trainer(**kw: Any) -> TrainerObs:
@@ -66,7 +62,7 @@ def all_children(ready: int = 1, trainer_obs: TrainerObs | None = None) -> Obser
 @dataclass
 class Case:
     name: str
-    job: dict
+    job: Job
     observed: Observed = field(default_factory=Observed)
     expected: Expected | None = EXPECTED
     verification: Verification | None = OK
@@ -122,8 +118,8 @@ def test_phase_table(case: Case) -> None:
         verification=case.verification,
         now=NOW,
         bucket="bkt",
-        needs_verification=not case.sft,
     )
+    assert case.job.is_rl is not case.sft
     assert out["phase"] == case.phase
     if case.reason:
         assert out["reason"] == case.reason
@@ -215,16 +211,17 @@ def test_set_condition_keeps_order() -> None:
 
 
 def test_taskapp_status() -> None:
-    ta = {"metadata": {"name": "math", "generation": 1}, "spec": {"url": "http://t"}}
+    ta = Owner("TaskApp", "math", "ns", UID, generation=1)
     info = {"id": "math", "name": "Arithmetic", "rubric": True}
     ok = taskapp_status(
-        ta, "http://t", Verification("ok", "TaskApp math", "fine", "Verified", 200, info), NOW
+        ta, {}, "http://t", Verification("ok", "TaskApp math", "fine", "Verified", 200, info), NOW
     )
     assert ok["verified"] is True and ok["taskInfo"] == info and ok["url"] == "http://t"
     cond = get_condition(ok, "Verified")
     assert cond["status"] == "True"
     outage = taskapp_status(
-        {**ta, "status": ok},
+        ta,
+        ok,
         "http://t",
         Verification("failed", "TaskApp math", "GET /health -> HTTP 503", "Unconfigured", 503),
         NOW + timedelta(minutes=1),
@@ -353,9 +350,10 @@ def test_an_invalid_spec_fails_the_job_with_the_field() -> None:
 
 
 def test_taskapp_status_carries_message_reason_generation() -> None:
-    ta = {"metadata": {"name": "math", "generation": 4}, "spec": {"url": "http://t"}}
+    ta = Owner("TaskApp", "math", "ns", UID, generation=4)
     out = taskapp_status(
         ta,
+        {},
         "http://t",
         Verification("failed", "TaskApp math", "GET /health -> HTTP 503", "HTTPError", 503),
         NOW,

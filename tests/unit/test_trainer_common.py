@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from posttrain.api.jobfile import JobFile, load_jobfile
-from posttrain_trainer.artifacts import fine_tuned_model_id, uid8
+from posttrain_trainer.artifacts import job_model_id
 from posttrain_trainer.optim import BatchPlan, accumulation_groups
 from posttrain_trainer.report import Reporter, camel_progress
 
@@ -49,13 +49,10 @@ def test_jobfile_rejects_bad_kind():
         JobFile.model_validate({**JOB, "kind": "dpo"})
 
 
-def test_fine_tuned_model_id():
-    assert uid8("1234abcd-ef56-7890") == "1234abcd"
-    assert (
-        fine_tuned_model_id("ft", "Qwen/Qwen3-4B", "ns", "job", "1234abcd-ef56")
-        == "ft:Qwen/Qwen3-4B:ns.job.1234abcd"
-    )
-    assert fine_tuned_model_id("rl", "b", "n", "j", "ab-cd-ef-01-23-45") == "rl:b:n.j.abcdef01"
+def test_job_model_id():
+    assert job_model_id(JobFile.model_validate(JOB)) == "ft:posttrain/tiny-random-qwen2:team-a.demo.1234abcd"
+    rl = JobFile.model_validate({**JOB, "kind": "rl", "job": {**JOB["job"], "uid": "ab-cd-ef-01-23-45"}})
+    assert job_model_id(rl) == "rl:posttrain/tiny-random-qwen2:team-a.demo.abcdef01"
 
 
 def test_progress_keys_are_camel_case():

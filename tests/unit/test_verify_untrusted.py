@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from posttrain.controller.settings import OperatorSettings
 from posttrain.controller.verify import (
     BAD_RESPONSE,
@@ -133,7 +134,15 @@ def test_cached_results_expire_and_failures_expire_sooner() -> None:
 
 
 def test_verification_knobs_are_bounded() -> None:
-    policy = VerifyPolicy.from_settings(
-        OperatorSettings(), {"timeoutSeconds": 10**6, "periodSeconds": 1, "requestTimeoutSeconds": 900}
-    )
+    from posttrain.api.resources import Verification
+    from posttrain.controller.objects import parse_task_app
+    from posttrain.controller.spec_errors import SpecError
+
+    knobs = {"timeoutSeconds": 10**6, "periodSeconds": 1, "requestTimeoutSeconds": 900}
+    with pytest.raises(SpecError) as err:  # what the CRD refuses, the operator's models refuse too
+        parse_task_app({"kind": "TaskApp", "metadata": {"name": "t"}, "spec": {"url": "http://t", "verification": knobs}})
+    assert str(err.value).startswith("spec.verification.")
+    unchecked = Verification.model_construct(timeout_seconds=10**6, period_seconds=1, request_timeout_seconds=900)
+    policy = VerifyPolicy.from_settings(OperatorSettings(), unchecked)
     assert (policy.timeout_seconds, policy.period_seconds, policy.request_timeout) == (3600, 5, 60)
+    assert VerifyPolicy.from_settings(OperatorSettings(verify_request_timeout=900)).request_timeout == 60

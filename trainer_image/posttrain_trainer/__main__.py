@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from posttrain.api.exitcodes import EXIT_CONFIG_ERROR
 from posttrain.api.jobfile import load_jobfile
 from pydantic import ValidationError
-
-from posttrain_trainer.exitcodes import EXIT_CONFIG_ERROR
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kind == "sft":
         from posttrain_trainer.sft import main as run
     else:
-        from posttrain_trainer.rl import main as run  # issue 5b
+        from posttrain_trainer.rl import main as run
     return int(run(job) or 0)
 
 

@@ -9,27 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.api.jobfile import JobFile
+from posttrain.api.model_ids import fine_tuned_model_id
 
 from posttrain_trainer import storage as s3
 
-try:  # owned by issue 2; the local copy below follows the same rule
-    from posttrain.api.model_ids import fine_tuned_model_id as _api_fine_tuned_model_id
-except Exception:  # pragma: no cover - trainer image without the operator package
-    _api_fine_tuned_model_id = None
-
-
-def uid8(uid: str) -> str:
-    return uid.replace("-", "")[:8]
-
-
-def fine_tuned_model_id(kind_prefix: str, base: str, namespace: str, name: str, uid: str) -> str:
-    """`ft:<base>:<ns>.<name>.<uid8>` (SFT) or `rl:...` (RL); posttrain.api.model_ids when installed."""
-    if _api_fine_tuned_model_id is not None:
-        return _api_fine_tuned_model_id(kind_prefix, base, namespace, name, uid)
-    return f"{kind_prefix}:{base}:{namespace}.{name}.{uid8(uid)}"
-
 
 def job_model_id(job: JobFile) -> str:
+    """The fine_tuned_model id this job produces: `ft:<base>:<ns>.<name>.<uid8>` (SFT) or `rl:...` (RL)."""
     return fine_tuned_model_id(
         "rl" if job.kind == "rl" else "ft", job.base_model, job.job.namespace, job.job.name, job.job.uid
     )

@@ -1,6 +1,6 @@
 """torch.distributed from the torchrun environment, and the training engine (DDP or DeepSpeed ZeRO).
 
-What runs where (measured, see /work/shared/reference/deepspeed-cpu.md and tests/integration/test_trainer_*):
+What runs where (measured, see docs/deepspeed-cpu.md and tests/integration/test_trainer_*):
 - CPU (gloo): single process, DDP over N processes, DeepSpeed ZeRO 0-3 (fp32, and bf16 at stage >= 1;
   bf16 at stage 0 drifts, so bf16 is forced to stage >= 1 here). The DeepSpeed shared-memory comm op is
   disabled on CPU (its JIT compile takes ~85 s and changes nothing).

@@ -19,7 +19,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-SELF_HOSTED = {"self-hosted", "selfhosted", "vllm", "local"}
+from posttrain.api.sections import is_self_hosted_judge
+
 MAX_FIELD_CHARS = 4000  # keep judge prompts bounded: long observations are cut
 
 
@@ -52,7 +53,7 @@ def judge_base_url(options: dict[str, Any], endpoints: dict[str, str] | None) ->
     provider = str(options["provider"]).lower()
     if options.get("base_url"):
         return str(options["base_url"])
-    if provider in SELF_HOSTED:
+    if is_self_hosted_judge(provider):
         url = (endpoints or {}).get("judge") or next(iter((endpoints or {}).values()), None)
         if not url:
             raise ValueError(

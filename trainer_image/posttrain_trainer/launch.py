@@ -1,12 +1,12 @@
 """`python -m posttrain_trainer.launch <torchrun arguments>`: torchrun, run in this process, whose exit
-code keeps a worker's configuration-error code (posttrain_trainer.exitcodes), so the trainer Job's
+code keeps a worker's configuration-error code (posttrain.api.exitcodes), so the trainer Job's
 podFailurePolicy can fail a job whose config is wrong at once instead of retrying it."""
 
 from __future__ import annotations
 
 import sys
 
-from posttrain_trainer.exitcodes import EXIT_OK, launcher_exit_code
+from posttrain.api.exitcodes import EXIT_OK, launcher_exit_code
 
 
 def main(argv: list[str] | None = None) -> int:

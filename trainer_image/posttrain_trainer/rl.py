@@ -43,13 +43,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from posttrain.api.exitcodes import EXIT_CONFIG_ERROR, EXIT_RETRYABLE
 from posttrain.api.jobfile import JobFile
 
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
 from posttrain_trainer import gspo
 from posttrain_trainer import storage as s3
-from posttrain_trainer.exitcodes import EXIT_CONFIG_ERROR, EXIT_RETRYABLE
 from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.rollouts import (

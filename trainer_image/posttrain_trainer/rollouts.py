@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.api.model_ids import uid8
+
 from posttrain_trainer.server_auth import rollout_auth_headers
 
 DEFAULT_ERROR_BUDGET = 0.25
@@ -51,7 +53,7 @@ class RolloutBudgetExceeded(RuntimeError):
 
 def run_tag(name: str, uid: str) -> str:
     """The run part of a correlation id: `<job name>-<uid8>`, only URL-safe characters."""
-    tag = f"{name}-{uid.replace('-', '')[:8]}"
+    tag = f"{name}-{uid8(uid)}"
     return _CID_SAFE.sub("-", tag).strip("-") or "run"
 
 

@@ -17,9 +17,10 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
-from posttrain.api import model_ids
+from posttrain.api import model_ids, topology
 from posttrain.api.base import Section
 from posttrain.api.sections import (
+    JUDGE_PROVIDERS,
     AlgorithmConfig,
     ComputeConfig,
     EvaluationConfig,
@@ -47,7 +48,6 @@ SFT_ALGORITHMS = {
     ("offline", "supervised_finetune", "fft"),
     ("offline", "sft", "lora"),
 }
-JUDGE_PROVIDERS = ("openai", "groq", "gemini", "self-hosted", "vllm")
 DEPRECATED_JUDGE_OPTIONS = ("max_concurrency", "tracks")
 
 
@@ -67,7 +67,7 @@ def _tags(value: Any) -> Any:
 
 
 class RLConfig(Section):
-    """A synth RL TOML (synth-compat.md section 1), after the lenient aliases are resolved."""
+    """A synth RL TOML (docs/synth-compat.md section 1), after the lenient aliases are resolved."""
 
     algorithm: AlgorithmConfig = Field(description="(online, policy_gradient, gspo).")
     services: ServicesConfig | None = Field(None, description="Task app and judge URLs.")
@@ -90,7 +90,7 @@ class RLConfig(Section):
 
 
 class SFTConfig(Section):
-    """A synth SFT TOML (synth-compat.md section 2), after the lenient aliases are resolved."""
+    """A synth SFT TOML (docs/synth-compat.md section 2), after the lenient aliases are resolved."""
 
     algorithm: AlgorithmConfig = Field(description="(offline, sft, fft|lora).")
     job: SFTJobSection = Field(description="Base model and training data.")
@@ -369,71 +369,10 @@ def _rl_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) ->
     assert config.model is not None
     _check_model_ids(config.model, "rl", problems)
     _vision_autofill(config.model)
-    compute = config.compute
-    topo = compute.topology
-    if topo is not None:
-        parts = (topo.gpus_for_vllm, topo.gpus_for_training, topo.gpus_for_ref)
-        if all(p is not None for p in parts) and sum(parts) != compute.gpu_count:  # type: ignore[arg-type]
-            problems.append(
-                Problem(
-                    f"gpus_for_vllm + gpus_for_training + gpus_for_ref = {sum(parts)} but compute.gpu_count = "  # type: ignore[arg-type]
-                    f"{compute.gpu_count}",
-                    field="compute.topology",
-                    fix="make the three role counts add up to compute.gpu_count",
-                )
-            )
-        if (
-            topo.tensor_parallel
-            and topo.gpus_for_vllm is not None
-            and topo.gpus_for_vllm % topo.tensor_parallel
-        ):
-            problems.append(
-                Problem(
-                    f"tensor_parallel = {topo.tensor_parallel} does not divide gpus_for_vllm = {topo.gpus_for_vllm}",
-                    field="compute.topology.tensor_parallel",
-                    fix="choose a tensor_parallel that divides gpus_for_vllm",
-                )
-            )
-        trainer = trainer_gpus(config)
-        if compute.nodes and trainer is not None and trainer % compute.nodes:
-            problems.append(
-                Problem(
-                    f"compute.nodes = {compute.nodes} does not divide the {trainer} trainer GPUs",
-                    field="compute.nodes",
-                    fix="use a node count that divides gpus_for_training",
-                )
-            )
-        # reference placement: an explicit [reference].placement or gpus_for_ref > 0 wins over "none"
-        ref_placement = config.reference.placement if config.reference else None
-        if topo.reference_placement in (None, "none"):
-            if ref_placement in ("shared", "dedicated"):
-                topo.reference_placement = ref_placement
-            elif topo.gpus_for_ref:
-                topo.reference_placement = "dedicated"
-            else:
-                topo.reference_placement = "none"
-        if config.reference is None:
-            config.reference = ReferenceConfig(placement=topo.reference_placement)
-        elif ref_placement in (None, "none"):
-            config.reference.placement = topo.reference_placement
-        if topo.reference_placement == "dedicated" and topo.gpus_for_ref == 0:
-            problems.append(
-                Problem(
-                    "a dedicated reference model needs GPUs but gpus_for_ref = 0",
-                    field="compute.topology.gpus_for_ref",
-                    fix='set gpus_for_ref >= 1 or reference placement = "none"/"shared"',
-                )
-            )
-    vllm_tp = config.vllm.tensor_parallel_size if config.vllm else None
-    if vllm_tp and topo and topo.tensor_parallel and vllm_tp != topo.tensor_parallel:
-        problems.append(
-            Problem(
-                f"vllm.tensor_parallel_size = {config.vllm.tensor_parallel_size} but topology.tensor_parallel = "
-                f"{topo.tensor_parallel}",
-                field="vllm.tensor_parallel_size",
-                fix="make them equal",
-            )
-        )
+    problems += topology.split_problems(config.compute)
+    config.reference = topology.settle_reference_placement(config.compute, config.reference)
+    problems += topology.dedicated_reference_problems(config.compute)
+    problems += topology.tensor_parallel_problems(config.compute, config.vllm)
     pc = config.rollout.policy_config
     if pc is not None and pc.image_only_mode and pc.use_vision is False:
         problems.append(Problem("image_only_mode implies use_vision", field="rollout.policy_config.use_vision",
@@ -449,24 +388,6 @@ def _rl_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) ->
     if wants_vision and not config.model.supports_vision:
         warnings.append("rollout asks for vision but the model does not support it (model.supports_vision)")
     _judge_rules(config, problems, warnings)
-
-
-def trainer_gpus(config: RLConfig) -> int | None:
-    topo = config.compute.topology
-    if topo is None:
-        return None
-    if topo.gpus_for_training is not None:
-        return topo.gpus_for_training
-    if topo.gpus_for_vllm is not None:
-        return config.compute.gpu_count - topo.gpus_for_vllm - (topo.gpus_for_ref or 0)
-    return None
-
-
-def judge_active(judge: JudgeConfig | None) -> bool:
-    """A judge scores rollouts when [judge] is present, not disabled, and names a provider and model."""
-    if judge is None or judge.enabled is False:
-        return False
-    return bool(judge.options and judge.options.provider and judge.options.model)
 
 
 def _judge_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) -> None:

@@ -1,41 +1,36 @@
 """TOML <-> custom resource, and spec -> the normalised synth config the trainer reads.
 
 - `config_to_spec(config, kind)`: a validated RLConfig/SFTConfig -> the RLJob/SFTJob spec (camelCase).
-- `spec_to_config(spec, kind)`: an RLJob/SFTJob spec (dict) -> the normalised snake_case synth config
-  (unknown keys inline). spec_to_config(config_to_spec(c)) == normalized_config(c).
+- `spec_to_config(spec)`: an RLJob/SFTJob spec (posttrain.api.resources.parse_spec) -> the normalised
+  snake_case synth config (unknown keys inline). spec_to_config(parse_spec(config_to_spec(c))) ==
+  normalized_config(c).
 - `toml_to_cr(text, ...)`: what `posttrain convert` does (flags as in synth: --model, --task-url, ...).
-- `load_config(path, kind)` / `toml_file_to_cr(path, ...)`: the same from a file, raising UserError with
-  file:line for every problem (used by `posttrain train` and the local runner).
+- `load(text, ...)`: TOML text -> (kind, validated config, warnings), UserError with file:line for every
+  problem; `toml_file_to_cr(path, ...)`: the custom resource from a file.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
-import inspect
 import json
 import os
 import re
 import tomllib
-import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from posttrain.api import model_ids
-from posttrain.api.base import CR_CONTEXT, EXTRAS_KEY, Section
+from posttrain.api.base import CR_CONTEXT, EXTRAS_KEY
 from posttrain.api.config import (
     ConfigError,
     RLConfig,
     SFTConfig,
     infer_type,
-    load_rl,
-    load_sft,
-    normalized_config,
+    load_config,
     sft_trainer_mode,
 )
-from posttrain.api.resources import API_VERSION, RLJobSpec, SFTJobSpec
+from posttrain.api.resources import API_VERSION, JOB_KINDS, RLJobSpec, SFTJobSpec
 from posttrain.errors import Problem, UserError
 from posttrain.toml_locate import locate
 
@@ -52,7 +47,6 @@ OPERATOR_ONLY = (
     "dataset",
     "validation_dataset",
 )
-KIND_NAMES = {"rl": "RLJob", "sft": "SFTJob"}
 
 
 # ------------------------------------------------------------------------------------ config <-> spec
@@ -102,66 +96,15 @@ def config_to_spec(config: RLConfig | SFTConfig, kind: str) -> dict[str, Any]:
     return spec
 
 
-def _field_type(annotation: Any) -> Any:
-    """The pydantic model inside an annotation (Optional[X], list[X]) or None."""
-    for candidate in (annotation, *typing.get_args(annotation)):
-        if inspect.isclass(candidate) and issubclass(candidate, BaseModel):
-            return candidate
-        for inner in typing.get_args(candidate):
-            if inspect.isclass(inner) and issubclass(inner, BaseModel):
-                return inner
-    return None
-
-
-def _to_config_shape(cls: type[BaseModel] | None, value: Any) -> Any:
-    """camelCase CR data -> snake_case config data, guided by the model (no validation: the API server's
-    schema already checked the object; partial specs convert too). A section's extras go inline, keys kept."""
-    if isinstance(value, list):
-        return [_to_config_shape(cls, v) for v in value]
-    if cls is None or not isinstance(value, dict):
-        return copy.deepcopy(value)
-    by_alias = {}
-    generator = cls.model_config.get("alias_generator")
-    hints = typing.get_type_hints(cls)
-    for name, field in cls.model_fields.items():
-        alias = field.alias or (generator(name) if callable(generator) else name)
-        by_alias[alias] = (name, _field_type(hints[name]))
-        by_alias.setdefault(name, (name, _field_type(hints[name])))
-    out: dict[str, Any] = {}
-    for key, item in value.items():
-        if key == EXTRAS_KEY and isinstance(item, dict) and issubclass(cls, Section):
-            continue
-        if item is None:
-            continue
-        name, sub = by_alias.get(key, (key, None))
-        out[name] = _to_config_shape(sub, item)
-    extras = value.get(EXTRAS_KEY)
-    if isinstance(extras, dict) and issubclass(cls, Section):
-        for key, item in extras.items():
-            out.setdefault(key, copy.deepcopy(item))
-    return out
-
-
-def spec_kind(spec: dict[str, Any]) -> str | None:
-    """The kind ("rl" or "sft") from a spec's content (None when it cannot tell)."""
-    algo = spec.get("algorithm") if isinstance(spec.get("algorithm"), dict) else {}
-    if algo.get("type") == "offline" or any(k in spec for k in ("hyperparameters", "dataset", "job")):
-        return "sft"
-    if algo.get("type") == "online" or any(k in spec for k in ("rollout", "taskApp")):
-        return "rl"
-    return None
-
-
-def spec_to_config(spec: dict[str, Any], kind: str | None = None) -> dict[str, Any]:
-    """An RLJob/SFTJob spec -> the normalised snake_case synth config the trainer reads. `kind` ("rl",
-    "sft", "RLJob", "SFTJob") is read from the spec's content when that is unambiguous."""
-    kind = spec_kind(spec) or {"RLJob": "rl", "SFTJob": "sft"}.get(kind or "", kind) or "rl"
-    spec_class = RLJobSpec if kind == "rl" else SFTJobSpec
-    data = _to_config_shape(spec_class, spec)
+def spec_to_config(spec: RLJobSpec | SFTJobSpec) -> dict[str, Any]:
+    """A job's spec -> the normalised snake_case synth config the trainer reads: the fields the spec sets
+    (unknown keys inline, as in the TOML), without what only the operator acts on; an RL job's task app
+    URL and judge URL back under [services], an SFT job's model back in [job]."""
+    data = spec.model_dump(exclude_unset=True, exclude_none=True, by_alias=False)
     task_app = data.get("task_app") or {}
     for key in OPERATOR_ONLY:
         data.pop(key, None)
-    if kind == "rl":
+    if isinstance(spec, RLJobSpec):
         services = data.get("services") if isinstance(data.get("services"), dict) else {}
         if task_app.get("url"):
             services["task_url"] = task_app["url"]
@@ -253,7 +196,7 @@ def load(
     if model:
         raw = apply_model_override(raw, kind, model)
     try:
-        config, warnings = load_rl(raw) if kind == "rl" else load_sft(raw)
+        config, warnings = load_config(raw, kind)
     except ConfigError as err:
         raise UserError(_problems_with_lines(err.problems, text, file)) from err
     return kind, config, warnings
@@ -339,7 +282,7 @@ def toml_to_cr(
         | {k: v for k, v in spec.items() if k not in head and k != "originalToml"}
         | {"originalToml": text}
     )
-    resource = {"apiVersion": API_VERSION, "kind": KIND_NAMES[kind], "metadata": metadata, "spec": spec}
+    resource = {"apiVersion": API_VERSION, "kind": JOB_KINDS[kind], "metadata": metadata, "spec": spec}
     return resource, warnings
 
 
@@ -350,13 +293,6 @@ def _read(path: str | Path) -> str:
         raise UserError(Problem("no such file", file=str(path), fix="check the --config path")) from err
     except OSError as err:
         raise UserError(Problem(f"cannot read: {err}", file=str(path))) from err
-
-
-def load_config(path: str | Path, kind: str | None = None) -> dict[str, Any]:
-    """A TOML file -> the normalised synth config dict (snake_case, unknown keys kept)."""
-    text = _read(path)
-    _, config, _ = load(text, kind=kind, file=str(path))
-    return normalized_config(config)
 
 
 def toml_file_to_cr(

@@ -1,4 +1,4 @@
-"""SFT JSONL rules (synth-compat.md 2.4), reported per line.
+"""SFT JSONL rules (docs/synth-compat.md 2.4), reported per line.
 
 Each line is a JSON object with `messages`: a list of at least 2 messages (the SDK client's and the docs'
 rule). Each message: `role` a non-empty string (system, user, assistant, tool, developer; other roles are

@@ -1,4 +1,6 @@
-"""The trainer's job file: one JSON document written by the operator (or the local runner) per job.
+"""The trainer's job file: one JSON document per job, written by the operator (posttrain.controller.render,
+into the job's ConfigMap) or the local runner, read by the trainer (posttrain_trainer). Both images ship
+this package, so both sides validate the same model.
 
 Pure pydantic, no torch import, so the operator and the CLI can build and validate job files cheaply.
 Secrets never appear here: S3 keys come from S3_ACCESS_KEY_ID / S3_SECRET_ACCESS_KEY, the task app key from
@@ -12,9 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-GROUP = "posttrain.dev"
-VERSION = "v1alpha1"
-PLURALS = {"rl": "rljobs", "sft": "sftjobs"}
+from posttrain.api.resources import GROUP, JOB_KINDS, VERSION, plural
 
 
 class _Lenient(BaseModel):
@@ -58,7 +58,7 @@ class StorageRef(_Lenient):
     endpoint: str  # host:port, or a URL (http:// / https:// decides `secure` when given)
     secure: bool = False
     bucket: str
-    prefix: str = ""  # = job_artifact_prefix(ns, name, uid): "jobs/<ns>/<name>-<uid8>/"
+    prefix: str = ""  # posttrain.api.model_ids.job_artifact_prefix: "jobs/<ns>/<name>-<uid8>/"
     region: str | None = None
 
     @field_validator("prefix")
@@ -95,7 +95,7 @@ class JobFile(_Lenient):
 
     @property
     def plural(self) -> str:
-        return self.job.plural or PLURALS[self.kind]
+        return self.job.plural or plural(JOB_KINDS[self.kind])
 
     def section(self, name: str) -> dict[str, Any]:
         """A config section as a dict ({} when absent or not a table)."""

@@ -1,5 +1,6 @@
-"""Model ids: synth's allowlist (synth-compat.md 1.10) with experimental gating, fine-tuned ids, and where a
-posttrain job's weights live in S3.
+"""Model ids: synth's allowlist (docs/synth-compat.md 1.10) with experimental gating, fine-tuned ids, and
+where a posttrain job's weights live in S3. The one home of these rules: the CLI, the operator, the local
+runner and the trainer (both images ship this package) import them from here.
 
 - Base ids are looked up case-insensitively and normalised to their canonical spelling.
 - Experimental models (235B/480B and every *-Thinking-2507) need SDK_EXPERIMENTAL=1 (or
@@ -261,4 +262,18 @@ def resolve_model_source(model_id: str, bucket: str) -> str:
     if model_id.startswith("s3://"):
         return model_id
     parsed = parse_fine_tuned_id(model_id)
-    return f"s3://{bucket}/jobs/{parsed.namespace}/{parsed.name}-{parsed.uid8}/final/"
+    return f"s3://{bucket}/{job_artifact_prefix(parsed.namespace, parsed.name, parsed.uid8)}final/"
+
+
+def source_weights(source: str, bucket: str) -> tuple[str, str]:
+    """(base model id, where the weights are) of a model.source: a posttrain fine-tuned id is its job's
+    final/ folder in `bucket`, trained from the base it names; an s3:// URI or an absolute path is its own
+    base. ModelIdError for anything else."""
+    if is_fine_tuned_id(source):
+        return parse_fine_tuned_id(source).base, resolve_model_source(source, bucket)
+    if source.startswith(("s3://", "/")):
+        return source, source
+    raise ModelIdError(
+        f"{source!r} names no weights posttrain can find",
+        fix="use a posttrain fine-tuned id (rl:<base>:<namespace>.<name>.<uid8>) or an s3:// URI",
+    )

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from posttrain.api.base import CRModel, Section
+from posttrain.api.base import CR_CONTEXT, CRModel, Section
 from posttrain.api.sections import (
     AlgorithmConfig,
     ComputeConfig,
@@ -350,3 +350,17 @@ KINDS: dict[str, dict[str, Any]] = {
         "status": TaskAppStatus,
     },  # fmt: skip
 }
+
+# The job file's kind (what the trainer runs) -> the custom resource's kind.
+JOB_KINDS = {"rl": "RLJob", "sft": "SFTJob"}
+
+
+def plural(kind: str) -> str:
+    """rljobs, sftjobs or taskapps for RLJob, SFTJob or TaskApp."""
+    return str(KINDS[kind]["plural"])
+
+
+def parse_spec(kind: str, data: dict[str, Any]) -> RLJobSpec | SFTJobSpec | TaskAppSpec:
+    """The spec of a `kind` object as the API server stores it (camelCase, each section's unknown keys under
+    `extras`) -> its model. pydantic.ValidationError names the fields it refuses."""
+    return KINDS[kind]["spec"].model_validate(data, context=CR_CONTEXT)

@@ -1,4 +1,4 @@
-"""The sections of synth-ai's RL and SFT TOML configs (synth-compat.md sections 1 and 2), typed.
+"""The sections of synth-ai's RL and SFT TOML configs (docs/synth-compat.md sections 1 and 2), typed.
 
 Every section keeps unknown keys (synth forwards them verbatim). The same classes are the sections of the
 RLJob / SFTJob spec (camelCase there, unknown keys under `extras`). Cross-section rules and lenient aliases
@@ -288,6 +288,21 @@ class RubricOverrides(Section):
     outcome: RubricOverride | None = Field(None, description="Outcome rubric.")
 
 
+# Judge providers. External ones are called through their OpenAI-compatible API with the key from
+# <PROVIDER>_API_KEY; a self-hosted judge is a vLLM server the operator (or the local runner) deploys next to
+# the job. A config names one of JUDGE_PROVIDERS; a custom resource written by hand may use any of the
+# self-hosted aliases.
+EXTERNAL_JUDGE_PROVIDERS = ("openai", "groq", "gemini")
+JUDGE_PROVIDERS = (*EXTERNAL_JUDGE_PROVIDERS, "self-hosted", "vllm")
+SELF_HOSTED_JUDGE_PROVIDERS = frozenset({"self-hosted", "selfhosted", "self", "vllm", "posttrain", "local"})
+SELF_HOSTED_JUDGE_GPUS = 1  # GPUs of a self-hosted judge server unless [judge.options].gpus says otherwise
+
+
+def is_self_hosted_judge(provider: str | None) -> bool:
+    """Whether a judge provider name means a judge served next to the job (any spelling, any case)."""
+    return str(provider or "").lower() in SELF_HOSTED_JUDGE_PROVIDERS
+
+
 class JudgeOptionsConfig(Section):
     """`[judge.options]`: which judge model scores rollouts. provider and model are required for a judge."""
 
@@ -302,6 +317,13 @@ class JudgeOptionsConfig(Section):
     weights: dict[str, float] | None = Field(None, max_length=16, description="Score weights by name.")
     rubric_overrides: RubricOverrides | None = Field(None, description="Inline rubric.")
     gpus: int | None = Field(None, ge=1, description="posttrain: GPUs for a self-hosted judge (default 1).")
+
+    def self_hosted(self) -> bool:
+        return is_self_hosted_judge(self.provider)
+
+    def server_gpus(self) -> int:
+        """GPUs of the judge server the job deploys: 0 for an external provider."""
+        return (self.gpus or SELF_HOSTED_JUDGE_GPUS) if self.self_hosted() else 0
 
 
 class SecretKeyRef(Section):
@@ -326,6 +348,13 @@ class JudgeConfig(Section):
     api_key_secret_ref: SecretKeyRef | None = Field(
         None, description="posttrain: Secret holding the judge provider's API key."
     )
+
+    def scores_rollouts(self) -> bool:
+        """A judge scores rollouts when it is not disabled and [judge.options] names a provider and a model
+        (synth: an incomplete [judge.options] means no judge)."""
+        if self.enabled is False or self.options is None:
+            return False
+        return bool(self.options.provider and self.options.model)
 
 
 class ServicesConfig(Section):

@@ -7,10 +7,10 @@ from typing import Any
 
 import kopf
 
+from posttrain.api.resources import GROUP, VERSION
 from posttrain.controller.loop import run_loop
 from posttrain.controller.reconcile import reconcile_job
 from posttrain.controller.runtime import runtime_of
-from posttrain.controller.settings import GROUP, VERSION
 
 
 @kopf.daemon(GROUP, VERSION, "rljobs", cancellation_timeout=2.0)

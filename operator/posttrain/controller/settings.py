@@ -6,9 +6,6 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-GROUP = "posttrain.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
 LABEL_JOB = "posttrain.dev/job"
 LABEL_ROLE = "posttrain.dev/role"
 LABEL_KIND = "posttrain.dev/kind"
@@ -58,7 +55,7 @@ class OperatorSettings(BaseSettings):
     per_job_trainer_identity: bool = True
     trainer_service_account: str = "posttrain-trainer"
     # A trainer pod that fails (not disrupted, not a configuration error) is replaced this many times per
-    # node before the job fails (controller/trainer_policy.py).
+    # node before the job fails (controller/render/trainer_policy.py).
     trainer_retries: int = 3
     # Pods run as this uid/gid (0: the image's own numeric non-root user).
     run_as_user: int = 65532

@@ -1,11 +1,16 @@
-"""Pure: a spec the operator cannot act on, said with the field it comes from. Two sources: rendering
-raised (e.g. a model id nobody can resolve), or the API server refused what the spec rendered into, or
-the status derived from it, with 422 Unprocessable Entity (its causes name the offending field). Either
-way the job ends Failed with reason InvalidSpec instead of being retried for ever."""
+"""Pure: a spec the operator cannot act on, said with the field it comes from. Three sources: posttrain's
+models refuse the spec (the API server's CRD may be older than this operator, and a section's `extras`
+are free-form), rendering refuses it (e.g. a model id nobody can resolve), or the API server refuses what
+the spec rendered into, or the status derived from it, with 422 Unprocessable Entity (its causes name the
+offending field). Either way the job ends Failed with reason InvalidSpec instead of being retried for
+ever."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
 
 from posttrain.controller.bounds import truncate
 
@@ -23,6 +28,25 @@ class SpecError(ValueError):
     def __str__(self) -> str:
         text = f"spec.{self.field}: {self.args[0]}"
         return f"{text} (fix: {self.fix})" if self.fix else text
+
+
+WHOLE_NUMBER_ERRORS = {"int_parsing", "int_type", "int_from_float"}
+
+
+def spec_error(err: ValidationError) -> SpecError:
+    """The first field posttrain's models refuse in a spec, spelled as in the custom resource."""
+    errors = err.errors()
+    first = errors[0]
+    field = ".".join(to_camel(p) if isinstance(p, str) and "_" in p else str(p) for p in first["loc"])
+    if first["type"] in WHOLE_NUMBER_ERRORS:
+        message, fix = f"{first['input']!r} is not a whole number", "give an integer"
+    elif first["type"] == "missing":
+        message, fix = "required field is missing", None
+    else:
+        message, fix = first["msg"], None
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more)"
+    return SpecError(field, message, fix)
 
 
 def render_failure_message(exc: BaseException) -> str:

@@ -1,5 +1,6 @@
-"""Pure status derivation: (job, what its children look like, the task-app verification, now) -> the status
-fields the operator owns. No I/O; table-tested in tests/unit/test_status.py.
+"""Pure status derivation: (a job parsed into posttrain.api's models, what its children look like, the
+task-app verification, now) -> the status fields the operator owns. No I/O; table-tested in
+tests/unit/test_status.py.
 
 Phases: Pending -> Verifying (RLJob) -> Provisioning -> Running -> Succeeded | Failed, or Suspended.
 Succeeded and Failed are terminal: a terminal job never goes back (its status is only kept)."""
@@ -10,7 +11,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from posttrain.controller import specs
+from posttrain.api import model_ids
+from posttrain.controller.objects import Job, Owner
 
 PENDING = "Pending"
 VERIFYING = "Verifying"
@@ -259,9 +261,9 @@ def get_condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
 
 
 # ------------------------------------------------------------------------------------------------ derive
-def _artifacts_fallback(job: dict[str, Any], bucket: str) -> dict[str, str]:
-    meta = job["metadata"]
-    root = f"s3://{bucket}/" + specs.job_artifact_prefix(meta["namespace"], meta["name"], meta["uid"])
+def _artifacts_fallback(job: Job, bucket: str) -> dict[str, str]:
+    owner = job.owner
+    root = f"s3://{bucket}/" + model_ids.job_artifact_prefix(owner.namespace, owner.name, owner.uid)
     return {
         "model": f"{root}final/",
         "manifest": f"{root}manifest.json",
@@ -270,62 +272,52 @@ def _artifacts_fallback(job: dict[str, Any], bucket: str) -> dict[str, str]:
     }
 
 
-def _result(job: dict[str, Any], bucket: str) -> tuple[str, dict[str, Any], bool]:
-    """(fineTunedModel, artifacts, reported by the trainer?) from status.result, else derived from the spec."""
-    status = job.get("status") or {}
-    result = status.get("result") or {}
+def _result(job: Job, bucket: str) -> tuple[str, dict[str, Any], bool]:
+    """(fineTunedModel, artifacts, reported by the trainer?) from status.result, else derived from the spec
+    by the trainer's own rule (posttrain.api.model_ids)."""
+    result = job.status.get("result") or {}
     model = result.get("fineTunedModel") or result.get("fine_tuned_model")
     artifacts = result.get("artifacts") or {}
     if model:
         return str(model), dict(artifacts), True
-    meta = job["metadata"]
-    spec = job.get("spec") or {}
-    m = specs.section(spec, "model")
-    base = specs.get(m, "base") or specs.base_of_model_id(str(specs.get(m, "source") or ""))
-    prefix = "rl" if job.get("kind") == "RLJob" else "ft"
-    ftm = specs.fine_tuned_model_id(prefix, str(base), meta["namespace"], meta["name"], meta["uid"])
+    owner, source = job.owner, job.spec.model.source
+    base = job.spec.model.base or model_ids.source_weights(str(source), bucket)[0]
+    prefix = "rl" if job.is_rl else "ft"
+    ftm = model_ids.fine_tuned_model_id(prefix, base, owner.namespace, owner.name, owner.uid)
     return ftm, dict(artifacts) or _artifacts_fallback(job, bucket), False
 
 
-def _model(spec: dict[str, Any]) -> str | None:
-    m = specs.section(spec, "model")
-    return specs.get(m, "base") or specs.get(m, "source")
-
-
 def derive_status(
-    job: dict[str, Any],
+    job: Job,
     *,
     observed: Observed,
     expected: Expected | None,
     verification: Verification | None,
     now: datetime,
     bucket: str = "posttrain",
-    needs_verification: bool = True,
     invalid: str | None = None,
     complete_pass: bool = True,
 ) -> dict[str, Any]:
     """The operator-owned status fields of a job (see OWNED_FIELDS). `expected` is None until the children
-    have been rendered (i.e. before the task app is verified). SFTJobs pass needs_verification=False.
+    have been rendered (i.e. before an RLJob's task app is verified; an SFTJob needs no verification).
     `invalid` is why the spec cannot be turned into children (it names the field): the job fails with
     reason InvalidSpec. observedGeneration moves only on a `complete_pass` (children applied, nothing
     failed); every condition carries the generation it was computed for."""
-    meta = job["metadata"]
-    spec = job.get("spec") or {}
-    status = job.get("status") or {}
-    generation = meta.get("generation", 1)
+    spec, status, generation = job.spec, job.status, job.owner.generation
+    needs_verification = job.is_rl
     prev = status.get("phase") or PENDING
     conds: list[dict[str, Any]] = list(status.get("conditions") or [])
     out: dict[str, Any] = {k: status[k] for k in OWNED_FIELDS if k in status}
     if complete_pass:
         out["observedGeneration"] = generation
-    out["model"] = _model(spec)
+    out["model"] = spec.model.base or spec.model.source
     start = parse_time(status.get("startTime")) or now
     out["startTime"] = iso(start)
     if prev in TERMINAL:
         out["conditions"] = conds
         return out
     if expected is not None:
-        out["linkedJobId"] = f"{meta['namespace']}/{expected.trainer}"
+        out["linkedJobId"] = f"{job.owner.namespace}/{expected.trainer}"
 
     def condition(ctype: str, cstatus: str, reason: str, message: str) -> None:
         nonlocal conds
@@ -339,7 +331,7 @@ def derive_status(
         condition(COND_VERIFIED, v_status, v_reason, verification.message)
 
     trainer = observed.trainer
-    deadline = spec.get("activeDeadlineSeconds")
+    deadline = spec.active_deadline_seconds
     phase: str
     reason: str
     message: str
@@ -367,7 +359,7 @@ def derive_status(
     elif needs_verification and verification is not None and verification.state == "failed":
         phase, reason = FAILED, "TaskAppVerificationFailed"
         message = f"{verification.target}: {verification.message}"
-    elif spec.get("suspend"):
+    elif spec.suspend:
         phase, reason, message = SUSPENDED, "Suspended", "spec.suspend is true: pods removed, job kept"
         condition(COND_SUSPENDED, "True", "Suspended", message)
     elif needs_verification and (verification is None or verification.state != "ok"):
@@ -458,10 +450,10 @@ def status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, 
 
 # --------------------------------------------------------------------------------------------- TaskApp
 def taskapp_status(
-    task_app: dict[str, Any], url: str, verification: Verification, now: datetime
+    owner: Owner, status: dict[str, Any], url: str, verification: Verification, now: datetime
 ) -> dict[str, Any]:
-    status = task_app.get("status") or {}
-    generation = (task_app.get("metadata") or {}).get("generation", 1)
+    """A TaskApp's status after one check; `status` is its current one."""
+    generation = owner.generation
     conds = list(status.get("conditions") or [])
     ok = verification.state == "ok"
     cstatus = "True" if ok else ("False" if verification.state == "failed" else "Unknown")

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from posttrain.api.resources import Verification as VerificationSpec
 from posttrain.controller.settings import OperatorSettings
 from posttrain.controller.status import Verification
 from posttrain.taskapp_client import auth_headers
@@ -45,8 +46,8 @@ WHY = {
     UNAUTHORIZED: "the task app rejected the API key",
     UNCONFIGURED: "the task app has no ENVIRONMENT_API_KEY configured",
 }
-# The CRD's bounds of spec.verification (posttrain.api.resources.Verification); applied to the operator's
-# own defaults too, so that no setting can make a check unbounded.
+# The CRD's bounds of spec.verification (posttrain.api.resources.Verification); a request timeout from the
+# operator's own settings is held to them too, so that no setting can make a check unbounded.
 TIMEOUT_RANGE = (1.0, 3600.0)
 PERIOD_RANGE = (5.0, 86400.0)
 REQUEST_TIMEOUT_RANGE = (1.0, 60.0)
@@ -65,24 +66,23 @@ class VerifyPolicy:
     period_seconds: float = 60.0
 
     @staticmethod
-    def from_settings(settings: OperatorSettings, verification: dict[str, Any] | None = None) -> VerifyPolicy:
-        """Operator defaults, overridden by a TaskApp's spec.verification {timeoutSeconds, periodSeconds,
-        requestTimeoutSeconds}; a TaskApp's values are held to the CRD's bounds even if the API server's
-        CRD is older than this operator."""
-        v = verification or {}
+    def from_settings(settings: OperatorSettings, verification: VerificationSpec | None = None) -> VerifyPolicy:
+        """Operator defaults, overridden by what a TaskApp's spec.verification sets (timeoutSeconds,
+        periodSeconds, requestTimeoutSeconds), every value held to the CRD's bounds."""
+        given = verification.model_dump(exclude_unset=True, by_alias=False) if verification is not None else {}
 
-        def given(key: str, default: float, bounds: tuple[float, float]) -> float:
-            return _clamp(float(v[key]), bounds) if v.get(key) else float(default)
+        def value(name: str, default: float, bounds: tuple[float, float]) -> float:
+            return _clamp(float(given[name]), bounds) if given.get(name) else float(default)
 
         return VerifyPolicy(
-            timeout_seconds=given("timeoutSeconds", settings.verify_timeout_seconds, TIMEOUT_RANGE),
+            timeout_seconds=value("timeout_seconds", settings.verify_timeout_seconds, TIMEOUT_RANGE),
             backoff_initial=float(settings.verify_backoff_initial),
             backoff_max=float(settings.verify_backoff_max),
             request_timeout=_clamp(
-                float(v.get("requestTimeoutSeconds") or settings.verify_request_timeout),
+                float(given.get("request_timeout_seconds") or settings.verify_request_timeout),
                 REQUEST_TIMEOUT_RANGE,
             ),
-            period_seconds=given("periodSeconds", settings.reverify_period_seconds, PERIOD_RANGE),
+            period_seconds=value("period_seconds", settings.reverify_period_seconds, PERIOD_RANGE),
         )
 
     def delays(self) -> Any:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posttrain.api import model_ids, topology
+from posttrain.api.sections import ReferenceConfig, TopologyConfig
 from posttrain.errors import Problem, UserError
 from posttrain.local.models import REPO_ROOT, ResolvedModel, resolve_model
 from posttrain.local.processes import (
@@ -87,14 +89,15 @@ def model_fields(kind: str, config: dict[str, Any]) -> tuple[str | None, str | N
 
 
 def needs_reference(config: dict[str, Any]) -> bool:
-    """A reference model is served when placement is dedicated/shared or GPUs are given to it."""
-    compute = config.get("compute") if isinstance(config.get("compute"), dict) else {}
-    topology = compute.get("topology") if isinstance(compute.get("topology"), dict) else {}
-    top = config.get("topology") if isinstance(config.get("topology"), dict) else {}
-    reference = config.get("reference") if isinstance(config.get("reference"), dict) else {}
-    placements = {str(reference.get("placement", "")), str(topology.get("reference_placement", ""))}
-    refs = [topology.get("gpus_for_ref"), top.get("gpus_for_ref")]
-    return bool(placements & {"dedicated", "shared"}) or any(isinstance(r, int) and r > 0 for r in refs)
+    """A reference server runs beside the policy's when the config places the reference model at all
+    (posttrain.api.topology; on one machine "shared" and "dedicated" are both a server process)."""
+    reference = _section(config, "reference")
+    topo = _section(_section(config, "compute"), "topology")
+    placement = topology.reference_placement(
+        ReferenceConfig.model_validate(reference) if reference else None,
+        TopologyConfig.model_validate(topo) if topo else None,
+    )
+    return placement != "none"
 
 
 def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
@@ -257,18 +260,12 @@ def run_local(opts: LocalOptions) -> LocalResult:
     config = dict(opts.config)
     base, source, label = model_fields(opts.kind, config)
     uid = str(uuid.uuid4())
-    uid8 = uid.replace("-", "")[:8]
+    uid8 = model_ids.uid8(uid)
     name = slug(opts.name or label or opts.config_path.stem)
     run_dir = (opts.runs_dir / f"{name}-{uid8}").resolve()
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    prefix = f"jobs/{LOCAL_NAMESPACE}/{name}-{uid8}/"
-    try:
-        from posttrain.api.model_ids import job_artifact_prefix
-
-        prefix = job_artifact_prefix(LOCAL_NAMESPACE, name, uid)
-    except ImportError:
-        pass
+    prefix = model_ids.job_artifact_prefix(LOCAL_NAMESPACE, name, uid)
 
     dataset_path: Path | None = None
     if opts.kind == "sft":

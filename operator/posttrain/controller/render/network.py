@@ -10,22 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from posttrain.controller.objects import Owner
+from posttrain.controller.render.names import ROLE_NETWORK, ROLE_TASK_APP, network_policy_name
+from posttrain.controller.render.pods import child_meta
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_ROLE
 
-ROLE_NETWORK = "network"
-ROLE_TASK_APP = "task-app"
+
+def job_pod_selector(owner: Owner) -> dict[str, Any]:
+    return {"matchLabels": {LABEL_JOB: owner.name, LABEL_KIND: owner.kind.lower()}}
 
 
-def job_pod_selector(job: dict[str, Any]) -> dict[str, Any]:
-    return {"matchLabels": {LABEL_JOB: job["metadata"]["name"], LABEL_KIND: job["kind"].lower()}}
-
-
-def render_network_policy(
-    job: dict[str, Any], metadata: dict[str, Any], *, server_port: int, task_app: str | None
-) -> dict[str, Any]:
-    """`metadata` is the child metadata (name, namespace, labels incl. posttrain.dev/job, ownerReferences);
-    `task_app` the name of the TaskApp the job uses, if any."""
-    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": job_pod_selector(job)}]}]
+def render_network_policy(owner: Owner, *, server_port: int, task_app: str | None) -> dict[str, Any]:
+    """The job's NetworkPolicy; `task_app` is the name of the TaskApp the job uses, if any."""
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": job_pod_selector(owner)}]}]
     if task_app:
         task_app_pods = {
             "matchLabels": {LABEL_JOB: task_app, LABEL_KIND: "taskapp", LABEL_ROLE: ROLE_TASK_APP}
@@ -36,6 +33,6 @@ def render_network_policy(
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": metadata,
-        "spec": {"podSelector": job_pod_selector(job), "policyTypes": ["Ingress"], "ingress": ingress},
+        "metadata": child_meta(owner, network_policy_name(owner.name), ROLE_NETWORK),
+        "spec": {"podSelector": job_pod_selector(owner), "policyTypes": ["Ingress"], "ingress": ingress},
     }

@@ -10,19 +10,26 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from posttrain.controller.objects import Owner
+from posttrain.controller.render.names import ROLE_TOKEN, token_secret_name
+from posttrain.controller.render.pods import child_meta
+
 TOKEN_ENV = "POSTTRAIN_ROLLOUT_TOKEN"
 TOKEN_KEY = "token"
 
 
-def render_token_secret(metadata: dict[str, Any], token: str) -> dict[str, Any]:
+def render_token_secret(owner: Owner, token: str) -> dict[str, Any]:
+    """The RLJob's rollout token Secret, owned by the job, holding `token`."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": metadata,
+        "metadata": child_meta(owner, token_secret_name(owner.name), ROLE_TOKEN),
         "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
     }
 
 
-def token_env(secret_name: str) -> list[dict[str, Any]]:
-    return [{"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": TOKEN_KEY}}}]
+def token_env(owner: Owner) -> list[dict[str, Any]]:
+    """POSTTRAIN_ROLLOUT_TOKEN from the job's token Secret (servers and trainer alike)."""
+    ref = {"name": token_secret_name(owner.name), "key": TOKEN_KEY}
+    return [{"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}]

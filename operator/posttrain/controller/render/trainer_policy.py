@@ -9,17 +9,13 @@
 - A replacement pod is made only once the old one has fully terminated (podReplacementPolicy: Failed), so
   two pods of one index never hold the same GPUs or write the same checkpoint.
 
-The exit codes are the trainer's (trainer_image/posttrain_trainer/exitcodes.py); a unit test keeps the two
-lists equal, since the operator image does not ship the trainer."""
+The exit codes are the trainer's, from posttrain.api.exitcodes."""
 
 from __future__ import annotations
 
 from typing import Any
 
-EXIT_USAGE = 2  # a command line the trainer refuses (argparse)
-EXIT_DATA_ERROR = 65  # EX_DATAERR: the dataset is malformed (the message names file:line)
-EXIT_CONFIG_ERROR = 78  # EX_CONFIG: the job file or the training config is invalid
-CONFIG_ERROR_EXIT_CODES = (EXIT_USAGE, EXIT_DATA_ERROR, EXIT_CONFIG_ERROR)
+from posttrain.api.exitcodes import CONFIG_ERROR_EXIT_CODES
 
 
 def pod_failure_policy(container: str) -> dict[str, Any]:

@@ -1,0 +1,122 @@
+"""The reconcile loop of one TaskApp: its Deployment and Service when it is deployed from an image, then a
+check of its URL with its key; status.verified/url/taskInfo and the condition Verified say how that went.
+A healthy task app is checked again every periodSeconds; a failing one with backoff until timeoutSeconds,
+and an outage of a task app that was verified flips the condition at once."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import kopf
+
+from posttrain.api.resources import DEFAULT_API_KEY_SECRET_KEY
+from posttrain.controller import render
+from posttrain.controller.bounds import bound_status, event_message
+from posttrain.controller.kube import object_path
+from posttrain.controller.objects import Owner, TaskAppObject, owner_of, parse_task_app
+from posttrain.controller.reconcile import (
+    ChildRefused,
+    LoopState,
+    check_task_app,
+    ensure_children,
+    key_of,
+    observe,
+    snapshot,
+    utcnow,
+)
+from posttrain.controller.render.taskapp import task_app_service_url
+from posttrain.controller.runtime import Runtime
+from posttrain.controller.spec_errors import SpecError, render_failure_message
+from posttrain.controller.status import (
+    INVALID_SPEC,
+    TASKAPP_VERIFIED,
+    Verification,
+    get_condition,
+    parse_time,
+    status_patch,
+    taskapp_status,
+)
+from posttrain.controller.verify import Attempt, VerifyPolicy, as_verification
+
+
+async def _check(rt: Runtime, app: TaskAppObject, state: LoopState, observed: Any) -> tuple[str, Attempt]:
+    """(URL, the check's outcome): its children applied first; a child the API server refuses is the
+    outcome (its spec holds a value it cannot take: no check)."""
+    try:
+        await ensure_children(rt, render.render_task_app(app, rt.settings), observed, state)
+    except ChildRefused as refused:
+        return task_app_service_url(app), Attempt(False, INVALID_SPEC, refused.message)
+    url = task_app_service_url(app)
+    secret = app.spec.api_key_secret_ref
+    name = secret.name if secret else None
+    key = (secret.key if secret else None) or DEFAULT_API_KEY_SECRET_KEY
+    policy = VerifyPolicy.from_settings(rt.settings, app.spec.verification)
+    return url, await check_task_app(rt, app.owner.namespace, url, name, key, policy)
+
+
+def _outcome(
+    attempt: Attempt, owner: Owner, policy: VerifyPolicy, state: LoopState, current: dict[str, Any]
+) -> tuple[Verification, float]:
+    """(what the status says, seconds to the next check) after one check."""
+    now_s = time.time()
+    cond = get_condition(current, TASKAPP_VERIFIED)
+    if state.verify_started is None:
+        unknown = cond and cond.get("status") == "Unknown"
+        since = parse_time(cond.get("lastTransitionTime")) if unknown and cond else None
+        state.verify_started = since.timestamp() if since else now_s
+        state.verified_before = bool(cond and cond.get("status") == "True")
+    target = f"TaskApp {owner.name}"
+    if attempt.ok:
+        state.verified_before = True
+        state.delays = None
+        return as_verification(attempt, target, state="ok", attempts=1), policy.period_seconds
+    if state.delays is None:
+        state.delays = policy.delays()
+    delay = next(state.delays)
+    give_up = (
+        state.verified_before  # an outage of a verified task app flips the condition at once
+        or not attempt.retryable
+        or now_s - state.verify_started + delay > policy.timeout_seconds
+    )
+    verification = as_verification(attempt, target, state="failed" if give_up else "pending", attempts=1)
+    wait = min(delay, policy.period_seconds) if not give_up or state.verified_before else policy.period_seconds
+    return verification, wait
+
+
+async def reconcile_task_app(rt: Runtime, body: Any, indexes: dict[str, Any], state: LoopState) -> float:
+    """One pass. Returns the seconds until the next check (periodSeconds when healthy, backoff otherwise)."""
+    rt.reconciles += 1
+    obj = snapshot(body)
+    owner = owner_of(obj)
+    current = dict(obj.get("status") or {})
+    try:
+        app = parse_task_app(obj)
+    except SpecError as err:  # the CRD let through what posttrain's models refuse: say so, do not check
+        url, policy = str(current.get("url") or ""), VerifyPolicy.from_settings(rt.settings)
+        attempt = Attempt(False, INVALID_SPEC, render_failure_message(err))
+    else:
+        policy = VerifyPolicy.from_settings(rt.settings, app.spec.verification)
+        url, attempt = await _check(rt, app, state, observe(key_of(owner), indexes))
+    verification, wait = _outcome(attempt, owner, policy, state, current)
+    desired = taskapp_status(owner, current, url, verification, utcnow())
+    old = (get_condition(current, TASKAPP_VERIFIED) or {}).get("status")
+    new_cond = get_condition(desired, TASKAPP_VERIFIED) or {}
+    if new_cond.get("status") != old:
+        state.last_phase = None
+    await _patch(rt, owner, current, desired, old, new_cond)
+    return wait
+
+
+async def _patch(
+    rt: Runtime, owner: Owner, current: dict[str, Any], desired: dict[str, Any], old: Any, new: dict[str, Any]
+) -> None:
+    patch = status_patch(current, bound_status("TaskApp", desired))
+    if not patch:
+        return
+    path = object_path(owner.api_version, "TaskApp", owner.namespace, owner.name) + "/status"
+    await rt.kube.merge_patch(path, {"status": patch})
+    if new.get("status") != old:
+        etype = "Normal" if new.get("status") == "True" else "Warning"
+        reason = {"True": "Verified", "False": "VerificationFailed"}.get(new.get("status", ""), "Verifying")
+        kopf.event(owner.reference(), type=etype, reason=reason, message=event_message(new.get("message")))

@@ -1,0 +1,84 @@
+"""Pure: the trainer's job file (posttrain.api.jobfile.JobFile) and the ConfigMap <job>-config that carries
+it (job.json) beside the TOML the job was converted from (config.toml). Never a secret: the trainer finds
+its keys in the environment (S3_*, ENVIRONMENT_API_KEY, <PROVIDER>_API_KEY), filled from Secrets."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from posttrain.api.convert import spec_to_config
+from posttrain.api.jobfile import JobFile
+from posttrain.api.model_ids import job_artifact_prefix
+from posttrain.api.resources import GROUP, VERSION, DatasetRef
+from posttrain.controller.objects import Job
+from posttrain.controller.render.model import bucket, model_location
+from posttrain.controller.render.names import ROLE_CONFIG, config_name
+from posttrain.controller.render.pods import child_meta
+from posttrain.controller.render.taskapp import TaskAppTarget
+from posttrain.controller.render.trainer import DATA_MOUNT, TASK_APP_KEY_ENV, WORKDIR
+from posttrain.controller.render.trainer_policy import checkpoint_every
+from posttrain.controller.settings import OperatorSettings
+
+
+def dataset_path(ref: DatasetRef | None) -> tuple[str | None, dict[str, Any] | None]:
+    """(path or URI the trainer reads, ConfigMap volume source) of spec.dataset / spec.validationDataset."""
+    if ref is None:
+        return None, None
+    if ref.uri:
+        return ref.uri, None
+    if ref.config_map_ref is not None and ref.config_map_ref.name:
+        return f"{DATA_MOUNT}/{ref.config_map_ref.key}", {"name": ref.config_map_ref.name}
+    return None, None
+
+
+def render_jobfile(
+    job: Job,
+    settings: OperatorSettings,
+    *,
+    task_app: TaskAppTarget | None = None,
+    endpoints: dict[str, Any] | None = None,
+    dataset: dict[str, Any] | None = None,
+) -> JobFile:
+    owner = job.owner
+    config = spec_to_config(job.spec)
+    model = model_location(job.spec, settings)
+    endpoint = settings.s3_endpoint
+    configured = (config.get("training") or {}).get("checkpoint_every", 0)
+    return JobFile(
+        kind=job.trainer_kind,
+        job={"name": owner.name, "namespace": owner.namespace, "uid": owner.uid, "group": GROUP,
+             "version": VERSION, "plural": owner.plural},  # fmt: skip
+        config=config,
+        base_model=model.base,
+        model_path=model.path,
+        task_app={"url": task_app.url, "api_key_env": TASK_APP_KEY_ENV} if task_app else None,
+        endpoints=endpoints or {"policy": [], "reference": None, "judges": {}},
+        dataset=dataset or {"train": None, "validation": None},
+        storage={
+            "endpoint": endpoint,
+            "secure": endpoint.startswith("https://"),
+            "bucket": bucket(job.spec, settings),
+            "prefix": job_artifact_prefix(owner.namespace, owner.name, owner.uid),
+            "region": settings.s3_region,
+        },
+        checkpoint_every=checkpoint_every(
+            configured,
+            job.trainer_kind,
+            rl_default=settings.checkpoint_every_rl,
+            sft_default=settings.checkpoint_every_sft,
+        ),
+        report={"mode": "kubernetes", "path": None},
+        workdir=WORKDIR,
+        weight_sync={"via": "s3", "shared_dir": None},
+    )
+
+
+def render_config_map(job: Job, jobfile: JobFile) -> dict[str, Any]:
+    text = json.dumps(jobfile.model_dump(mode="json"), indent=2, sort_keys=True)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": child_meta(job.owner, config_name(job.owner.name), ROLE_CONFIG),
+        "data": {"job.json": text, "config.toml": job.spec.original_toml or ""},
+    }

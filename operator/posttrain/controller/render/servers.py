@@ -1,0 +1,163 @@
+"""Pure: an RLJob's servers. Each is the rollout image's proxy in front of vLLM (`python -m posttrain_rollout
+serve --role policy|reference|judge`), a Deployment with a headless Service whose name resolves to every
+ready replica:
+
+  <job>-rollout    the policy: gpus_for_vllm / tensor_parallel replicas of tensor_parallel GPUs each
+  <job>-reference  only when the reference model is dedicated (gpus_for_ref GPUs)
+  <job>-judge      only when the judge is self-hosted ([judge.options].gpus GPUs)
+
+An external judge gets no server: the trainer calls the provider with <PROVIDER>_API_KEY from a Secret.
+The servers' pods mount no ServiceAccount token (they never call the API server); the job's rollout
+token guards their weight-sync and capture endpoints."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.api.resources import RLJobSpec
+from posttrain.api.topology import Topology
+from posttrain.controller.objects import Job
+from posttrain.controller.render import pods, security, token
+from posttrain.controller.render.model import ModelLocation, base_model_path
+from posttrain.controller.render.names import (
+    ROLE_JUDGE,
+    ROLE_REFERENCE,
+    ROLE_ROLLOUT,
+    judge_name,
+    reference_name,
+    rollout_name,
+    service_url,
+)
+from posttrain.controller.settings import OperatorSettings
+
+SERVER_CLI_ROLE = {ROLE_ROLLOUT: "policy", ROLE_REFERENCE: "reference", ROLE_JUDGE: "judge"}
+JUDGE_ENDPOINT = "judge"  # the job file's endpoints.judges key of a self-hosted judge
+
+
+@dataclass
+class Servers:
+    """An RLJob's server children and what the trainer needs to know about them."""
+
+    children: list[dict[str, Any]] = field(default_factory=list)
+    endpoints: dict[str, Any] = field(default_factory=lambda: {"policy": [], "reference": None, "judges": {}})
+    urls: list[str] = field(default_factory=list)  # what the trainer waits for before it starts
+    judge_env: list[dict[str, Any]] = field(default_factory=list)  # an external judge's key
+
+
+@dataclass(frozen=True)
+class Server:
+    role: str
+    name: str
+    replicas: int
+    gpus_per_pod: int
+    args: list[str]
+
+
+def server_children(job: Job, settings: OperatorSettings, server: Server) -> list[dict[str, Any]]:
+    """The Deployment and headless Service of one server."""
+    spec = job.spec
+    owner = job.owner
+    port = settings.server_port
+    container = {
+        "name": server.role,
+        "image": pods.image(spec, server.role, settings),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["python", "-m", "posttrain_rollout", "serve", "--role", SERVER_CLI_ROLE[server.role],
+                    *server.args],  # fmt: skip
+        "args": ["--host", "0.0.0.0", "--port", str(port)],
+        "ports": [{"name": "http", "containerPort": port}],
+        "env": [*pods.s3_env(spec, settings), *token.token_env(owner), *pods.plain_env(settings)],
+        "resources": pods.resources(spec, server.role, server.gpus_per_pod, settings),
+        "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 5},
+    }
+    pod_spec = security.lock_down(
+        {"containers": [container], **pods.pod_scheduling(spec.scheduling)},
+        run_as_user=settings.run_as_user,
+        read_only_root=True,
+        token=False,
+    )
+    queue = pods.queue_labels(spec)
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": pods.child_meta(owner, server.name, server.role, queue),
+        "spec": {
+            "replicas": 0 if spec.suspend else server.replicas,
+            "selector": {"matchLabels": pods.selector(owner, server.role)},
+            "template": {"metadata": {"labels": {**pods.labels(owner, server.role), **queue}}, "spec": pod_spec},
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": pods.child_meta(owner, server.name, server.role),
+        "spec": {
+            "clusterIP": "None",
+            "selector": pods.selector(owner, server.role),
+            "ports": [{"name": "http", "port": port, "targetPort": port}],
+        },
+    }
+    return [deployment, service]
+
+
+def _model_args(path: str, served_name: str, tensor_parallel: int) -> list[str]:
+    return ["--model", path, "--served-model-name", served_name, "--tensor-parallel-size", str(tensor_parallel)]
+
+
+def rollout_server(spec: RLJobSpec, name: str, topo: Topology, model: ModelLocation) -> Server:
+    args = _model_args(model.path, model.base, topo.tensor_parallel)
+    if spec.vllm and spec.vllm.max_model_len:
+        args += ["--max-model-len", str(spec.vllm.max_model_len)]
+    gpus = topo.tensor_parallel if topo.gpus_for_vllm > 0 else 0
+    return Server(ROLE_ROLLOUT, rollout_name(name), topo.rollout_replicas, gpus, args)
+
+
+def reference_server(name: str, topo: Topology, model: ModelLocation) -> Server:
+    args = _model_args(model.path, model.base, topo.gpus_for_ref)
+    return Server(ROLE_REFERENCE, reference_name(name), 1, topo.gpus_for_ref, args)
+
+
+def judge_server(name: str, judge_model: str, gpus: int, settings: OperatorSettings) -> Server:
+    args = _model_args(base_model_path(judge_model, settings), judge_model, gpus)
+    return Server(ROLE_JUDGE, judge_name(name), 1, gpus, args)
+
+
+def judge_key_env(spec: RLJobSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """<PROVIDER>_API_KEY for an external judge, from spec.judge.apiKeySecretRef (the operator's judge
+    Secret otherwise); optional, so that a job without the key still starts and the judge falls back."""
+    assert spec.judge is not None and spec.judge.options is not None
+    env_name = f"{re.sub(r'[^A-Z0-9]', '_', str(spec.judge.options.provider).upper())}_API_KEY"
+    ref = spec.judge.api_key_secret_ref
+    secret = {
+        "name": (ref.name if ref else None) or settings.judge_secret_name,
+        "key": (ref.key if ref else None) or env_name,
+        "optional": True,
+    }
+    return [{"name": env_name, "valueFrom": {"secretKeyRef": secret}}]
+
+
+def render_servers(job: Job, settings: OperatorSettings, topo: Topology, model: ModelLocation) -> Servers:
+    """The rollout servers, then a dedicated reference and a self-hosted judge where the job has them."""
+    spec, owner = job.rl, job.owner
+    out = Servers()
+
+    def add(server: Server) -> str:
+        out.children += server_children(job, settings, server)
+        url = service_url(server.name, owner.namespace, settings.server_port)
+        out.urls.append(url)
+        return url
+
+    out.endpoints["policy"] = [add(rollout_server(spec, owner.name, topo, model))]
+    if topo.reference_dedicated:
+        out.endpoints["reference"] = add(reference_server(owner.name, topo, model))
+    judge = spec.judge
+    if judge is not None and judge.scores_rollouts():
+        assert judge.options is not None and judge.options.model
+        if judge.options.self_hosted():
+            server = judge_server(owner.name, judge.options.model, judge.options.server_gpus(), settings)
+            out.endpoints["judges"] = {JUDGE_ENDPOINT: add(server)}
+        else:
+            out.judge_env = judge_key_env(spec, settings)
+    return out

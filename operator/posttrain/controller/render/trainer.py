@@ -1,0 +1,212 @@
+"""Pure: a job's trainer, an Indexed Job of `nodes` pods (one per node, completions = parallelism = nodes)
+running torchrun, and the headless Service that gives pod 0 the stable DNS name torchrun's rendezvous
+needs (<job>-trainer-0.<job>-trainer.<namespace>.svc).
+
+Each pod mounts the job's ConfigMap (the job file at /etc/posttrain/job.json) and a /workspace emptyDir.
+Before the trainer starts, init containers re-verify the task app (RLJob) and wait for every server's
+/health. The trainer is the only pod that mounts a ServiceAccount token: it patches its job's status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posttrain.api.topology import Topology
+from posttrain.controller.objects import Job
+from posttrain.controller.render import pods, security, token
+from posttrain.controller.render.identity import trainer_service_account
+from posttrain.controller.render.names import ROLE_TRAINER, config_name, trainer_name
+from posttrain.controller.render.taskapp import TaskAppTarget
+from posttrain.controller.render.trainer_policy import failure_handling
+from posttrain.controller.settings import COMPLETION_INDEX_ANNOTATION, OperatorSettings
+
+CONFIG_MOUNT = "/etc/posttrain"
+JOBFILE_PATH = f"{CONFIG_MOUNT}/job.json"
+DATA_MOUNT = "/data"
+WORKDIR = "/workspace"
+TASK_APP_KEY_ENV = "ENVIRONMENT_API_KEY"
+VERIFY_TASK_APP = (
+    'for i in $(seq 1 30); do posttrain verify-task-app "$TASK_APP_URL" --no-rollout && exit 0; '
+    "sleep 10; done; exit 1"
+)
+
+
+def torchrun_env(job: Job, settings: OperatorSettings, topo: Topology) -> list[dict[str, Any]]:
+    """torchrun's rendezvous: node count and rank (the pod's completion index), pod 0 as the master."""
+    name = trainer_name(job.owner.name)
+    master = f"{name}-0.{name}.{job.owner.namespace}.svc"
+    port = str(settings.master_port)
+    rank = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
+    return [
+        {"name": "PET_NNODES", "value": str(topo.nodes)},
+        {"name": "PET_NPROC_PER_NODE", "value": str(topo.nproc_per_node)},
+        {"name": "PET_NODE_RANK", "valueFrom": rank},
+        {"name": "MASTER_ADDR", "value": master},
+        {"name": "MASTER_PORT", "value": port},
+        {"name": "PET_MASTER_ADDR", "value": master},
+        {"name": "PET_MASTER_PORT", "value": port},
+        {"name": "POSTTRAIN_JOBFILE", "value": JOBFILE_PATH},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+
+
+def task_app_key_env(task_app: TaskAppTarget | None) -> list[dict[str, Any]]:
+    if task_app is None or not task_app.secret_name:
+        return []
+    ref = {"name": task_app.secret_name, "key": task_app.secret_key}
+    return [{"name": TASK_APP_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}]
+
+
+def trainer_command(kind: str) -> list[str]:
+    # torchrun, run in process by a launcher that turns a worker's configuration-error exit code into the
+    # pod's exit code (torchrun alone exits 1 for every worker failure)
+    return [
+        "python", "-m", "posttrain_trainer.launch",
+        "--nnodes=$(PET_NNODES)", "--nproc-per-node=$(PET_NPROC_PER_NODE)", "--node-rank=$(PET_NODE_RANK)",
+        "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)",
+        "-m", "posttrain_trainer", kind, "--config", JOBFILE_PATH,
+    ]  # fmt: skip
+
+
+def wait_script(urls: list[str], timeout: int) -> str:
+    """A tiny Python program for the trainer's initContainer: wait until every server's /health is 200."""
+    return (
+        "import sys,time,urllib.request\n"
+        f"urls={urls!r}\n"
+        f"deadline=time.time()+{timeout}\n"
+        "for u in urls:\n"
+        "    while True:\n"
+        "        try:\n"
+        "            if urllib.request.urlopen(u+'/health',timeout=5).status==200: break\n"
+        "        except Exception as e: err=e\n"
+        "        if time.time()>deadline: sys.exit(f'{u} not ready')\n"
+        "        time.sleep(2)\n"
+        "    print(u,'ready',flush=True)\n"
+    )
+
+
+def init_containers(
+    image: str, settings: OperatorSettings, task_app: TaskAppTarget | None, wait_for: list[str]
+) -> list[dict[str, Any]]:
+    """Re-verify the task app (its key from the same Secret), then wait for the servers."""
+    pull = settings.image_pull_policy
+    init: list[dict[str, Any]] = []
+    if task_app is not None:
+        env = [{"name": "TASK_APP_URL", "value": task_app.url}, *task_app_key_env(task_app)]
+        command = ["sh", "-c", VERIFY_TASK_APP]
+        init.append({"name": "verify-task-app", "image": image, "imagePullPolicy": pull, "command": command,
+                     "env": env})  # fmt: skip
+    if wait_for:
+        command = ["python", "-c", wait_script(wait_for, settings.readiness_timeout_seconds)]
+        init.append({"name": "wait-for-servers", "image": image, "imagePullPolicy": pull, "command": command})
+    return init
+
+
+def volumes(job: Job, dataset_volume: dict[str, Any] | None) -> tuple[list[dict], list[dict]]:
+    """(volumes, the trainer's mounts): the job file's ConfigMap, /workspace, and a dataset ConfigMap."""
+    vols: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_name(job.owner.name)}},
+        {"name": "workspace", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+        {"name": "workspace", "mountPath": WORKDIR},
+    ]
+    if dataset_volume:
+        vols.append({"name": "data", "configMap": dataset_volume})
+        mounts.append({"name": "data", "mountPath": DATA_MOUNT, "readOnly": True})
+    return vols, mounts
+
+
+def trainer_pod(
+    job: Job,
+    settings: OperatorSettings,
+    topo: Topology,
+    *,
+    task_app: TaskAppTarget | None,
+    wait_for: list[str],
+    judge_env: list[dict[str, Any]],
+    dataset_volume: dict[str, Any] | None,
+) -> dict[str, Any]:
+    spec = job.spec
+    image = pods.image(spec, ROLE_TRAINER, settings)
+    env = torchrun_env(job, settings, topo)
+    if job.is_rl:
+        env += token.token_env(job.owner)
+    env += task_app_key_env(task_app) + pods.s3_env(spec, settings) + judge_env + pods.plain_env(settings)
+    vols, mounts = volumes(job, dataset_volume)
+    container = {
+        "name": ROLE_TRAINER,
+        "image": image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": trainer_command(job.trainer_kind),
+        "env": env,
+        "ports": [{"name": "rendezvous", "containerPort": settings.master_port}],
+        "resources": pods.resources(spec, ROLE_TRAINER, topo.trainer_gpus_per_pod, settings),
+        "volumeMounts": mounts,
+        "workingDir": WORKDIR,
+    }
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "subdomain": trainer_name(job.owner.name),
+        "serviceAccountName": trainer_service_account(job.owner, settings),
+    }
+    init = init_containers(image, settings, task_app, wait_for)
+    if init:
+        pod["initContainers"] = init
+    pod.update(containers=[container], volumes=vols, **pods.pod_scheduling(spec.scheduling))
+    return security.lock_down(pod, run_as_user=settings.run_as_user, read_only_root=True, token=True)
+
+
+def trainer_job(job: Job, settings: OperatorSettings, topo: Topology, pod: dict[str, Any]) -> dict[str, Any]:
+    spec, owner = job.spec, job.owner
+    queue = pods.queue_labels(spec)
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": topo.nodes,
+        "parallelism": topo.nodes,
+        **failure_handling(ROLE_TRAINER, retries=settings.trainer_retries, nodes=topo.nodes),
+        "suspend": bool(spec.suspend),
+        "template": {"metadata": {"labels": {**pods.labels(owner, ROLE_TRAINER), **queue}}, "spec": pod},
+    }
+    if queue and not spec.suspend:
+        # Kueue owns Job.spec.suspend while the job waits in its queue: do not fight its admission.
+        del job_spec["suspend"]
+    if spec.active_deadline_seconds:
+        job_spec["activeDeadlineSeconds"] = int(spec.active_deadline_seconds)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": pods.child_meta(owner, trainer_name(owner.name), ROLE_TRAINER, queue),
+        "spec": job_spec,
+    }
+
+
+def trainer_service(job: Job, settings: OperatorSettings) -> dict[str, Any]:
+    port = settings.master_port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": pods.child_meta(job.owner, trainer_name(job.owner.name), ROLE_TRAINER),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": pods.selector(job.owner, ROLE_TRAINER),
+            "ports": [{"name": "rendezvous", "port": port, "targetPort": port}],
+        },
+    }
+
+
+def render_trainer(
+    job: Job,
+    settings: OperatorSettings,
+    topo: Topology,
+    *,
+    task_app: TaskAppTarget | None = None,
+    wait_for: list[str] | None = None,
+    judge_env: list[dict[str, Any]] | None = None,
+    dataset_volume: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """[headless Service, Indexed Job]."""
+    pod = trainer_pod(job, settings, topo, task_app=task_app, wait_for=wait_for or [],
+                      judge_env=judge_env or [], dataset_volume=dataset_volume)  # fmt: skip
+    return [trainer_service(job, settings), trainer_job(job, settings, topo, pod)]
