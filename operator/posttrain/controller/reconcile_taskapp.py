@@ -11,7 +11,6 @@ from typing import Any
 import kopf
 
 from posttrain.api.resources import DEFAULT_API_KEY_SECRET_KEY
-from posttrain.controller import render
 from posttrain.controller.bounds import bound_status, event_message
 from posttrain.controller.kube import object_path
 from posttrain.controller.objects import Owner, TaskAppObject, owner_of, parse_task_app
@@ -25,7 +24,7 @@ from posttrain.controller.reconcile import (
     snapshot,
     utcnow,
 )
-from posttrain.controller.render.taskapp import task_app_service_url
+from posttrain.controller.render.taskapp import render_task_app, task_app_service_url
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.spec_errors import SpecError, render_failure_message
 from posttrain.controller.status import (
@@ -44,7 +43,7 @@ async def _check(rt: Runtime, app: TaskAppObject, state: LoopState, observed: An
     """(URL, the check's outcome): its children applied first; a child the API server refuses is the
     outcome (its spec holds a value it cannot take: no check)."""
     try:
-        await ensure_children(rt, render.render_task_app(app, rt.settings), observed, state)
+        await ensure_children(rt, render_task_app(app, rt.settings), observed, state)
     except ChildRefused as refused:
         return task_app_service_url(app), Attempt(False, INVALID_SPEC, refused.message)
     url = task_app_service_url(app)
