@@ -1,4 +1,5 @@
-"""LLM judges: rubric scoring of an episode's outcome and events, and the reward blend.
+"""LLM judges: rubric scoring of an episode's outcome and events (the trainer blends the scores into the
+reward with posttrain.api.reward.blend_reward).
 
 JudgeClient talks to any OpenAI-compatible chat endpoint: a self-hosted judge (`serve --role judge`) or the
 providers synth's [judge.options].provider names (openai, groq, gemini through their OpenAI-compatible
@@ -8,10 +9,7 @@ overall timeout per score: a slow or broken judge yields None, never an exceptio
 Rubric (docs/synth-compat.md 1.8, [judge.options.rubric_overrides.event|outcome]): {goal_text, aggregation
 ("weighted_sum"), criteria: [{id, weight, scale: "binary"|"bounded", description}]}. The judge is asked for
 JSON {"criteria": {id: score}, "score": total}; per-criterion scores (binary -> 0/1, bounded -> [0, 1]) are
-aggregated as sum(weight * score); a reply with only "score" uses that. Unparsable -> None.
-
-blend_reward: synth's formula total = env * env_return + event * sum(event_scores) + outcome * outcome_score
-(missing scores count 0), identical to posttrain_trainer.rollouts.local_blend_reward."""
+aggregated as sum(weight * score); a reply with only "score" uses that. Unparsable -> None."""
 
 from __future__ import annotations
 
@@ -32,25 +30,6 @@ PROVIDERS: dict[str, tuple[str, str]] = {
     "gemini": ("https://generativelanguage.googleapis.com/v1beta/openai", "GEMINI_API_KEY"),
 }
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
-
-
-# -- reward blend --------------------------------------------------------------------------------------
-
-
-def blend_reward(
-    env_return: float,
-    outcome_score: float | None = None,
-    event_scores: float | Sequence[float] | None = None,
-    weights: dict[str, float] | None = None,
-) -> float:
-    """total = env * env_return + event * sum(event_scores) + outcome * outcome_score (missing scores = 0);
-    weights default {env: 1, event: 0, outcome: 0}."""
-    w = {"env": 1.0, "event": 0.0, "outcome": 0.0, **(weights or {})}
-    if isinstance(event_scores, (list, tuple)):
-        events = float(sum(float(x) for x in event_scores if x is not None))
-    else:
-        events = float(event_scores or 0.0)
-    return w["env"] * float(env_return) + w["event"] * events + w["outcome"] * float(outcome_score or 0.0)
 
 
 # -- rubric ----------------------------------------------------------------------------------------------

@@ -1,11 +1,10 @@
-"""posttrain_rollout.judge without a model: the reply parser, rubric aggregation, blend_reward (identical to
-the trainer's local formula), and the client's retry/timeout paths over a mock transport."""
+"""posttrain_rollout.judge without a model: the reply parser, rubric aggregation, and the client's
+retry/timeout paths over a mock transport."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import random
 
 import httpx
 import pytest
@@ -13,11 +12,9 @@ from posttrain_rollout.judge import (
     JudgeClient,
     Rubric,
     aggregate,
-    blend_reward,
     build_messages,
     parse_judgement,
 )
-from posttrain_trainer.rollouts import local_blend_reward
 
 RUBRIC = Rubric.from_dict(
     {
@@ -76,22 +73,6 @@ def test_messages_mention_every_criterion():
         and "concise" in msgs[1]["content"]
         and '"answer": 4' in msgs[1]["content"]
     )
-
-
-def test_blend_reward_formula_and_same_as_trainer():
-    w = {"env": 0.5, "event": 0.2, "outcome": 0.3}
-    assert blend_reward(1.0, 0.5, [1.0, None, 0.5], w) == pytest.approx(0.5 + 0.2 * 1.5 + 0.3 * 0.5)
-    assert blend_reward(2.0) == 2.0
-    assert blend_reward(1.0, None, None, {"env": 0, "outcome": 1}) == 0.0
-    rng = random.Random(0)
-    for _ in range(200):
-        args = (
-            rng.uniform(-2, 2),
-            rng.choice([None, rng.random()]),
-            rng.choice([None, rng.random(), [rng.random() for _ in range(rng.randint(0, 4))]]),
-            rng.choice([None, {"env": rng.random(), "event": rng.random(), "outcome": rng.random()}]),
-        )
-        assert blend_reward(*args) == local_blend_reward(*args)
 
 
 def _transport(replies):

@@ -1,4 +1,4 @@
-"""Pure parts of the RL rollout client: cid format, request shape, mask building, reward blending, budget."""
+"""Pure parts of the RL rollout client: cid format, request shape, mask building, reward weights, budget."""
 
 from __future__ import annotations
 
@@ -6,12 +6,10 @@ import pytest
 from posttrain_trainer.rollouts import (
     ErrorBudget,
     RolloutBudgetExceeded,
-    blend_reward,
     build_rollout_request,
     build_sequences,
     episode_return,
     inference_url,
-    local_blend_reward,
     make_cid,
     plan_rollouts,
     rubric_weights,
@@ -129,14 +127,6 @@ def test_multi_turn_history_rewritten_starts_new_sequence():
         ([1, 2, 9, 5], [6], [1]),
     ]
     assert seqs[0].sampling_logprobs == [0.0, 0.0]  # absent logprobs -> zeros (diagnostics only)
-
-
-def test_reward_blending():
-    assert local_blend_reward(1.0) == 1.0
-    w = {"env": 0.5, "event": 0.2, "outcome": 0.3}
-    assert local_blend_reward(1.0, 0.5, [1.0, 0.5], w) == pytest.approx(0.5 + 0.2 * 1.5 + 0.3 * 0.5)
-    assert local_blend_reward(2.0, None, None, w) == pytest.approx(1.0)
-    assert blend_reward(1.0, 0.5, 0.25, w) == pytest.approx(0.5 + 0.05 + 0.15)
 
 
 def test_rubric_weights_need_rubric_and_judge():

@@ -15,8 +15,8 @@ starts; every sequence of an episode gets the episode's advantage.
 Reward (synth's rubric formula): total = w_env * episode_return + w_event * events_score + w_outcome *
 outcome_score, weights from [rubric].weights when [rubric].enabled and a [judge] is configured (synth disables
 rubric scoring without [judge]), else env only. Scores come from the LLM judge (judging.EpisodeJudge) when
-one is configured and answers, else from the task app's metrics (outcome_score, events_score). posttrain_rollout.judge.blend_reward is used when importable; otherwise the local function
-below (same formula).
+one is configured and answers, else from the task app's metrics (outcome_score, events_score); the formula
+is posttrain.api.reward.blend_reward.
 
 Error budget: a failed rollout (HTTP error, invalid response, no capture) is dropped, its group trains on the
 rest; when more than `rollout.error_budget` (fraction of the iteration's rollouts, default 0.25) fail, or no
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.api.model_ids import uid8
+from posttrain.api.reward import blend_reward
 
 from posttrain_trainer.server_auth import rollout_auth_headers
 
@@ -170,47 +171,6 @@ def rubric_weights(config: dict[str, Any]) -> dict[str, float]:
         if name in weights and value is not None:
             weights[name] = float(value)
     return weights
-
-
-def local_blend_reward(
-    env_return: float,
-    outcome_score: float | None = None,
-    event_scores: float | Sequence[float] | None = None,
-    weights: dict[str, float] | None = None,
-) -> float:
-    """total = env * env_return + event * sum(event_scores) + outcome * outcome_score (missing scores = 0)."""
-    w = {"env": 1.0, "event": 0.0, "outcome": 0.0, **(weights or {})}
-    if isinstance(event_scores, (list, tuple)):
-        events = float(sum(float(x) for x in event_scores if x is not None))
-    else:
-        events = float(event_scores or 0.0)
-    return w["env"] * float(env_return) + w["event"] * events + w["outcome"] * float(outcome_score or 0.0)
-
-
-def blend_reward(
-    env_return: float,
-    outcome_score: float | None = None,
-    event_scores: float | Sequence[float] | None = None,
-    weights: dict[str, float] | None = None,
-) -> float:
-    """posttrain_rollout.judge.blend_reward when installed, else local_blend_reward (same formula)."""
-    try:
-        from posttrain_rollout.judge import blend_reward as shared
-    except Exception:
-        shared = None
-    if shared is not None:
-        try:
-            return float(
-                shared(
-                    env_return=env_return,
-                    outcome_score=outcome_score,
-                    event_scores=event_scores,
-                    weights=weights,
-                )
-            )
-        except TypeError:  # a different signature: the formula is the same
-            pass
-    return local_blend_reward(env_return, outcome_score, event_scores, weights)
 
 
 @dataclass
