@@ -73,19 +73,6 @@ def test_progress_lines_and_report_reading(tmp_path):
     assert lines == [{"result": {"fine_tuned_model": "ft:x"}}]
 
 
-def test_jsonl_validation(tmp_path):
-    good = tmp_path / "good.jsonl"
-    good.write_text(
-        json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
-    )
-    assert runner._validate_jsonl(good) == 1
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"messages": [{"role": "user"}]}\nnot json\n')
-    with pytest.raises(UserError) as err:
-        runner._validate_jsonl(bad)
-    assert len(err.value.problems) == 2 and err.value.problems[1].line == 2
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

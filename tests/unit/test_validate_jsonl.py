@@ -1,12 +1,15 @@
-"""SFT JSONL rules of `posttrain validate`, each reported with the file and line number."""
+"""SFT JSONL rules of `posttrain validate` (and of `posttrain train`, local or on a cluster, before it
+uploads a dataset), each reported with the file and line number."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from posttrain.api.dataset import validate_jsonl
+import pytest
+from posttrain.api.dataset import require_valid_jsonl, validate_jsonl
 from posttrain.cli import main
+from posttrain.errors import UserError
 
 USER = {"role": "user", "content": "What is 2 + 3?"}
 ASSISTANT = {"role": "assistant", "content": "5"}
@@ -70,6 +73,14 @@ def test_max_images_per_message(tmp_path):
 def test_an_empty_file_is_an_error(tmp_path):
     [(_, message)] = problems(write(tmp_path, [""]))
     assert "no SFT examples" in message
+
+
+def test_training_refuses_a_dataset_with_every_problem_on_its_line(tmp_path):
+    assert require_valid_jsonl(write(tmp_path, [{"messages": [USER, ASSISTANT]}])).examples == 1
+    bad = write(tmp_path, ['{"messages": [{"role": "user"}]}', "not json"])
+    with pytest.raises(UserError) as err:
+        require_valid_jsonl(bad)
+    assert [p.line for p in err.value.problems] == [1, 2] and err.value.problems[0].file == str(bad)
 
 
 def test_cli_validate_exits_2_and_prints_file_line(tmp_path, capsys):

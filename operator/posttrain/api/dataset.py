@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.errors import Problem
+from posttrain.errors import Problem, UserError
 
 KNOWN_ROLES = {"system", "user", "assistant", "tool", "developer", "function"}
 MIN_MESSAGES = 2
@@ -178,4 +178,13 @@ def validate_jsonl(
             add("metadata must be an object", "use an object")
     if report.examples == 0 and not report.problems:
         report.problems.append(Problem("File contains no SFT examples", file=str(path), fix="add JSONL rows"))
+    return report
+
+
+def require_valid_jsonl(path: str | Path, *, max_images_per_message: int | None = None) -> DatasetReport:
+    """validate_jsonl for the commands that go on to train: UserError (every problem with its file:line)
+    unless the file is a valid SFT dataset."""
+    report = validate_jsonl(path, max_images_per_message=max_images_per_message)
+    if report.problems:
+        raise UserError(report.problems)
     return report

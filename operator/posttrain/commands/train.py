@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from posttrain.api.dataset import require_valid_jsonl
 from posttrain.commands.status import (
     EXIT_FAILED,
     EXIT_TIMEOUT,
@@ -113,9 +114,7 @@ def dataset_file(args: argparse.Namespace, raw: dict[str, Any]) -> Path | None:
 def upload_dataset_s3(path: Path) -> dict[str, Any] | None:
     """Validate the JSONL; upload it to s3://$S3_BUCKET/datasets/<sha>-<name> when S3_ENDPOINT and the keys
     are set (returns spec.dataset), else None (the caller puts it in a ConfigMap)."""
-    from posttrain.local.runner import _validate_jsonl
-
-    _validate_jsonl(path)
+    require_valid_jsonl(path)
     endpoint = os.environ.get("S3_ENDPOINT")
     if not (endpoint and os.environ.get("S3_ACCESS_KEY_ID") and os.environ.get("S3_SECRET_ACCESS_KEY")):
         return None

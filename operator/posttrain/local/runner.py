@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.api import model_ids, topology
+from posttrain.api.dataset import require_valid_jsonl
 from posttrain.api.sections import ReferenceConfig, TopologyConfig
 from posttrain.errors import Problem, UserError
 from posttrain.local.models import REPO_ROOT, ResolvedModel, resolve_model
@@ -116,32 +117,6 @@ def _precision_line(config: dict[str, Any]) -> str:
     precision = hardware.plan(parallelism.get("bf16"), parallelism.get("force_bf16"))
     warning = f"; WARNING: {precision.warning}" if precision.warning else ""
     return f"machine: {hardware.probe().describe()}; {precision.describe()}{warning}"
-
-
-def _validate_jsonl(path: Path) -> int:
-    problems, count = [], 0
-    with path.open() as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            count += 1
-            try:
-                row = json.loads(line)
-            except ValueError as err:
-                problems.append(Problem(f"not JSON: {err.msg}", file=str(path), line=number))
-                continue
-            messages = row.get("messages") if isinstance(row, dict) else None
-            if not isinstance(messages, list) or len(messages) < 2:
-                problems.append(
-                    Problem("needs a messages list with at least 2 entries", file=str(path), line=number)
-                )
-            if len(problems) >= 20:
-                break
-    if count == 0:
-        problems.append(Problem("file contains no SFT examples", file=str(path)))
-    if problems:
-        raise UserError(problems)
-    return count
 
 
 def _find_dataset(value: str, config_path: Path) -> Path:
@@ -276,7 +251,7 @@ def run_local(opts: LocalOptions) -> LocalResult:
                 Problem("an SFT job needs a dataset", field="job.data", fix="pass --dataset FILE.jsonl")
             )
         dataset_path = _find_dataset(str(value), opts.config_path)
-        _validate_jsonl(dataset_path)
+        require_valid_jsonl(dataset_path)
 
     printer.line(
         f"posttrain train --local: {opts.kind} job {LOCAL_NAMESPACE}/{name} (uid {uid}), run folder {run_dir}"
@@ -369,7 +344,7 @@ def run_local(opts: LocalOptions) -> LocalResult:
                 validation = _section(config, "data").get("validation_path")
                 if validation:
                     vpath = _find_dataset(str(validation), opts.config_path)
-                    _validate_jsonl(vpath)
+                    require_valid_jsonl(vpath)
                     vkey = f"{prefix}data/validation.jsonl"
                     client.fput_object(s3.bucket, vkey, str(vpath))
                     dataset_ref["validation"] = f"s3://{s3.bucket}/{vkey}"
