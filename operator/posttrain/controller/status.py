@@ -287,6 +287,29 @@ def _result(job: Job, bucket: str) -> tuple[str, dict[str, Any], bool]:
     return ftm, dict(artifacts) or _artifacts_fallback(job, bucket), False
 
 
+class _Conditions:
+    """A job's conditions as one pass of derive_status sets them, each stamped with the pass's time and the
+    generation it was computed for."""
+
+    def __init__(self, conditions: list[dict[str, Any]], now: datetime, generation: int):
+        self.items = list(conditions)
+        self.now = now
+        self.generation = generation
+
+    def set(self, ctype: str, status: str, reason: str, message: str) -> None:
+        self.items = set_condition(self.items, ctype, status, reason, message, self.now, self.generation)
+
+    def has(self, ctype: str) -> bool:
+        return get_condition({"conditions": self.items}, ctype) is not None
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    phase: str
+    reason: str
+    message: str
+
+
 def derive_status(
     job: Job,
     *,
@@ -302,107 +325,138 @@ def derive_status(
     have been rendered (i.e. before an RLJob's task app is verified; an SFTJob needs no verification).
     `invalid` is why the spec cannot be turned into children (it names the field): the job fails with
     reason InvalidSpec. observedGeneration moves only on a `complete_pass` (children applied, nothing
-    failed); every condition carries the generation it was computed for."""
-    spec, status, generation = job.spec, job.status, job.owner.generation
-    needs_verification = job.is_rl
-    prev = status.get("phase") or PENDING
-    conds: list[dict[str, Any]] = list(status.get("conditions") or [])
+    failed); every condition carries the generation it was computed for.
+
+    The phase is the first that holds of: the trainer Job finished (Succeeded/Failed), the job cannot run
+    (invalid spec, deadline, task app refused: Failed; Suspended; Verifying), its children (Provisioning,
+    Running)."""
+    status = job.status
     out: dict[str, Any] = {k: status[k] for k in OWNED_FIELDS if k in status}
     if complete_pass:
-        out["observedGeneration"] = generation
-    out["model"] = spec.model.base or spec.model.source
+        out["observedGeneration"] = job.owner.generation
+    out["model"] = job.spec.model.base or job.spec.model.source
     start = parse_time(status.get("startTime")) or now
     out["startTime"] = iso(start)
-    if prev in TERMINAL:
-        out["conditions"] = conds
+    conds = _Conditions(list(status.get("conditions") or []), now, job.owner.generation)
+    if (status.get("phase") or PENDING) in TERMINAL:
+        out["conditions"] = conds.items
         return out
     if expected is not None:
         out["linkedJobId"] = f"{job.owner.namespace}/{expected.trainer}"
-
-    def condition(ctype: str, cstatus: str, reason: str, message: str) -> None:
-        nonlocal conds
-        conds = set_condition(conds, ctype, cstatus, reason, message, now, generation)
-
     if verification is not None:
-        v_status = {"ok": "True", "failed": "False"}.get(verification.state, "Unknown")
-        v_reason = verification.reason or {"ok": "Verified", "failed": "VerificationFailed"}.get(
-            verification.state, "Verifying"
-        )
-        condition(COND_VERIFIED, v_status, v_reason, verification.message)
+        _verified_condition(conds, verification)
+    outcome = (
+        _finished(job, observed.trainer, bucket, now, out, conds)
+        or _cannot_run(job, verification, invalid, start, now, conds)
+        or _from_children(expected, observed, conds)
+    )
+    _phase_conditions(conds, outcome)
+    if outcome.phase == FAILED:
+        out["completionTime"] = iso(now)
+    out.update(phase=outcome.phase, reason=outcome.reason, message=outcome.message, conditions=conds.items)
+    return out
 
-    trainer = observed.trainer
-    deadline = spec.active_deadline_seconds
-    phase: str
-    reason: str
-    message: str
-    if trainer is not None and (trainer.is_true("Complete") or trainer.is_true("SuccessCriteriaMet")):
+
+def _verified_condition(conds: _Conditions, verification: Verification) -> None:
+    v_status = {"ok": "True", "failed": "False"}.get(verification.state, "Unknown")
+    v_reason = verification.reason or {"ok": "Verified", "failed": "VerificationFailed"}.get(
+        verification.state, "Verifying"
+    )
+    conds.set(COND_VERIFIED, v_status, v_reason, verification.message)
+
+
+def _finished(
+    job: Job, trainer: TrainerObs | None, bucket: str, now: datetime, out: dict[str, Any], conds: _Conditions
+) -> _Outcome | None:
+    """Succeeded (with the fine-tuned model and artifacts in `out`) or Failed, once the trainer Job ended."""
+    if trainer is None:
+        return None
+    if trainer.is_true("Complete") or trainer.is_true("SuccessCriteriaMet"):
         ftm, artifacts, reported = _result(job, bucket)
-        phase, reason = SUCCEEDED, "TrainerSucceeded"
         message = f"fine-tuned model {ftm}"
         if not reported:
             message += " (the trainer reported no result; id and artifacts derived from the job)"
         out["fineTunedModel"] = ftm
         out["artifacts"] = artifacts
         out["completionTime"] = trainer.completion_time or iso(now)
-        condition(COND_COMPLETE, "True", reason, message)
-    elif trainer is not None and (trainer.is_true("Failed") or trainer.is_true("FailureTarget")):
+        conds.set(COND_COMPLETE, "True", "TrainerSucceeded", message)
+        return _Outcome(SUCCEEDED, "TrainerSucceeded", message)
+    if trainer.is_true("Failed") or trainer.is_true("FailureTarget"):
         cond = trainer.condition("Failed") or trainer.condition("FailureTarget") or ("True", "", "")
         job_reason = cond[1] or "TrainerFailed"
-        phase = FAILED
         reason = "DeadlineExceeded" if job_reason == "DeadlineExceeded" else "TrainerFailed"
         message = f"trainer Job {trainer.name} failed ({job_reason})" + (f": {cond[2]}" if cond[2] else "")
-    elif invalid:
-        phase, reason, message = FAILED, INVALID_SPEC, invalid
-    elif deadline and (now - start).total_seconds() > float(deadline):
-        phase, reason = FAILED, "DeadlineExceeded"
-        message = f"activeDeadlineSeconds ({int(deadline)}s) exceeded since {iso(start)}"
-    elif needs_verification and verification is not None and verification.state == "failed":
-        phase, reason = FAILED, "TaskAppVerificationFailed"
-        message = f"{verification.target}: {verification.message}"
-    elif spec.suspend:
-        phase, reason, message = SUSPENDED, "Suspended", "spec.suspend is true: pods removed, job kept"
-        condition(COND_SUSPENDED, "True", "Suspended", message)
-    elif needs_verification and (verification is None or verification.state != "ok"):
-        phase, reason = VERIFYING, "VerifyingTaskApp"
+        return _Outcome(FAILED, reason, message)
+    return None
+
+
+def _cannot_run(
+    job: Job,
+    verification: Verification | None,
+    invalid: str | None,
+    start: datetime,
+    now: datetime,
+    conds: _Conditions,
+) -> _Outcome | None:
+    """Failed (invalid spec, deadline passed, task app refused), Suspended, or Verifying (an RLJob whose task
+    app is not verified yet)."""
+    deadline = job.spec.active_deadline_seconds
+    if invalid:
+        return _Outcome(FAILED, INVALID_SPEC, invalid)
+    if deadline and (now - start).total_seconds() > float(deadline):
+        return _Outcome(
+            FAILED,
+            "DeadlineExceeded",
+            f"activeDeadlineSeconds ({int(deadline)}s) exceeded since {iso(start)}",
+        )
+    if job.is_rl and verification is not None and verification.state == "failed":
+        return _Outcome(FAILED, "TaskAppVerificationFailed", f"{verification.target}: {verification.message}")
+    if job.spec.suspend:
+        message = "spec.suspend is true: pods removed, job kept"
+        conds.set(COND_SUSPENDED, "True", "Suspended", message)
+        return _Outcome(SUSPENDED, "Suspended", message)
+    if job.is_rl and (verification is None or verification.state != "ok"):
         target = verification.target if verification else "the task app"
         detail = f": {verification.message}" if verification and verification.message else ""
-        message = f"verifying {target}{detail}"
-    elif expected is None:
-        phase, reason, message = PROVISIONING, "Rendering", "creating children"
-    else:
-        waiting = _waiting_for(expected, observed)
-        missing = [
-            n for n in (*expected.deployments, expected.trainer, *expected.others) if not _exists(n, observed)
-        ]
-        condition(
-            COND_PROVISIONED,
-            "False" if missing else "True",
-            "ChildrenMissing" if missing else "ChildrenCreated",
-            f"missing: {', '.join(missing)}" if missing else "every child exists",
-        )
-        if waiting:
-            phase, reason = PROVISIONING, "WaitingForPods"
-            message = "waiting for " + ", ".join(waiting)
-            problems = _problems(expected, observed)
-            if problems:
-                reason = "PodsNotReady"
-                message += "; " + "; ".join(problems[:3])
-        else:
-            phase, reason = RUNNING, "Running"
-            message = "trainer and servers are running"
+        return _Outcome(VERIFYING, "VerifyingTaskApp", f"verifying {target}{detail}")
+    return None
 
-    if phase != SUSPENDED and get_condition({"conditions": conds}, COND_SUSPENDED):
-        condition(COND_SUSPENDED, "False", "Resumed", "spec.suspend is false")
+
+def _from_children(expected: Expected | None, observed: Observed, conds: _Conditions) -> _Outcome:
+    """Provisioning until every child exists and its pods run, then Running."""
+    if expected is None:
+        return _Outcome(PROVISIONING, "Rendering", "creating children")
+    missing = [
+        n for n in (*expected.deployments, expected.trainer, *expected.others) if not _exists(n, observed)
+    ]
+    conds.set(
+        COND_PROVISIONED,
+        "False" if missing else "True",
+        "ChildrenMissing" if missing else "ChildrenCreated",
+        f"missing: {', '.join(missing)}" if missing else "every child exists",
+    )
+    waiting = _waiting_for(expected, observed)
+    if not waiting:
+        return _Outcome(RUNNING, "Running", "trainer and servers are running")
+    message = "waiting for " + ", ".join(waiting)
+    problems = _problems(expected, observed)
+    if problems:
+        return _Outcome(PROVISIONING, "PodsNotReady", message + "; " + "; ".join(problems[:3]))
+    return _Outcome(PROVISIONING, "WaitingForPods", message)
+
+
+def _phase_conditions(conds: _Conditions, outcome: _Outcome) -> None:
+    """The conditions that follow the phase: Suspended (back to False on resume), Running, Failed, Ready."""
+    phase, reason, message = outcome.phase, outcome.reason, outcome.message
+    if phase != SUSPENDED and conds.has(COND_SUSPENDED):
+        conds.set(COND_SUSPENDED, "False", "Resumed", "spec.suspend is false")
     if phase == RUNNING:
-        condition(COND_RUNNING, "True", reason, message)
-    elif get_condition({"conditions": conds}, COND_RUNNING):
-        condition(COND_RUNNING, "False", reason, message)
+        conds.set(COND_RUNNING, "True", reason, message)
+    elif conds.has(COND_RUNNING):
+        conds.set(COND_RUNNING, "False", reason, message)
     if phase == FAILED:
-        condition(COND_FAILED, "True", reason, message)
-        out["completionTime"] = iso(now)
-    condition(COND_READY, "True" if phase in (RUNNING, SUCCEEDED) else "False", reason, message)
-    out.update(phase=phase, reason=reason, message=message, conditions=conds)
-    return out
+        conds.set(COND_FAILED, "True", reason, message)
+    conds.set(COND_READY, "True" if phase in (RUNNING, SUCCEEDED) else "False", reason, message)
 
 
 def _problems(expected: Expected, observed: Observed) -> list[str]:
