@@ -226,7 +226,7 @@ def test_vision_sft_lowers_heldout_loss(tiny_vl_model_dir, tmp_path, one_thread)
 
 
 def test_text_only_model_rejects_image_parts(tiny_model_dir, tmp_path, capsys):
-    from posttrain_trainer.exitcodes import EXIT_DATA_ERROR
+    from posttrain.api.exitcodes import EXIT_DATA_ERROR
     from posttrain.api.jobfile import load_jobfile
     from posttrain_trainer.sft import main
 

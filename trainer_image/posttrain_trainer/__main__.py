@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit codes: posttrain_trainer.exitcodes (a job file that cannot be read is a configuration error)."""
+    """Exit codes: posttrain.api.exitcodes (a job file that cannot be read is a configuration error)."""
     parser = argparse.ArgumentParser(prog="python -m posttrain_trainer")
     parser.add_argument("kind", choices=["sft", "rl"])
     parser.add_argument("--config", required=True, help="the job file (JSON) the operator wrote")

@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from posttrain.api.exitcodes import EXIT_DATA_ERROR
 from posttrain.api.jobfile import JobFile
 
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
 from posttrain_trainer import storage as s3
-from posttrain_trainer.exitcodes import EXIT_DATA_ERROR
 from posttrain_trainer.optim import BatchPlan, build_optimizer, build_scheduler
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.sft_data import (
