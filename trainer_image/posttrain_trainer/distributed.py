@@ -319,7 +319,7 @@ def _deepspeed_engine(model, optimizer, scheduler, parallel, bf16, grad_accum, m
 
     stage = parallel.deepspeed_stage
     if bf16 and stage == 0:
-        stage = 1  # bf16 gradients at stage 0 drift (deepspeed-cpu.md)
+        stage = 1  # bf16 gradients at stage 0 drift (docs/deepspeed-cpu.md)
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,

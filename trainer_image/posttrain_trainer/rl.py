@@ -9,9 +9,9 @@ Loop: iterations = training.num_epochs x training.iterations_per_epoch. Each ite
      zero-advantage sequences (uniform groups) are dropped: they carry no gradient.
   3. the sequences are shuffled (seeded), split into training.num_minibatches mini-batches (default 4), and
      each mini-batch is split across ranks (DDP averages gradients); old logprobs are recomputed by the
-     trainer, never taken from the sampler (vLLM's bf16 sampling logprobs differ by ~0.04): the first
-     mini-batch runs on the pre-update weights, so its old logprobs are its own, detached (ratio exactly 1,
-     no extra forward pass); later mini-batches get theirs before the first update, with the same
+     trainer, never taken from the sampler (vLLM's bf16 sampling logprobs differ by ~0.04, docs/vllm-cpu.md):
+     the first mini-batch runs on the pre-update weights, so its old logprobs are its own, detached (ratio
+     exactly 1, no extra forward pass); later mini-batches get theirs before the first update, with the same
      micro-batch composition as the update. Logits are computed only from the first completion token on.
      Optional reference logprobs (beta > 0): endpoints.reference POST /v1/score, else a frozen local copy
      (LoRA: the base model under disable_adapter; full: a frozen copy of the initial weights).
