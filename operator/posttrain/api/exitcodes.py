@@ -1,7 +1,7 @@
 """The trainer's exit codes, a contract between the trainer (posttrain_trainer) and the operator, whose
-trainer Job fails at once (podFailurePolicy FailJob, no retry) on the configuration-error codes: running the same job file again cannot succeed. Every other non-zero
-exit is a failure worth retrying (a lost node, an out-of-memory kill, a flaky network), and a replacement
-pod resumes from the last checkpoint.
+trainer Job fails at once (podFailurePolicy FailJob, no retry) on the configuration-error codes: running
+the same job file again cannot succeed. Every other non-zero exit is a failure worth retrying (a lost
+node, an out-of-memory kill, a flaky network), and a replacement pod resumes from the last checkpoint.
 
 | code | meaning |
 |---|---|
