@@ -12,10 +12,10 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from posttrain.api.resources import GROUP, VERSION, plural
 
 REPO = Path(__file__).resolve().parents[2]
-GROUP, VERSION = "posttrain.dev", "v1alpha1"
-PLURALS = {"RLJob": "rljobs", "SFTJob": "sftjobs", "TaskApp": "taskapps"}
+KINDS = ("RLJob", "SFTJob", "TaskApp")
 
 
 def install_crds(cluster) -> None:
@@ -25,7 +25,7 @@ def install_crds(cluster) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         out = cluster.kubectl("api-resources", "--api-group=posttrain.dev", "-o", "name", check=False).stdout
-        if all(f"{p}.posttrain.dev" in out for p in PLURALS.values()):
+        if all(f"{p}.posttrain.dev" in out for p in map(plural, KINDS)):
             return
         time.sleep(0.3)
     raise AssertionError("posttrain.dev resources never appeared in discovery")
@@ -49,7 +49,7 @@ def example(name: str) -> dict:
 def create(custom: client.CustomObjectsApi, namespace: str, obj: dict) -> dict:
     obj = copy.deepcopy(obj)
     obj["metadata"].pop("namespace", None)
-    return custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS[obj["kind"]], obj)
+    return custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural(obj["kind"]), obj)
 
 
 def rejection(custom: client.CustomObjectsApi, namespace: str, obj: dict) -> str:
