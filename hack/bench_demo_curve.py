@@ -31,7 +31,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -79,9 +78,10 @@ class VLLMServer:
 
     def __init__(self, model: Path, workdir: Path, dtype: str):
         from posttrain import reaper
+        from posttrain.localhost import free_port
         from posttrain_rollout import vllm_args
 
-        self.port = vllm_args.free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = vllm_args.vllm_argv(str(model), self.port, served_model_name="policy", max_model_len=512,
                                    dtype=dtype)  # fmt: skip
@@ -111,16 +111,9 @@ class VLLMServer:
 
     def stop(self) -> None:
         from posttrain import reaper
+        from posttrain.localhost import stop_group
 
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(wait)
-            except subprocess.TimeoutExpired:
-                continue
+        stop_group(self.proc, grace=20)
         reaper.unwatch(self.proc.pid)
 
 
