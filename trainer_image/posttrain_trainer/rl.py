@@ -19,7 +19,7 @@ Loop: iterations = training.num_epochs x training.iterations_per_epoch. Each ite
   5. weight sync every training.weight_sync_interval iterations (weightsync.py), timed.
   6. evaluation every evaluation.every_n_iters on evaluation.seeds (mode eval, temperature
      evaluation.temperature, default 0 = greedy), plus once before training and once at the end.
-  7. progress (step = iteration, total, loss, mean_return, judge scores, tokens/s) via report.py;
+  7. progress (step = iteration, total, loss, mean_return, judge scores, judge failures, tokens/s) via report.py;
      checkpoint every job.checkpoint_every iterations (checkpoint.py) and resume from the latest.
 End: final model via artifacts.finalize (fine_tuned_model `rl:...`), metrics.jsonl and reward_curve.png.
 
@@ -33,7 +33,6 @@ request for it falls back to DDP with a message."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import math
 import random
@@ -56,6 +55,7 @@ from posttrain_trainer.rollouts import (
     ErrorBudget,
     RolloutBudgetExceeded,
     RolloutClient,
+    RolloutLoop,
     RolloutResult,
     plan_rollouts,
     rubric_weights,
@@ -67,7 +67,7 @@ from posttrain_trainer.rollouts import (
 # what the update did, where the time went.
 ITERATION_EVENT_FIELDS = (
     "step", "rollouts", "failed_rollouts", "mixed_groups", "train_sequences", "grad_norm", "clip_fraction",
-    "rollout_seconds", "update_seconds", "weight_sync_seconds", "iteration_seconds", "judged", "judge_fallback",
+    "rollout_seconds", "update_seconds", "weight_sync_seconds", "iteration_seconds", "judged", "judge_failed",
 )  # fmt: skip
 
 
@@ -221,6 +221,7 @@ def sequences_from_results(
     stats = {
         "rollouts": len(results),
         "failed": len(results) - len(ok),
+        "judge_failed": sum(1 for r in results if r.judge_failed),
         "mixed_groups": sum(1 for g in groups.values() if len(set(g)) > 1),
         "groups": len(groups),
         "train_sequences": len(seqs),
@@ -475,11 +476,13 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _collect(client: RolloutClient, specs, **kwargs) -> list[RolloutResult]:
-    return asyncio.run(client.collect(specs, **kwargs))
-
-
 def train(job: JobFile) -> dict[str, Any]:
+    # one event loop for every rollout of the job (rollouts.RolloutLoop: the judge client outlives iterations)
+    with RolloutLoop() as loop:
+        return _train(job, loop)
+
+
+def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
     from posttrain.hardware import torch_dtype
 
     from posttrain_trainer.artifacts import finalize
@@ -617,7 +620,7 @@ def train(job: JobFile) -> dict[str, Any]:
             if len(set(seeds)) < len(seeds):  # repeated seeds (sampled eval): keep the cids unique
                 for n, spec in enumerate(specs):
                     spec.cid = f"{spec.cid}-{n}"
-            results = _collect(
+            results = loop.collect(
                 rollout_client,
                 specs,
                 mode="eval",
@@ -647,8 +650,7 @@ def train(job: JobFile) -> dict[str, Any]:
         payload: Any = None
         if D.is_main():
             specs = plan_rollouts(run, iteration, seeds, cfg.group_size, job.endpoints.policy)
-            judged_before = dict(judge.stats) if judge is not None else {}
-            results = _collect(rollout_client, specs)
+            results = loop.collect(rollout_client, specs)
             errors = [r.error for r in results if not r.ok]
             try:
                 budget.check(len(results), errors)
@@ -671,10 +673,9 @@ def train(job: JobFile) -> dict[str, Any]:
                     errors=sorted(set(errors))[:3],
                 )
                 if judge is not None:
-                    stats.update(
-                        judged=judge.stats["judged"] - judged_before["judged"],
-                        judge_fallback=judge.stats["fallback"] - judged_before["fallback"],
-                    )
+                    stats["judged"] = len(ok)
+                else:
+                    stats.pop("judge_failed")
                 payload = {"seqs": seqs, "stats": stats}
             except RolloutBudgetExceeded as err:
                 payload = {"error": str(err)}
@@ -713,7 +714,7 @@ def train(job: JobFile) -> dict[str, Any]:
             "tokens_per_second": update.get("tokens_per_second", 0.0),
             "rollout_seconds": stats["rollout_seconds"],
             "iteration_seconds": elapsed,
-            **{k: stats[k] for k in ("judged", "judge_fallback") if k in stats},
+            **{k: stats[k] for k in ("judged", "judge_failed") if k in stats},
             **sync_metrics,
         }
         history.append(record)
@@ -743,6 +744,7 @@ def train(job: JobFile) -> dict[str, Any]:
             loss=update["loss"],
             mean_return=stats["mean_return"],
             judge_scores=stats["judge_scores"] or None,
+            judge_failed=stats.get("judge_failed"),
             tokens_per_second=update.get("tokens_per_second"),
             eval_score=eval_score if eval_score is not None else last_eval,
             last_checkpoint=last_checkpoint,

@@ -338,6 +338,7 @@ class RolloutResult:
     sequences: list[EpisodeSequence] = field(default_factory=list)
     seconds: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
+    judge_failed: bool = False  # the judge could not score it (judging.py: such a rollout fails)
 
 
 def plan_rollouts(
@@ -374,8 +375,31 @@ def api_headers(api_key: str | None) -> dict[str, str]:
     return {"X-API-Key": api_key, "Authorization": f"Bearer {api_key}"}
 
 
+class RolloutLoop:
+    """One event loop for all of a job's rollouts (asyncio.Runner): the judge client's semaphore and any
+    connection state made in one iteration stay valid in the next, which they would not under a new loop
+    per iteration. `with RolloutLoop() as loop: loop.collect(client, specs)`."""
+
+    def __init__(self) -> None:
+        self._runner = asyncio.Runner()
+
+    def collect(
+        self, client: RolloutClient, specs: Sequence[RolloutSpec], **kwargs: Any
+    ) -> list[RolloutResult]:
+        return self._runner.run(client.collect(specs, **kwargs))
+
+    def close(self) -> None:
+        self._runner.close()
+
+    def __enter__(self) -> RolloutLoop:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class RolloutClient:
-    """Async client over one task app and the policy servers. Use `asyncio.run(client.collect(...))`."""
+    """Async client over one task app and the policy servers; a job runs it under one RolloutLoop."""
 
     def __init__(
         self,
@@ -465,11 +489,14 @@ class RolloutClient:
             result.outcome_score = _maybe_float(metrics.get("outcome_score"))
             result.events_score = _maybe_float(metrics.get("events_score"))
             if self.judge is not None and mode == "rl":
-                outcome_score, events_score = await self.judge.score(data)
-                if outcome_score is not None:
-                    result.outcome_score = outcome_score
-                if events_score is not None:
-                    result.events_score = events_score
+                verdict = await self.judge.score(data)
+                if verdict.failure is not None:
+                    result.judge_failed = True
+                    raise RuntimeError(f"judge: {verdict.failure}")
+                if verdict.outcome_score is not None:
+                    result.outcome_score = verdict.outcome_score
+                if verdict.events_score is not None:
+                    result.events_score = verdict.events_score
             result.reward = blend_reward(
                 result.env_return, result.outcome_score, result.events_score, self.weights
             )

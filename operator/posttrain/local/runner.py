@@ -183,6 +183,8 @@ def format_progress(progress: dict[str, Any]) -> str:
             parts.append(f"{label} {value + 0.0:.4g}")  # + 0.0: no "-0" for a loss of -0.0
     if progress.get("judgeScores"):
         parts.append(f"judges {progress['judgeScores']}")
+    if progress.get("judgeFailed"):
+        parts.append(f"judge_failed {progress['judgeFailed']}")
     if progress.get("lastCheckpoint"):
         parts.append(f"checkpoint {progress['lastCheckpoint']}")
     return "  ".join(parts)
@@ -197,9 +199,9 @@ def format_iteration(event: dict[str, Any]) -> str:
 
     failed = f", {event['failed_rollouts']} failed" if event.get("failed_rollouts") else ""
     if event.get("judged") is not None:
-        fell_back = event.get("judge_fallback") or 0
+        unjudged = event.get("judge_failed") or 0
         failed += f", judged {event['judged']}" + (
-            f" ({fell_back} without a judge score)" if fell_back else ""
+            f" ({unjudged} without a judge score, left out)" if unjudged else ""
         )
     return (
         f"rollouts {event.get('rollouts')}{failed}, mixed groups {event.get('mixed_groups')}/{event.get('groups')}, "
