@@ -224,3 +224,49 @@ def test_a_synth_backend_id_is_refused_by_validate_and_convert(capsys, tmp_path)
             f"{path}:26: model.source: 'ft:Qwen/Qwen3-4B:job_abc123' is not a posttrain fine-tuned id" in err
         )
         assert "(fix: use the fine_tuned_model id a posttrain job printed" in err and "Traceback" not in err
+
+
+def test_overlong_and_retention_keys_travel_to_the_trainer():
+    from posttrain_trainer.checkpoint import keep_checkpoints
+    from posttrain_trainer.rl import parse_rl_config
+    from posttrain_trainer.weightsync import keep_weight_versions
+
+    text = (REPO / "examples" / "rl_qwen3_4b.toml").read_text()
+    text = text.replace(
+        "[training]\n",
+        '[training]\noverlong = "penalty"\noverlong_penalty = -0.5\nkeep_checkpoints = 4\nkeep_weight_versions = 1\n',
+        1,
+    )
+    cr, _ = toml_to_cr(text, env={})
+    training = cr["spec"]["training"]
+    assert (training["overlong"], training["overlongPenalty"]) == ("penalty", -0.5)
+    assert (training["keepCheckpoints"], training["keepWeightVersions"]) == (4, 1)
+    assert "extras" not in training or not {"overlong", "keep_checkpoints"} & set(training["extras"])
+    RLJob.model_validate(cr, context={"cr": True})
+    config = spec_to_config(cr["spec"], "rl")
+    cfg = parse_rl_config(config)
+    assert (cfg.overlong, cfg.overlong_penalty) == ("penalty", -0.5)
+    assert keep_checkpoints(config) == 4 and keep_weight_versions(config) == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ('overlong = "chop"', "training.overlong"),
+        ("overlong_penalty = 0.5", "training.overlong_penalty"),
+        ("keep_checkpoints = -1", "training.keep_checkpoints"),
+        ("keep_weight_versions = 1.5", "training.keep_weight_versions"),
+    ],
+)
+def test_validate_names_bad_overlong_and_retention_keys(tmp_path, capsys, line, field):
+    text = (
+        (REPO / "examples" / "rl_qwen3_4b.toml")
+        .read_text()
+        .replace("[training]\n", f"[training]\n{line}\n", 1)
+    )
+    path = tmp_path / "rl.toml"
+    path.write_text(text)
+    assert main(["validate", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    row = text.splitlines().index(line) + 1
+    assert f"{path}:{row}: {field}:" in err, err

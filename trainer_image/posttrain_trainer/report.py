@@ -1,9 +1,8 @@
 """Progress and the final result: to stdout always, and by report.mode to a JSONL file or to the job's status.
 
 Keys follow the custom resource (camelCase): step, total, loss, meanReturn, judgeScores, judgeFailed,
-tokensPerSecond,
-evalScore, lastCheckpoint, updatedAt; result {fineTunedModel, artifacts}. Only rank 0 reports. Secrets never
-pass through here (the job file holds none, and nothing from the environment is written)."""
+truncated, tokensPerSecond, evalScore, lastCheckpoint, updatedAt; result {fineTunedModel, artifacts}. Only rank 0
+reports. Secrets never pass through here (the job file holds none, and nothing from the environment is written)."""
 
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ PROGRESS_KEYS = {
     "mean_return": "meanReturn",
     "judge_scores": "judgeScores",
     "judge_failed": "judgeFailed",
+    "truncated": "truncated",
     "tokens_per_second": "tokensPerSecond",
     "eval_score": "evalScore",
     "last_checkpoint": "lastCheckpoint",

@@ -15,12 +15,18 @@ starts; every sequence of an episode gets the episode's advantage.
 Reward (synth's rubric formula): total = w_env * episode_return + w_event * events_score + w_outcome *
 outcome_score, weights from [rubric].weights when [rubric].enabled and a [judge] is configured (synth disables
 rubric scoring without [judge]), else env only. Scores come from the LLM judge (judging.EpisodeJudge) when
-one is configured and answers, else from the task app's metrics (outcome_score, events_score). posttrain_rollout.judge.blend_reward is used when importable; otherwise the local function
+one is configured (a rollout it cannot score fails), else from the task app's metrics (outcome_score,
+events_score). posttrain_rollout.judge.blend_reward is used when importable; otherwise the local function
 below (same formula).
 
-Error budget: a failed rollout (HTTP error, invalid response, no capture) is dropped, its group trains on the
-rest; when more than `rollout.error_budget` (fraction of the iteration's rollouts, default 0.25) fail, or no
-rollout at all succeeds, RolloutBudgetExceeded ends the job with the collected error messages."""
+finish_reason: every captured call's finish_reason (the rollout server records vLLM's) is kept on the result;
+a call that stopped at max_tokens ("length") makes the rollout truncated, which rl.py treats by
+[training].overlong. An empty response (a call that sampled no token) is scored like any other and stays in
+its group; it has no token to train.
+
+Error budget: a failed rollout (HTTP error, invalid response, no capture, judge failure) is dropped, its
+group trains on the rest; when more than `rollout.error_budget` (fraction of the iteration's rollouts,
+default 0.25) fail, or no rollout at all succeeds, RolloutBudgetExceeded ends the job with the collected error messages."""
 
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ from posttrain_trainer.server_auth import rollout_auth_headers
 DEFAULT_ERROR_BUDGET = 0.25
 DEFAULT_TIMEOUT_S = 600.0
 CHAT_PATH = "/v1/chat/completions"
+TRUNCATED = "length"  # the OpenAI/vLLM finish_reason of a response cut at max_tokens
 _CID_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -339,6 +346,17 @@ class RolloutResult:
     seconds: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
     judge_failed: bool = False  # the judge could not score it (judging.py: such a rollout fails)
+    finish_reasons: list[str | None] = field(default_factory=list)  # per captured policy call
+
+    @property
+    def truncated(self) -> bool:
+        """A policy call of the episode stopped at max_tokens (vLLM's finish_reason "length")."""
+        return TRUNCATED in self.finish_reasons
+
+    @property
+    def empty(self) -> bool:
+        """The policy was called but sampled no token (an empty response)."""
+        return bool(self.finish_reasons) and not self.sequences
 
 
 def plan_rollouts(
@@ -505,9 +523,12 @@ class RolloutClient:
             }
             if want_tokens:
                 captures = await self._captures(http, spec)
+                if not captures:
+                    raise RuntimeError(f"no policy call captured under cid {spec.cid}")
+                result.finish_reasons = [entry.get("finish_reason") for entry in captures]
+                # an empty response (no completion token) is still scored: it stays in its group's
+                # advantages and simply has no token to train
                 result.sequences = build_sequences(captures)
-                if not result.sequences:
-                    raise RuntimeError(f"no policy tokens captured under cid {spec.cid}")
             else:
                 await self._drop_captures(http, spec)
             result.ok = True

@@ -500,6 +500,7 @@ def train(job: JobFile) -> dict[str, Any]:
                     workdir=workdir,
                     data_state={"epoch": epoch, "next_batch": batch_in_epoch},
                     extra={"history": history, "best": best},
+                    keep=ckpt.keep_checkpoints(job.config),
                 )
                 reporter.event("checkpoint", step=step, uri=last_checkpoint)
             if should_stop:

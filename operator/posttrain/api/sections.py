@@ -245,6 +245,26 @@ class RLTrainingConfig(Section):
     max_images_per_message: int | None = Field(
         None, ge=1, description="Mirror of model.max_images_per_message."
     )
+    overlong: Literal["keep", "mask", "penalty"] | None = Field(
+        None,
+        description="posttrain: responses cut at max_tokens (finish_reason length): keep (default; trained on "
+        "the task's reward), mask (no loss; still in the group's advantages) or penalty (overlong_penalty "
+        "added to the reward before the advantages).",
+    )
+    overlong_penalty: float | None = Field(
+        None,
+        le=0,
+        description="posttrain: reward added to a truncated response under overlong = penalty (-1).",
+    )
+    keep_checkpoints: int | None = Field(
+        None, ge=0, description="posttrain: newest checkpoints kept in S3 (default 3; 0 keeps all)."
+    )
+    keep_weight_versions: int | None = Field(
+        None,
+        ge=0,
+        description="posttrain: newest synced weight versions kept, locally and in S3 (default 2; 0 keeps all); "
+        "the served one is never deleted.",
+    )
 
 
 class EvaluationConfig(Section):
@@ -399,6 +419,9 @@ class SFTTrainingConfig(Section):
     use_qlora: bool | None = Field(None, description="QLoRA (mode = lora + use_qlora = true).")
     validation: ValidationConfig | None = Field(None, description="Validation settings.")
     lora: LoraConfig | None = Field(None, description="LoRA settings.")
+    keep_checkpoints: int | None = Field(
+        None, ge=0, description="posttrain: newest checkpoints kept in S3 (default 3; 0 keeps all)."
+    )
 
 
 class HyperparametersConfig(Section):
