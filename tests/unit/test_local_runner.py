@@ -70,6 +70,8 @@ def test_progress_lines_and_report_reading(tmp_path):
         "rollouts 4, 1 failed, judged 3 (1 without a judge score, left out), mixed groups"
     )
     assert runner.format_progress({"step": 2, "judgeFailed": 1}) == "step 2  judge_failed 1"
+    cut = runner.format_iteration({"rollouts": 8, "truncated": 3, "empty_responses": 1, "groups": 2})
+    assert cut.startswith("rollouts 8, 3 cut at max_tokens, 1 empty, mixed groups")
     report = tmp_path / "report.jsonl"
     report.write_text(json.dumps({"progress": {"step": 1}}) + "\n" + '{"result": {"fine_tuned')
     offset, lines = runner._read_report(report, 0)

@@ -198,6 +198,10 @@ def format_iteration(event: dict[str, Any]) -> str:
         return format(value, fmt) if isinstance(value, int | float) else "-"
 
     failed = f", {event['failed_rollouts']} failed" if event.get("failed_rollouts") else ""
+    if event.get("truncated"):
+        failed += f", {event['truncated']} cut at max_tokens"
+    if event.get("empty_responses"):
+        failed += f", {event['empty_responses']} empty"
     if event.get("judged") is not None:
         unjudged = event.get("judge_failed") or 0
         failed += f", judged {event['judged']}" + (
