@@ -69,6 +69,7 @@ from posttrain_trainer.rollouts import (
 ITERATION_EVENT_FIELDS = (
     "step", "rollouts", "failed_rollouts", "mixed_groups", "train_sequences", "grad_norm", "clip_fraction",
     "rollout_seconds", "update_seconds", "weight_sync_seconds", "iteration_seconds", "judged", "judge_failed",
+    "truncated", "empty_responses",
 )  # fmt: skip
 
 
