@@ -121,9 +121,11 @@ def _config(max_tokens: int) -> dict[str, Any]:
     }
 
 
-def _collect(config, math_taskapp, endpoint: str, seeds: list[int], group: int, run: str):
+def _collect(
+    config, math_taskapp, endpoint: str, seeds: list[int], group: int, run: str, model: str = "policy"
+):
     client = RolloutClient(
-        task_url=math_taskapp.url, config=config, model="policy", api_key=math_taskapp.api_key
+        task_url=math_taskapp.url, config=config, model=model, api_key=math_taskapp.api_key
     )
     with RolloutLoop() as loop:
         return loop.collect(client, plan_rollouts(run, 0, seeds, group, [endpoint]))
@@ -170,7 +172,8 @@ def test_vllm_finish_reason_decides_truncation(math_taskapp, policy_server, vllm
     from transformers import AutoTokenizer
 
     eos = AutoTokenizer.from_pretrained(vllm_model_dir).eos_token_id
-    results = _collect(_config(3), math_taskapp, policy_server.url, [1, 2, 3, 4], 2, "vllmtrunc")
+    model = policy_server.served_model_name
+    results = _collect(_config(3), math_taskapp, policy_server.url, [1, 2, 3, 4], 2, "vllmtrunc", model)
     assert [r.error for r in results if not r.ok] == []
     for r in results:
         (reason,) = r.finish_reasons
