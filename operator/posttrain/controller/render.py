@@ -122,6 +122,12 @@ class Topology:
     gpus_for_ref: int
     tensor_parallel: int
     reference_dedicated: bool
+    # compute.gpuType "CPU": the counts above are processes and servers, not GPUs; no pod asks for one.
+    cpu_only: bool = False
+
+    def gpus(self, count: int) -> int:
+        """What a pod of this job requests of the GPU resource for `count` GPUs of its role."""
+        return 0 if self.cpu_only else count
 
     @property
     def rollout_replicas(self) -> int:
@@ -192,6 +198,7 @@ def topology(spec: dict[str, Any], kind: str = "rl") -> Topology:
         gpus_for_ref=gpus_ref,
         tensor_parallel=max(1, tp),
         reference_dedicated=dedicated,
+        cpu_only=str(specs.get(compute, "gpuType", "") or "").strip().lower() == "cpu",
     )
 
 
@@ -703,7 +710,7 @@ def render_trainer(
                 "command": command,
                 "env": env,
                 "ports": [{"name": "rendezvous", "containerPort": port}],
-                "resources": _resources(spec, ROLE_TRAINER, topo.trainer_gpus_per_pod, settings),
+                "resources": _resources(spec, ROLE_TRAINER, topo.gpus(topo.trainer_gpus_per_pod), settings),
                 "volumeMounts": mounts,
                 "workingDir": WORKDIR,
             }
@@ -795,7 +802,7 @@ def render_rljob(
         role=ROLE_ROLLOUT,
         name=r_name,
         replicas=topo.rollout_replicas,
-        gpus_per_pod=topo.tensor_parallel if topo.gpus_for_vllm > 0 else 0,
+        gpus_per_pod=topo.gpus(topo.tensor_parallel if topo.gpus_for_vllm > 0 else 0),
         args=rollout_args,
         suspended=suspended,
     )
@@ -814,7 +821,7 @@ def render_rljob(
             role=ROLE_REFERENCE,
             name=ref_name,
             replicas=1,
-            gpus_per_pod=topo.gpus_for_ref,
+            gpus_per_pod=topo.gpus(topo.gpus_for_ref),
             args=ref_args,
             suspended=suspended,
         )
@@ -835,7 +842,7 @@ def render_rljob(
             role=ROLE_JUDGE,
             name=j_name,
             replicas=1,
-            gpus_per_pod=judge_gpus,
+            gpus_per_pod=topo.gpus(judge_gpus),
             args=j_args,
             suspended=suspended,
         )
