@@ -168,7 +168,7 @@ if [ -n "$import_sock" ]; then
     # is on disk once in containerd, shared by the trainer and rollout images.
     archive=$CACHE/images/import.tar
     buildah push --quiet --disable-compression "$src" "docker-archive:$archive:$ref" >/dev/null
-    "$CTR" -a "$import_sock" -n k8s.io images import --discard-unpacked-layers --platform linux/amd64 \
+    "$CTR" -a "$import_sock" -n k8s.io images import --local --discard-unpacked-layers --platform linux/amd64 \
       --label "posttrain.image-id=$id" "$archive" >/dev/null
     rm -f "$archive"
     echo "  imported $ref"

@@ -407,6 +407,8 @@ class DevCluster:
             args.remove("--authorization-mode=RBAC")
             args += [
                 "--authorization-mode=Node,RBAC",
+                # The node's name does not resolve on the host: reach the kubelet at its InternalIP.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
             ]

@@ -94,6 +94,17 @@ def host_ipv4() -> str:
         return str(sock.getsockname()[0])
 
 
+CAP_SYS_RESOURCE = 24
+
+
+def can_lower_oom_score(status: str | None = None) -> bool:
+    """Whether processes here may set a negative oom_score_adj: CAP_SYS_RESOURCE in the bounding set
+    (/proc/self/status CapBnd). Some sandboxes drop it for every process, root included."""
+    text = status if status is not None else Path("/proc/self/status").read_text()
+    match = re.search(r"^CapBnd:\s*([0-9a-f]+)", text, re.M)
+    return bool(match) and bool(int(match.group(1), 16) >> CAP_SYS_RESOURCE & 1)
+
+
 def missing_prerequisites(bin_dir: Path) -> list[str]:
     """What the node needs on this host and does not find, each with the command that provides it."""
     out = [f"{bin_dir / b} (make node-bins)" for b in NODE_BINARIES if not os.access(bin_dir / b, os.X_OK)]
@@ -113,10 +124,16 @@ def missing_prerequisites(bin_dir: Path) -> list[str]:
 # ----------------------------------------------------------------------------------------- configs (pure)
 
 
-def containerd_config(*, root: Path, state: Path, socket_path: Path, cni_conf_dir: Path) -> str:
+def containerd_config(
+    *, root: Path, state: Path, socket_path: Path, cni_conf_dir: Path, restrict_oom_score_adj: bool = False
+) -> str:
     """containerd 2.x configuration (version 3): the CRI plugin with runc (cgroupfs driver, as the kubelet),
-    the CNI plugins from the Debian package, the locally built pause image as the pinned sandbox image."""
+    the CNI plugins from the Debian package, the locally built pause image as the pinned sandbox image.
+    restrict_oom_score_adj: where no process may lower its oom_score_adj (no CAP_SYS_RESOURCE), runc
+    fails to start every pod sandbox (the kubelet asks -998 for it); containerd then clamps the value to its
+    own instead."""
     runc = shutil.which("runc") or "/usr/sbin/runc"
+    restrict = "true" if restrict_oom_score_adj else "false"
     return f"""version = 3
 root = "{root}"
 state = "{state}"
@@ -133,6 +150,7 @@ state = "{state}"
     sandbox = "{PAUSE_IMAGE}"
 
 [plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = {restrict}
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
@@ -232,10 +250,13 @@ def kubelet_config(
     return config
 
 
-def kube_proxy_config(*, kubeconfig: Path, healthz_port: int, metrics_port: int) -> dict:
+def kube_proxy_config(
+    *, kubeconfig: Path, healthz_port: int, metrics_port: int, oom_score_adj: int = -999
+) -> dict:
     """KubeProxyConfiguration: iptables mode; conntrack sysctls left as the host has them (zero values mean
     "do not touch"), so stopping the node has nothing to restore there."""
     return {
+        "oomScoreAdj": oom_score_adj,
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
@@ -585,6 +606,7 @@ class RealNode:
                 state=self.state / "state",
                 socket_path=self.socket,
                 cni_conf_dir=self.workdir / "cni",
+                restrict_oom_score_adj=not can_lower_oom_score(),
             )
         )
         self._spawn("containerd", [f"--config={config}", "--log-level=warn"])
@@ -698,6 +720,7 @@ class RealNode:
                     kubeconfig=self.workdir / "kube-proxy.kubeconfig",
                     healthz_port=self.ports["proxy-healthz"],
                     metrics_port=self.ports["proxy-metrics"],
+                    oom_score_adj=-999 if can_lower_oom_score() else 0,
                 )
             )
         )

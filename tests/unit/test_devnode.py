@@ -213,3 +213,22 @@ def test_cluster_up_accepts_only_the_ready_marker_of_the_harness_it_started(tmp_
     assert ready_marker(tmp_path, 111) == {"pid": 111, "seconds": 3.0, "server": "https://127.0.0.1:1"}
     (tmp_path / "ready").write_text("12.5\n")  # the old format: no pid, never accepted
     assert ready_marker(tmp_path, 111) is None
+
+
+def test_oom_score_is_clamped_only_where_no_process_may_lower_it(tmp_path: Path):
+    """On the dev machine CAP_SYS_RESOURCE is missing from every process's bounding set (CapBnd
+    000001fffeffffff), so runc could not give a pod sandbox the -998 the kubelet asks for and no pod
+    started ("can't get final child's PID from pipe")."""
+    import tomllib
+
+    without = "Name:\tx\nCapBnd:\t000001fffeffffff\n"
+    full = "Name:\tx\nCapBnd:\t000001ffffffffff\n"
+    assert not devnode.can_lower_oom_score(without) and devnode.can_lower_oom_score(full)
+    args = dict(root=tmp_path, state=tmp_path, socket_path=tmp_path / "s", cni_conf_dir=tmp_path)
+    runtime = "io.containerd.cri.v1.runtime"
+    clamped = tomllib.loads(devnode.containerd_config(**args, restrict_oom_score_adj=True))
+    assert clamped["plugins"][runtime]["restrict_oom_score_adj"] is True
+    assert (
+        tomllib.loads(devnode.containerd_config(**args))["plugins"][runtime]["restrict_oom_score_adj"]
+        is False
+    )
