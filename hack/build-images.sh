@@ -71,16 +71,16 @@ start_all=$(date +%s)
 
 # ---- base 1: Debian bookworm + python3.11 (mmdebstrap), rebuilt only when this recipe changes ----
 PY_PACKAGES=python3,python3-venv,python3-pip,python-is-python3,ca-certificates,passwd
-recipe=$(printf '%s\n' "$PY_PACKAGES" "v1" | sha256sum | cut -c1-12)
+recipe=$(printf '%s\n' "$PY_PACKAGES" "v2" | sha256sum | cut -c1-12)
 if [ "$(label "$BASE_PY" posttrain.recipe)" != "$recipe" ]; then
   t=$(date +%s)
   rootfs=$(mktemp -d "$CACHE/images/rootfs.XXXXXX")
   # Like the official python images: pip may install into the system interpreter (no PEP 668 marker),
-  # no docs or man pages.
+  # no docs or man pages, apt sources kept (a Dockerfile on it may apt-get install), package lists dropped.
   mmdebstrap --quiet --variant=minbase --include="$PY_PACKAGES" \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-    --customize-hook='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED "$1"/etc/apt/sources.list.d/*' \
+    --customize-hook='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED' \
     --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
     bookworm "$rootfs/rootfs.tar" \
     "deb http://deb.debian.org/debian bookworm main" \
@@ -166,12 +166,20 @@ if [ -n "$import_sock" ]; then
     # Uncompressed archive (no CPU spent compressing), unpacked into snapshots; the layer blobs are then
     # dropped from containerd's content store (the snapshots are what pods run from), so the torch closure
     # is on disk once in containerd, shared by the trainer and rollout images.
-    archive=$CACHE/images/import.tar
+    archive=$(mktemp "$CACHE/images/import.XXXXXX.tar")
     buildah push --quiet --disable-compression "$src" "docker-archive:$archive:$ref" >/dev/null
     "$CTR" -a "$import_sock" -n k8s.io images import --local --discard-unpacked-layers --platform linux/amd64 \
-      --label "posttrain.image-id=$id" "$archive" >/dev/null
+      --label "posttrain.image-id=$id" "$archive" >/dev/null 2>&1
     rm -f "$archive"
     echo "  imported $ref"
   done
+  # containerd's CRI names every image also by its id (sha256:<config digest>); a re-imported tag leaves
+  # the old id behind, holding the old layers on disk. Drop ids whose manifest no tag points at any more
+  # (a container still running from one keeps its layers until it goes).
+  "$CTR" -a "$import_sock" -n k8s.io images ls 2>/dev/null | awk 'NR > 1 { print $1, $3 }' > "$CACHE/images/refs"
+  awk '$1 !~ /^sha256:/ { named[$2] = 1 } $1 ~ /^sha256:/ { ids[$1] = $2 }
+       END { for (id in ids) if (!(ids[id] in named)) print id }' "$CACHE/images/refs" |
+    while read -r stale; do "$CTR" -a "$import_sock" -n k8s.io images rm "$stale" >/dev/null 2>&1 || true; done
+  rm -f "$CACHE/images/refs"
   took "import into containerd ($import_sock, namespace k8s.io)" "$t"
 fi

