@@ -432,8 +432,10 @@ def pause_image_archive(pause_binary: bytes, ref: str = PAUSE_IMAGE) -> bytes:
 # ----------------------------------------------------------------------------------------- leftovers (pure)
 
 
-def chains_to_remove(iptables_save: str) -> dict[str, list[str]]:
-    """{table: [chain, ...]} of the KUBE-*/CNI-* chains in an `iptables-save` dump."""
+def node_chains(iptables_save: str, keep: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+    """{table: [chain, ...]} of the KUBE-*/CNI-* chains in an `iptables-save` dump, minus the chains in
+    `keep` (what other CNI users, e.g. buildah or podman, had before the node started)."""
+    keep = keep or {}
     out: dict[str, list[str]] = {}
     table = ""
     for line in iptables_save.splitlines():
@@ -441,13 +443,13 @@ def chains_to_remove(iptables_save: str) -> dict[str, list[str]]:
             table = line[1:].strip()
         elif line.startswith(":"):
             chain = line[1:].split()[0]
-            if chain.startswith(CHAIN_PREFIXES):
+            if chain.startswith(CHAIN_PREFIXES) and chain not in keep.get(table, []):
                 out.setdefault(table, []).append(chain)
     return out
 
 
-def jump_rules(iptables_save: str, table: str) -> list[str]:
-    """`-A CHAIN ...` rules of `table` in a builtin chain that jump to a KUBE-*/CNI-* chain."""
+def jump_rules(iptables_save: str, table: str, chains: list[str]) -> list[str]:
+    """`-A CHAIN ...` rules of `table`, in chains not being removed, that jump to one of `chains`."""
     rules, current = [], ""
     for line in iptables_save.splitlines():
         if line.startswith("*"):
@@ -455,7 +457,7 @@ def jump_rules(iptables_save: str, table: str) -> list[str]:
         elif current == table and line.startswith("-A "):
             chain = line.split()[1]
             target = re.search(r"\s-j\s+(\S+)", line)
-            if not chain.startswith(CHAIN_PREFIXES) and target and target.group(1).startswith(CHAIN_PREFIXES):
+            if chain not in chains and target and target.group(1) in chains:
                 rules.append(line)
     return rules
 
@@ -524,10 +526,11 @@ class RealNode:
                 f"another real node runs on this host (containerd answers on {self.socket}): one node per host "
                 "(it owns the bridge, the iptables chains and the cgroup root); stop it first (make cluster-down)"
             )
-        # A node left by a killed harness: clear it first, or the new kubelet adopts stale pods.
-        cleanup_host(self.workdir, self.bin_dir, self.state)
         for sub in ("logs", "cni", "pki"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+        _remember_chains(self.workdir)
+        # A node left by a killed harness: clear it first, or the new kubelet adopts stale pods.
+        cleanup_host(self.workdir, self.bin_dir, self.state)
         self.state.mkdir(parents=True, exist_ok=True)
         self.containerd_root.mkdir(parents=True, exist_ok=True)
         self._remember_sysctls()
@@ -854,19 +857,40 @@ def _run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, input=stdin, timeout=120)
 
 
-def _iptables_cleanup() -> None:
-    for save, restore in (("iptables-save", "iptables"), ("ip6tables-save", "ip6tables")):
+IPTABLES = (("iptables-save", "iptables"), ("ip6tables-save", "ip6tables"))
+
+
+def chains_before(workdir: Path) -> dict[str, dict[str, list[str]]]:
+    """The KUBE-*/CNI-* chains that existed before the node started ({save command: {table: chains}})."""
+    path = workdir / "iptables-before.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _remember_chains(workdir: Path) -> None:
+    path = workdir / "iptables-before.json"
+    if not path.exists():
+        # CNI-* chains only: KUBE-* chains are this node's by definition (one kubelet node per host).
+        snapshot = {}
+        for save, _ in IPTABLES:
+            if shutil.which(save):
+                chains = node_chains(_run(save).stdout)
+                snapshot[save] = {t: [c for c in cs if c.startswith("CNI-")] for t, cs in chains.items()}
+        path.write_text(json.dumps(snapshot))
+
+
+def _iptables_cleanup(workdir: Path) -> None:
+    before = chains_before(workdir)
+    for save, command in IPTABLES:
         if not shutil.which(save):
             continue
         dump = _run(save).stdout
-        for table in IPTABLES_TABLES:
-            for rule in jump_rules(dump, table):
-                _run(restore, "-t", table, *_split_rule(rule.replace("-A ", "-D ", 1)))
-        for table, chains in chains_to_remove(dump).items():
+        for table, chains in node_chains(dump, before.get(save)).items():
+            for rule in jump_rules(dump, table, chains):
+                _run(command, "-t", table, *_split_rule(rule.replace("-A ", "-D ", 1)))
             for chain in chains:
-                _run(restore, "-t", table, "-F", chain)
+                _run(command, "-t", table, "-F", chain)
             for chain in chains:
-                _run(restore, "-t", table, "-X", chain)
+                _run(command, "-t", table, "-X", chain)
 
 
 def _split_rule(rule: str) -> list[str]:
@@ -914,7 +938,7 @@ def cleanup_host(workdir: Path, bin_dir: Path, state: Path = STATE_DIR) -> None:
                 _run("umount", "-l", point)
                 with contextlib.suppress(OSError):
                     Path(point).unlink()
-    _iptables_cleanup()
+    _iptables_cleanup(workdir)
     if Path(f"/sys/class/net/{BRIDGE}").exists():
         _run("ip", "link", "delete", BRIDGE)
     for hierarchy in _cgroup_hierarchies() if Path("/sys/fs/cgroup").exists() else []:
@@ -969,13 +993,13 @@ def leftovers(workdir: Path, state: Path = STATE_DIR) -> list[str]:
     found += [f"mount {p}" for p in mounts_under(mountinfo, [Path("/run/netns")]) if "/cni-" in p]
     if Path("/run/netns").is_dir():
         found += [f"netns {p.name}" for p in Path("/run/netns").iterdir() if p.name.startswith("cni-")]
-    for save in ("iptables-save", "ip6tables-save"):
+    before = chains_before(workdir)
+    for save, _ in IPTABLES:
         if shutil.which(save):
-            for table, chains in chains_to_remove(_run(save).stdout).items():
+            for table, chains in node_chains(_run(save).stdout, before.get(save)).items():
                 found += [f"{save.split('-')[0]} {table} chain {c}" for c in chains]
     if Path(f"/sys/class/net/{BRIDGE}").exists():
         found.append(f"link {BRIDGE}")
-    found += [f"link {p.name}" for p in Path("/sys/class/net").iterdir() if p.name.startswith("veth")]
     for hierarchy in _cgroup_hierarchies():
         if (hierarchy / CGROUP_ROOT).exists():
             found.append(f"cgroup {hierarchy / CGROUP_ROOT}")

@@ -138,16 +138,19 @@ COMMIT
 """
 
 
-def test_cleanup_finds_only_kube_and_cni_chains_and_the_builtin_rules_that_jump_to_them():
-    assert devnode.chains_to_remove(IPTABLES) == {
+def test_cleanup_takes_kube_chains_and_new_cni_chains_with_the_rules_that_jump_to_them():
+    """CNI-* chains that another CNI user (buildah, podman) had before the node started stay: the first
+    version removed every CNI-* chain on the host, podman's too."""
+    assert devnode.node_chains(IPTABLES) == {
         "nat": ["KUBE-SERVICES", "CNI-HOSTPORT-DNAT"],
         "filter": ["KUBE-FIREWALL"],
     }
-    assert devnode.jump_rules(IPTABLES, "nat") == [
+    kept = devnode.node_chains(IPTABLES, keep={"nat": ["CNI-HOSTPORT-DNAT"]})
+    assert kept == {"nat": ["KUBE-SERVICES"], "filter": ["KUBE-FIREWALL"]}
+    assert devnode.jump_rules(IPTABLES, "nat", kept["nat"]) == [
         '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
-        "-A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT",
     ]
-    assert devnode.jump_rules(IPTABLES, "filter") == ["-A INPUT -j KUBE-FIREWALL"]
+    assert devnode.jump_rules(IPTABLES, "filter", kept["filter"]) == ["-A INPUT -j KUBE-FIREWALL"]
 
 
 def test_mounts_under_lists_the_deepest_first_and_nothing_outside():
