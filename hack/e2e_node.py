@@ -95,9 +95,10 @@ def posttrain(*args: str, env: dict | None = None) -> str:
 # ------------------------------------------------------------------------------------------------ steps
 
 
-def import_images(node: devnode.RealNode) -> None:
+def import_images() -> None:
     t = time.monotonic()
-    subprocess.run(["bash", str(REPO / "hack" / "build-images.sh"), "--import", str(node.socket)], check=True)
+    sock = devnode.STATE_DIR / "containerd.sock"
+    subprocess.run(["bash", str(REPO / "hack" / "build-images.sh"), "--import", str(sock)], check=True)
     say(f"images imported into containerd (k8s.io) in {time.monotonic() - t:.0f} s")
 
 
@@ -114,7 +115,9 @@ def install(kube: Kube) -> None:
             raise E2EError(f"kubectl apply -k {overlay} failed: {out.stderr[-2000:]}")
         time.sleep(3)
     say("kubectl apply --server-side -k manifests/overlays/dev-node")
-    kube.run("-n", "posttrain-system", "rollout", "status", "statefulset/minio", "--timeout=600s", timeout=620)
+    kube.run(
+        "-n", "posttrain-system", "rollout", "status", "statefulset/minio", "--timeout=600s", timeout=620
+    )
     kube.run("-n", "posttrain-system", "rollout", "status", "deployment/posttrain-operator", "--timeout=600s",
              timeout=620)  # fmt: skip
     say("MinIO and the operator are ready")
@@ -130,7 +133,9 @@ def s3_client(kube: Kube):
 
     svc = kube.json("-n", "posttrain-system", "get", "service", "minio")
     # The host reaches Service IPs through kube-proxy's rules, as pods do.
-    return Minio(f"{svc['spec']['clusterIP']}:9000", access_key=S3_KEYS[0], secret_key=S3_KEYS[1], secure=False)
+    return Minio(
+        f"{svc['spec']['clusterIP']}:9000", access_key=S3_KEYS[0], secret_key=S3_KEYS[1], secure=False
+    )
 
 
 def upload_dir(client, local: Path, prefix: str) -> int:
@@ -188,7 +193,11 @@ def follow_rl(kube: Kube, started: float) -> dict:
         if phase == "Succeeded":
             return {"job": job, "phases": phases, "seconds": time.monotonic() - started, **killed}
         step = int((status.get("progress") or {}).get("step") or 0)
-        if not killed and phase == "Running" and 1 <= step < int((status.get("progress") or {}).get("total") or 99):
+        if (
+            not killed
+            and phase == "Running"
+            and 1 <= step < int((status.get("progress") or {}).get("total") or 99)
+        ):
             killed = kill_trainer(kube, step)
         time.sleep(2)
     raise E2EError(f"RLJob {RL_NAME} did not finish within an hour (phases {phases})")
@@ -202,7 +211,10 @@ def kill_trainer(kube: Kube, step: int) -> dict:
     container = next(
         c["containerID"] for c in pod["status"]["containerStatuses"] if c["name"] == "trainer"
     ).split("://", 1)[1]
-    crictl = [str(REPO / "bin" / "crictl"), f"--runtime-endpoint=unix://{devnode.STATE_DIR / 'containerd.sock'}"]
+    crictl = [
+        str(REPO / "bin" / "crictl"),
+        f"--runtime-endpoint=unix://{devnode.STATE_DIR / 'containerd.sock'}",
+    ]
     subprocess.run([*crictl, "stop", "--timeout", "0", container], check=True, capture_output=True)
     say(f"killed the trainer container of pod {pod['metadata']['name']} (SIGKILL) at step {step}")
     return {"killed_pod": pod["metadata"]["uid"], "killed_at": step}
@@ -245,7 +257,9 @@ def check_trainer_identity(kube: Kube, job: dict) -> None:
         logs = kube.run("-n", NS, "logs", pod["metadata"]["name"], "-c", "trainer", check=False)
         if "status patch failed" in logs:
             raise E2EError(f"trainer pod {pod['metadata']['name']} could not patch status:\n{logs[-2000:]}")
-    say(f"status.progress (step {progress['step']}/{progress.get('total')}) written by {sorted(managers)} as {user}")
+    say(
+        f"status.progress (step {progress['step']}/{progress.get('total')}) written by {sorted(managers)} as {user}"
+    )
 
 
 def check_model_loads(kube: Kube, job: dict, workdir: Path) -> str:
@@ -267,17 +281,23 @@ def check_model_loads(kube: Kube, job: dict, workdir: Path) -> str:
 
 
 def wrong_key_job(kube: Kube, workdir: Path) -> None:
-    kube.run("-n", NS, "create", "secret", "generic", "e2e-wrong-key", "--from-literal=ENVIRONMENT_API_KEY=sk_env_wrong_0000")
+    secret = kube.run("-n", NS, "create", "secret", "generic", "e2e-wrong-key", "--dry-run=client", "-o", "yaml",
+                      "--from-literal=ENVIRONMENT_API_KEY=sk_env_wrong_0000")  # fmt: skip
+    kube.run("apply", "-f", "-", stdin=secret)
     apply_rl(kube, workdir, WRONG_NAME, "e2e-wrong-key")
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         children = kube.json("-n", NS, "get", "jobs,pods", "-l", f"posttrain.dev/job={WRONG_NAME}")["items"]
         trainers = [c for c in children if c["metadata"]["labels"].get("posttrain.dev/role") == "trainer"]
         if trainers:
-            raise E2EError(f"a trainer was created for the wrong-key job: {[c['metadata']['name'] for c in trainers]}")
+            raise E2EError(
+                f"a trainer was created for the wrong-key job: {[c['metadata']['name'] for c in trainers]}"
+            )
         status = kube.json("-n", NS, "get", "rljobs", WRONG_NAME).get("status") or {}
         if status.get("phase") == "Failed":
-            say(f"RLJob {WRONG_NAME} Failed ({status.get('reason')}: {status.get('message')}); no trainer Job or pod")
+            say(
+                f"RLJob {WRONG_NAME} Failed ({status.get('reason')}: {status.get('message')}); no trainer Job or pod"
+            )
             if status.get("reason") != "TaskAppVerificationFailed":
                 raise E2EError(f"wrong-key job failed for another reason: {status}")
             return
@@ -298,7 +318,9 @@ def sft_job(kube: Kube, workdir: Path) -> str:
     posttrain("convert", "--config", str(REPO / "examples" / "demo" / "sft.toml"), "--type", "sft", "--name", SFT_NAME,
               "--namespace", NS, "--dataset", f"s3://{BUCKET}/{key}", "--output", str(out))  # fmt: skip
     kube.run("apply", "--server-side", "-f", str(out))
-    say(f"posttrain convert examples/demo/sft.toml (dataset s3://{BUCKET}/{key}); kubectl apply (SFTJob {SFT_NAME})")
+    say(
+        f"posttrain convert examples/demo/sft.toml (dataset s3://{BUCKET}/{key}); kubectl apply (SFTJob {SFT_NAME})"
+    )
     phases: list[str] = []
 
     def done():
@@ -312,7 +334,9 @@ def sft_job(kube: Kube, workdir: Path) -> str:
         return status if phase == "Succeeded" else None
 
     status = wait(done, 1800, "the SFTJob to succeed")
-    say(f"SFTJob {SFT_NAME} Succeeded: fineTunedModel={status.get('fineTunedModel')} (phases {' -> '.join(phases)})")
+    say(
+        f"SFTJob {SFT_NAME} Succeeded: fineTunedModel={status.get('fineTunedModel')} (phases {' -> '.join(phases)})"
+    )
     return str(status.get("fineTunedModel"))
 
 
@@ -328,22 +352,37 @@ def delete_removes_pods(kube: Kube) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dir", default=str(REPO / ".cluster-e2e"), help="the cluster's work folder")
-    parser.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
+    parser.add_argument("--keep", action="store_true", help="leave the cluster running when a check fails")
+    parser.add_argument(
+        "--kubeconfig",
+        help="run against this running cluster with the real node (make cluster-up REAL_NODE=1) instead of "
+        "starting one; it is left running",
+    )
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="posttrain-e2e-"))
-    cluster = DevCluster(Path(args.dir).resolve(), real_node=True, start_timeout=120)
+    cluster = (
+        None if args.kubeconfig else DevCluster(Path(args.dir).resolve(), real_node=True, start_timeout=120)
+    )
     summary = ""
     ok = False
     try:
         t = time.monotonic()
-        cluster.start()
-        assert cluster.node is not None
-        node = cluster.node
-        say(f"control plane + real node {devnode.NODE_NAME} ready in {time.monotonic() - t:.0f} s "
-            f"(containerd://{node.containerd_version}, API server {cluster.server})")  # fmt: skip
-        kube = Kube(cluster.kubeconfig)
-        import_images(node)
+        if cluster is not None:
+            cluster.start()
+            say(f"control plane + real node {devnode.NODE_NAME} ready in {time.monotonic() - t:.0f} s "
+                f"(API server {cluster.server})")  # fmt: skip
+        kube = Kube(cluster.kubeconfig if cluster is not None else Path(args.kubeconfig).resolve())
+        runtime = kube.run(
+            "get", "node", devnode.NODE_NAME, "-o", "jsonpath={.status.nodeInfo.containerRuntimeVersion}"
+        )
+        import_images()
         install(kube)
+        for kind, name in (
+            ("rljob", RL_NAME),
+            ("rljob", WRONG_NAME),
+            ("sftjob", SFT_NAME),
+        ):  # an earlier run's
+            kube.run("-n", NS, "delete", kind, name, "--ignore-not-found", "--wait=true", timeout=300)
         upload_models(kube)
         started = apply_rl(kube, workdir, RL_NAME, "math-task-app-key")
         result = follow_rl(kube, started)
@@ -362,14 +401,16 @@ def main(argv: list[str] | None = None) -> int:
         delete_removes_pods(kube)
         summary = (
             f"e2e: RLJob {RL_NAME} Succeeded in {result['seconds']:.0f} s on node {','.join(sorted(nodes))} "
-            f"(containerd://{node.containerd_version}); fineTunedModel={fine_tuned}; resumed at step {resumed} "
+            f"({runtime}); fineTunedModel={fine_tuned}; resumed at step {resumed} "
             "after trainer kill; wrong-key job Failed without trainer"
         )
         ok = True
     except (E2EError, devnode.NodeError, subprocess.SubprocessError, OSError) as err:
         print(f"e2e FAILED: {err}", file=sys.stderr, flush=True)
     finally:
-        if args.keep and not ok:
+        if cluster is None:
+            pass
+        elif args.keep and not ok:
             say(f"cluster kept: export KUBECONFIG={cluster.kubeconfig}; stop it with "
                 f"`python -m posttrain.devcluster down --dir {args.dir}`")  # fmt: skip
         else:

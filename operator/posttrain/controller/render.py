@@ -365,6 +365,19 @@ def _s3_env(spec: dict[str, Any], settings: OperatorSettings) -> list[dict[str, 
     return env
 
 
+SHM_VOLUME = "dshm"
+
+
+def _shm(settings: OperatorSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A memory-backed /dev/shm (volume, mount). A container's own /dev/shm is 64 MiB: vLLM's engine needs
+    more for its shared-memory ring buffer (160 MiB on the smallest model), and NCCL and torch's
+    multi-process data paths use it too."""
+    empty_dir: dict[str, Any] = {"medium": "Memory"}
+    if settings.shm_size_limit:
+        empty_dir["sizeLimit"] = settings.shm_size_limit
+    return {"name": SHM_VOLUME, "emptyDir": empty_dir}, {"name": SHM_VOLUME, "mountPath": "/dev/shm"}
+
+
 def _plain_env(settings: OperatorSettings) -> list[dict[str, Any]]:
     return [{"name": k, "value": v} for k, v in sorted(settings.extra_env.items())]
 
@@ -432,8 +445,10 @@ def _server_deployment(
         "resources": _resources(spec, role, gpus_per_pod, settings),
         "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 5},
     }
+    shm_volume, shm_mount = _shm(settings)
+    container["volumeMounts"] = [shm_mount]
     pod_spec = security.lock_down(
-        {"containers": [container], **_pod_scheduling(spec)},
+        {"containers": [container], "volumes": [shm_volume], **_pod_scheduling(spec)},
         run_as_user=settings.run_as_user,
         read_only_root=True,
         token=False,
@@ -644,13 +659,16 @@ def render_trainer(
             }
         ]
     env += key_env + _s3_env(spec, settings) + judge_env + _plain_env(settings)
+    shm_volume, shm_mount = _shm(settings)
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_name(meta["name"])}},
         {"name": "workspace", "emptyDir": {}},
+        shm_volume,
     ]
     mounts = [
         {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
         {"name": "workspace", "mountPath": WORKDIR},
+        shm_mount,
     ]
     if dataset_volume:
         volumes.append({"name": "data", "configMap": dataset_volume})
