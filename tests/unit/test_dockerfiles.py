@@ -372,3 +372,20 @@ def test_rollout_requirements_carry_every_dependency_the_vllm_base_lacks():
     assert not missing, f"add to rollout_image/requirements.txt: {missing}"
     stale = sorted(f"{ln} (.venv: {needed[k]})" for k, ln in pinned.items() if ln != needed[k])
     assert not stale, f"rollout_image/requirements.txt pins differ from .venv: {stale}"
+
+
+def test_vllm_cpu_base_carries_what_vllm_needs_at_run_time():
+    """The dev node's vLLM CPU base (hack/images/vllm-cpu.Dockerfile) has no registry image behind it, so its
+    system packages are ours to get right. Two were found missing only when the rollout pod ran on the real
+    node: libnuma1 (vLLM's CPU kernels link libnuma.so.1) and a C++ compiler with Python's headers
+    (torch.compile's CPU backend builds the model's kernels with g++ at start-up: "InvalidCxxCompiler: No
+    working C++ compiler found"). Each is also checked inside the build (ctypes load, g++ --version)."""
+    dockerfile = ROOT / "hack" / "images" / "vllm-cpu.Dockerfile"
+    installed = set()
+    for instr, args in instructions(dockerfile):
+        if instr == "RUN" and "apt-get install" in args:
+            words = shlex.split(args.split("apt-get install", 1)[1].split("&&", 1)[0])
+            installed |= {w for w in words if not w.startswith("-")}
+    assert {"libnuma1", "g++", "python3-dev"} <= installed, installed
+    runs = " ".join(a for i, a in instructions(dockerfile) if i == "RUN")
+    assert "CDLL('libnuma.so.1')" in runs and "g++ --version" in runs
