@@ -386,7 +386,13 @@ def main(argv: list[str] | None = None) -> int:
         upload_models(kube)
         started = apply_rl(kube, workdir, RL_NAME, "math-task-app-key")
         result = follow_rl(kube, started)
-        order = [p for p in result["phases"] if p in ("Verifying", "Provisioning", "Running", "Succeeded")]
+        # In first-seen order: the trainer's replacement pod after the kill shows Provisioning again while it
+        # starts, then Running.
+        order = [
+            p
+            for p in dict.fromkeys(result["phases"])
+            if p in ("Verifying", "Provisioning", "Running", "Succeeded")
+        ]
         if order != ["Verifying", "Provisioning", "Running", "Succeeded"]:
             raise E2EError(f"phases seen: {result['phases']}")
         if "killed_pod" not in result:
