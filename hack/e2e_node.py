@@ -251,8 +251,13 @@ def check_trainer_identity(kube: Kube, job: dict) -> None:
                      "-n", NS, f"--as={user}", check=False).strip()  # fmt: skip
     if can != "yes" or other != "no":
         raise E2EError(f"{user}: patch own status {can!r}, another job's {other!r}")
-    managers = {m.get("manager") for m in job["metadata"].get("managedFields", [])
+    # kubectl leaves managedFields out unless asked.
+    shown = kube.json("-n", NS, "get", "rljobs", RL_NAME, "--show-managed-fields")
+    fields = shown["metadata"]["managedFields"]
+    managers = {m.get("manager") for m in fields
                 if m.get("subresource") == "status" and "f:progress" in json.dumps(m.get("fieldsV1", {}))}  # fmt: skip
+    if "posttrain-trainer" not in managers:
+        raise E2EError(f"status.progress was not written by the trainer (field managers: {sorted(managers)})")
     for pod in job_pods(kube, RL_NAME, "trainer"):
         logs = kube.run("-n", NS, "logs", pod["metadata"]["name"], "-c", "trainer", check=False)
         if "status patch failed" in logs:
