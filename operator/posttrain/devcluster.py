@@ -316,6 +316,7 @@ class DevCluster:
             devnode.cleanup_host(self.workdir / "node", binaries_dir())
             self.host = devnode.host_ipv4()
         if self.workdir.exists():
+            stop_recorded_processes(self.workdir)
             shutil.rmtree(self.workdir)
         (self.workdir / "logs").mkdir(parents=True)
         write_certificates(self.pki, server_names=(self.host,))
@@ -491,6 +492,8 @@ class DevCluster:
         )
         reaper.watch(self.processes[name].pid)  # stopped even if this process dies without stop()
         log.close()
+        # So that `down` can stop them when no harness owns them (a run that kept its cluster and exited).
+        (self.workdir / PIDS_FILE).write_text(json.dumps({n: p.pid for n, p in self.processes.items()}))
 
     def _check_alive(self) -> None:
         if self.node is not None:
@@ -622,6 +625,51 @@ def _terminate(proc: subprocess.Popen, grace: float = 10.0) -> None:
 # ---------------------------------------------------------------------------------------------- CLI
 
 
+PIDS_FILE = "pids.json"  # {component: pid} of the control-plane processes a DevCluster started
+
+
+def stop_recorded_processes(workdir: Path, grace: float = 30.0) -> list[str]:
+    """Stops the control-plane processes recorded in `workdir`'s PIDS_FILE that still run from this workdir
+    (their command line names it, so a recycled pid is never signalled): SIGTERM, then SIGKILL after
+    `grace` seconds. Returns the names it stopped."""
+    pids_file = workdir / PIDS_FILE
+    try:
+        recorded = json.loads(pids_file.read_text())
+    except (OSError, ValueError):
+        return []
+    mine = {}
+    for name, pid in recorded.items():
+        try:
+            cmdline = (
+                Path(f"/proc/{int(pid)}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            )
+        except (OSError, ValueError):
+            continue
+        if str(workdir) in cmdline:
+            mine[name] = int(pid)
+    for pid in mine.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_pid_running(p) for p in mine.values()):
+        time.sleep(0.2)
+    for pid in mine.values():
+        if _pid_running(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    pids_file.unlink(missing_ok=True)
+    return sorted(mine)
+
+
+def _pid_running(pid: int) -> bool:
+    """Alive and not a zombie (a stopped child of this process stays a zombie until reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 READY_FILE = "ready"  # {"pid": harness pid, "seconds": start time, "server": API server URL}
 
 
@@ -709,7 +757,7 @@ def _down(args: argparse.Namespace) -> int:
     workdir = Path(args.dir).resolve()
     pid_file = workdir / "harness.pid"
     node_dir = workdir / "node"
-    if not pid_file.exists() and not node_dir.exists():
+    if not pid_file.exists() and not node_dir.exists() and not (workdir / PIDS_FILE).exists():
         print("not running")
         return 0
     pid = int(pid_file.read_text()) if pid_file.exists() else 0
@@ -722,6 +770,11 @@ def _down(args: argparse.Namespace) -> int:
             os.kill(pid, signal.SIGKILL)
     pid_file.unlink(missing_ok=True)
     (workdir / READY_FILE).unlink(missing_ok=True)
+    if node_dir.exists():
+        # The node first, while the API server still answers.
+        devnode.cleanup_host(node_dir, binaries_dir())
+    # Control-plane processes no harness stopped (a `make e2e --keep` run's, or a killed harness's).
+    stop_recorded_processes(workdir)
     if node_dir.exists():
         # Also after a harness that was killed: idempotent, then checked.
         devnode.cleanup_host(node_dir, binaries_dir())
