@@ -59,4 +59,4 @@ e2e: setup k8s-bins node-bins images
 	$(PY) hack/e2e_node.py
 
 clean:
-	rm -rf .cluster .cluster-e2e .runs .pytest_cache .ruff_cache
+	rm -rf .cluster .cluster-e2e .cluster-harness.log .runs .pytest_cache .ruff_cache
