@@ -31,6 +31,10 @@ PROGRESS_KEYS = {
     "updated_at": "updatedAt",
 }
 
+# The job's managedFields name the trainer as the writer of status.progress and status.result (the client's
+# default would be "OpenAPI-Generator", which says nothing).
+FIELD_MANAGER = "posttrain-trainer"
+
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -114,6 +118,7 @@ class Reporter:
                 self.job.plural,
                 ref.name,
                 {"status": status},
+                field_manager=FIELD_MANAGER,
                 _content_type="application/merge-patch+json",
             )
         except Exception as err:  # progress must never kill training

@@ -122,6 +122,12 @@ class Topology:
     gpus_for_ref: int
     tensor_parallel: int
     reference_dedicated: bool
+    # compute.gpuType "CPU": the counts above are processes and servers, not GPUs; no pod asks for one.
+    cpu_only: bool = False
+
+    def gpus(self, count: int) -> int:
+        """What a pod of this job requests of the GPU resource for `count` GPUs of its role."""
+        return 0 if self.cpu_only else count
 
     @property
     def rollout_replicas(self) -> int:
@@ -192,6 +198,7 @@ def topology(spec: dict[str, Any], kind: str = "rl") -> Topology:
         gpus_for_ref=gpus_ref,
         tensor_parallel=max(1, tp),
         reference_dedicated=dedicated,
+        cpu_only=str(specs.get(compute, "gpuType", "") or "").strip().lower() == "cpu",
     )
 
 
@@ -358,6 +365,19 @@ def _s3_env(spec: dict[str, Any], settings: OperatorSettings) -> list[dict[str, 
     return env
 
 
+SHM_VOLUME = "dshm"
+
+
+def _shm(settings: OperatorSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A memory-backed /dev/shm (volume, mount). A container's own /dev/shm is 64 MiB: vLLM's engine needs
+    more for its shared-memory ring buffer (160 MiB on the smallest model), and NCCL and torch's
+    multi-process data paths use it too."""
+    empty_dir: dict[str, Any] = {"medium": "Memory"}
+    if settings.shm_size_limit:
+        empty_dir["sizeLimit"] = settings.shm_size_limit
+    return {"name": SHM_VOLUME, "emptyDir": empty_dir}, {"name": SHM_VOLUME, "mountPath": "/dev/shm"}
+
+
 def _plain_env(settings: OperatorSettings) -> list[dict[str, Any]]:
     return [{"name": k, "value": v} for k, v in sorted(settings.extra_env.items())]
 
@@ -425,8 +445,10 @@ def _server_deployment(
         "resources": _resources(spec, role, gpus_per_pod, settings),
         "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 5},
     }
+    shm_volume, shm_mount = _shm(settings)
+    container["volumeMounts"] = [shm_mount]
     pod_spec = security.lock_down(
-        {"containers": [container], **_pod_scheduling(spec)},
+        {"containers": [container], "volumes": [shm_volume], **_pod_scheduling(spec)},
         run_as_user=settings.run_as_user,
         read_only_root=True,
         token=False,
@@ -637,13 +659,16 @@ def render_trainer(
             }
         ]
     env += key_env + _s3_env(spec, settings) + judge_env + _plain_env(settings)
+    shm_volume, shm_mount = _shm(settings)
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_name(meta["name"])}},
         {"name": "workspace", "emptyDir": {}},
+        shm_volume,
     ]
     mounts = [
         {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
         {"name": "workspace", "mountPath": WORKDIR},
+        shm_mount,
     ]
     if dataset_volume:
         volumes.append({"name": "data", "configMap": dataset_volume})
@@ -703,7 +728,7 @@ def render_trainer(
                 "command": command,
                 "env": env,
                 "ports": [{"name": "rendezvous", "containerPort": port}],
-                "resources": _resources(spec, ROLE_TRAINER, topo.trainer_gpus_per_pod, settings),
+                "resources": _resources(spec, ROLE_TRAINER, topo.gpus(topo.trainer_gpus_per_pod), settings),
                 "volumeMounts": mounts,
                 "workingDir": WORKDIR,
             }
@@ -795,7 +820,7 @@ def render_rljob(
         role=ROLE_ROLLOUT,
         name=r_name,
         replicas=topo.rollout_replicas,
-        gpus_per_pod=topo.tensor_parallel if topo.gpus_for_vllm > 0 else 0,
+        gpus_per_pod=topo.gpus(topo.tensor_parallel if topo.gpus_for_vllm > 0 else 0),
         args=rollout_args,
         suspended=suspended,
     )
@@ -814,7 +839,7 @@ def render_rljob(
             role=ROLE_REFERENCE,
             name=ref_name,
             replicas=1,
-            gpus_per_pod=topo.gpus_for_ref,
+            gpus_per_pod=topo.gpus(topo.gpus_for_ref),
             args=ref_args,
             suspended=suspended,
         )
@@ -835,7 +860,7 @@ def render_rljob(
             role=ROLE_JUDGE,
             name=j_name,
             replicas=1,
-            gpus_per_pod=judge_gpus,
+            gpus_per_pod=topo.gpus(judge_gpus),
             args=j_args,
             suspended=suspended,
         )
