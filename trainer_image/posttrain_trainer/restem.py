@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 NO_RESPONSE = "[no response recorded]"
+VARIETY = "restem"  # [algorithm] variety of a ReST-EM job (synth has no spelling for it)
 METADATA_KEYS = (
     "session_id",
     "run_id",
@@ -71,6 +72,13 @@ class FilterSpec:
             value = getattr(self, name)
             if value is not None:
                 _parse_time(value, name)
+
+
+def is_restem(config: dict[str, Any]) -> bool:
+    """Whether a normalised job config asks for ReST-EM (`[algorithm] variety = "restem"`); the job itself
+    runs in restem_job.py."""
+    algorithm = config.get("algorithm") if isinstance(config.get("algorithm"), dict) else {}
+    return str(algorithm.get("variety") or "").lower() == VARIETY
 
 
 def _parse_time(value: Any, name: str = "created_at") -> datetime.datetime:

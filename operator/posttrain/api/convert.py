@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from posttrain.api import model_ids
+from posttrain.api import extras, model_ids
 from posttrain.api.base import CR_CONTEXT, EXTRAS_KEY, Section
 from posttrain.api.config import (
     ConfigError,
@@ -249,6 +249,11 @@ def load(
 ) -> tuple[str, RLConfig | SFTConfig, list[str]]:
     """TOML text -> (kind, validated config, warnings); UserError with file:line per problem."""
     raw = parse_toml(text, file)
+    numbers = [
+        Problem(m, field=path.split("[")[0] and path, fix=f) for path, m, f in extras.number_problems(raw)
+    ]
+    if numbers:
+        raise UserError(_problems_with_lines(numbers, text, file))
     kind = detect_kind(raw, kind, file)
     if model:
         raw = apply_model_override(raw, kind, model)
@@ -256,6 +261,13 @@ def load(
         config, warnings = load_rl(raw) if kind == "rl" else load_sft(raw)
     except ConfigError as err:
         raise UserError(_problems_with_lines(err.problems, text, file)) from err
+    bounds = [Problem(m, field=path, fix=f) for path, m, f in extras.passthrough_problems(config)]
+    if bounds:
+        raise UserError(_problems_with_lines(bounds, text, file))
+    for path, suggestion, is_table in extras.unknown_keys(config):
+        line = locate(text, path) if text else None
+        where = f"{file}:{line}: " if file and line else (f"{file}: " if file else "")
+        warnings.append(where + extras.unknown_key_warning(path, suggestion, is_table))
     return kind, config, warnings
 
 
