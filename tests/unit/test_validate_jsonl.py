@@ -42,7 +42,10 @@ def test_invalid_json_and_missing_messages_name_their_lines(tmp_path):
 
 def test_role_must_be_a_non_empty_string(tmp_path):
     path = write(tmp_path, [{"messages": [{"role": "", "content": "hi"}, ASSISTANT]}])
-    assert any("role must be a non-empty string" in m for _, m in problems(path))
+    assert any(
+        p.field == "messages[0].role" and "must be a non-empty string" in p.message
+        for p in validate_jsonl(path).problems
+    )
 
 
 def test_image_urls_must_be_https_or_data_urls(tmp_path):

@@ -17,6 +17,7 @@ trainer (warned). Optional row keys: `tools` (a list), `metadata` (an object). A
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,17 @@ def check_row(
     return check
 
 
+_FIELD = re.compile(r"^(messages\[\d+\](?:\.[a-z_]+(?:\[\d+\])?)*)[: ]\s*(.*)$", re.S)
+
+
+def _problem(message: str, fix: str | None, file: str, line: int) -> Problem:
+    """`file:line: messages[1].role: ...`: the row's field path as the problem's field."""
+    match = _FIELD.match(message)
+    if match is None:
+        return Problem(message, file=file, line=line, fix=fix)
+    return Problem(match.group(2), file=file, line=line, field=match.group(1), fix=fix)
+
+
 def parse_line(text: str) -> tuple[Any, str | None]:
     """(row, None) or (None, the JSON error)."""
     try:
@@ -223,7 +235,7 @@ def validate_jsonl(
             check.add(
                 "no image in this example (vision dataset)", "add an image_url part or drop the example"
             )
-        report.problems += [Problem(m, file=str(path), line=number, fix=f) for m, f in check.problems]
+        report.problems += [_problem(m, f, str(path), number) for m, f in check.problems]
         report.warnings += [f"{path}:{number}: {w}" for w in check.warnings]
         report.images += check.images
     if report.examples == 0 and not report.problems:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from posttrain.commands.argtypes import non_negative_float, positive_float, positive_int
+from posttrain.commands.argtypes import finite_float, non_negative_float, positive_float, positive_int
 from posttrain.errors import Problem, UserError
 
 EXIT_ROLLOUTS_FAILED = 1
@@ -97,7 +97,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     episodes.add_argument(
         "--timeout", type=positive_float, default=600.0, help="seconds per rollout (default 600)"
     )
-    episodes.add_argument("--success-threshold", type=float, default=1.0, help="reward counted as a success")
+    episodes.add_argument(
+        "--success-threshold", type=finite_float, default=1.0, help="reward counted as a success"
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--output", "-o", type=Path, help="traces JSONL (default .runs/evals/<name>/traces.jsonl)"

@@ -31,7 +31,7 @@ from posttrain.local.processes import (
     wait_http,
 )
 from posttrain.local.registry import RunRecord
-from posttrain.local.taskapp import start_taskapp
+from posttrain.local.taskapp import choose_task_app, start_taskapp
 
 RUNS_DIR = REPO_ROOT / ".runs"
 LOCAL_NAMESPACE = "local"
@@ -286,6 +286,14 @@ def run_local(opts: LocalOptions) -> LocalResult:
         dataset_path = _find_dataset(str(value), opts.config_path)
         _validate_jsonl(dataset_path)
 
+    task_choice = (
+        choose_task_app(config, cli_url=opts.task_url, env=dict(os.environ), script=opts.task_app)
+        if opts.kind == "rl"
+        else ("none", "")
+    )
+    if task_choice[0] == "url" and not os.environ.get("ENVIRONMENT_API_KEY"):
+        raise UserError(Problem(f"the task app at {task_choice[1]} needs its key: ENVIRONMENT_API_KEY is not set",
+                                field="ENVIRONMENT_API_KEY", fix="export ENVIRONMENT_API_KEY=<the task app's key>"))  # fmt: skip
     printer.line(
         f"posttrain train --local: {opts.kind} job {LOCAL_NAMESPACE}/{name} (uid {uid}), run folder {run_dir}"
     )
@@ -326,10 +334,14 @@ def run_local(opts: LocalOptions) -> LocalResult:
             phase = "Verifying"
             task_url = None
             if opts.kind == "rl":
-                task_url = opts.task_url or os.environ.get("TASK_APP_URL")
-                if not task_url:
-                    task_url, _ = start_taskapp(procs, api_key=env_key, log_dir=logs, app_path=opts.task_app)
-                printer.phase(phase, f"task app {task_url}")
+                how, where = task_choice
+                if how == "url":
+                    task_url = str(where)
+                else:
+                    task_url, _ = start_taskapp(procs, api_key=env_key, log_dir=logs, app_path=Path(where))
+                printer.phase(
+                    phase, f"task app {task_url}" + (f" (started {where})" if how == "start" else "")
+                )
                 from posttrain.taskapp_client import TaskAppClient, verify
 
                 with TaskAppClient(task_url, env_key) as client:
@@ -377,7 +389,9 @@ def run_local(opts: LocalOptions) -> LocalResult:
                 client.fput_object(s3.bucket, key, str(dataset_path))
                 dataset_ref["train"] = f"s3://{s3.bucket}/{key}"
                 validation = _section(config, "data").get("validation_path")
-                if validation:
+                if validation and str(validation).startswith("s3://"):
+                    dataset_ref["validation"] = str(validation)  # the trainer reads it from the (same) S3
+                elif validation:
                     vpath = _find_dataset(str(validation), opts.config_path)
                     _validate_jsonl(vpath)
                     vkey = f"{prefix}data/validation.jsonl"
