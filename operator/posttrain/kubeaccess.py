@@ -27,11 +27,15 @@ def has_kube_context() -> bool:
 
 def load_kube(context: str | None = None) -> tuple[Any, str]:
     """(ApiClient, namespace of the current context). A missing kubeconfig is the user's to fix."""
+    import os
+
     from kubernetes import client, config
 
     configuration = client.Configuration()
+    # read $KUBECONFIG now (the client's default is the value it had when kubernetes was imported)
+    config_file = os.environ.get("KUBECONFIG") or None
     try:
-        config.load_kube_config(context=context, client_configuration=configuration)
+        config.load_kube_config(config_file=config_file, context=context, client_configuration=configuration)
     except (config.ConfigException, FileNotFoundError, TypeError) as err:
         try:
             config.load_incluster_config(client_configuration=configuration)
@@ -46,9 +50,8 @@ def load_kube(context: str | None = None) -> tuple[Any, str]:
     configuration.retries = CLIENT_RETRIES
     namespace = "default"
     try:
-        _, active = config.list_kube_config_contexts()
+        contexts, active = config.list_kube_config_contexts(config_file=config_file)
         if context:
-            contexts, _ = config.list_kube_config_contexts()
             active = next((c for c in contexts if c.get("name") == context), active)
         namespace = (active or {}).get("context", {}).get("namespace") or "default"
     except (config.ConfigException, FileNotFoundError, TypeError):

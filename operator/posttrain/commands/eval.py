@@ -279,7 +279,8 @@ def _forwarded_args(args: argparse.Namespace, task_url: str, base_model_uri: str
 
     model_path = args.model_path
     if model_path is None and not args.inference_url and not is_fine_tuned_id(args.model) and base_model_uri:
-        model_path = base_model_uri.format(base=args.model)
+        uri = base_model_uri.format(base=args.model)
+        model_path = uri if uri.startswith("s3://") else None  # else the id itself, as the operator serves it
     out = ["--task-url", task_url, "--model", args.model, "--seeds", ",".join(map(str, args.seeds)),
            "--samples", str(args.samples), "--env-name", args.env_name, "--policy-name", args.policy_name,
            "--concurrency", str(args.concurrency), "--timeout", str(args.timeout), "--max-turns",

@@ -108,25 +108,26 @@ def model_server(
     with ProcessSet(run_dir / "pids.json") as procs:
         try:
             remote = bool(model_path and model_path.startswith("s3://"))
+            hub = in_cluster() and not fine_tuned and not model_path and not Path(model).is_dir()
             if fine_tuned or remote:
-                if s3_configured():
-                    s3 = _S3FromEnv()
-                else:
-                    from posttrain import s3server
-
-                    s3 = s3server.start(runs_dir / "s3")
-            bucket = s3.bucket if s3 is not None else "posttrain"
-            if remote:  # a base model's weights in S3 (a cluster job's POSTTRAIN_BASE_MODEL_URI)
-                resolved = ResolvedModel(base_model=model, model_path=str(model_path))
+                s3 = _S3FromEnv() if s3_configured() else _embedded_s3(runs_dir)
+            folder: Path | str
+            if hub:  # a pod of `eval --cluster` with a plain base id: vLLM fetches it, as the operator's servers do
+                resolved, folder = ResolvedModel(base_model=model, model_path=model), model
             else:
-                resolved = resolve_model(None if fine_tuned else model, model if fine_tuned else None,
-                                         bucket=bucket, model_path=model_path, config_file=None)  # fmt: skip
-            folder = materialize(resolved.model_path, run_dir / "model", s3)
+                if remote:  # a base model's weights in S3 (a cluster's POSTTRAIN_BASE_MODEL_URI)
+                    resolved = ResolvedModel(base_model=model, model_path=str(model_path))
+                else:
+                    resolved = resolve_model(None if fine_tuned else model, model if fine_tuned else None,
+                                             bucket=s3.bucket if s3 is not None else "posttrain",
+                                             model_path=model_path, config_file=None)  # fmt: skip
+                folder = materialize(resolved.model_path, run_dir / "model", s3)
             port = free_port()
             log = run_dir / "logs" / "eval-model-server.log"
-            env = {**os.environ, **(s3.env() if s3 is not None else {}), "PYTHONUNBUFFERED": "1",
-                   "HF_HUB_OFFLINE": "1"}  # fmt: skip
-            proc = procs.start("eval-model-server", server_argv(folder, port, resolved.base_model, max_model_len),
+            env = {**os.environ, **(s3.env() if s3 is not None else {}), "PYTHONUNBUFFERED": "1"}
+            if not hub:
+                env["HF_HUB_OFFLINE"] = "1"
+            proc = procs.start("eval-model-server", server_argv(Path(folder), port, resolved.base_model, max_model_len),
                                log, env=_vllm_env(env, runs_dir, run_dir, 1))  # fmt: skip
             url = f"http://127.0.0.1:{port}"
             print(f"serving {model} from {folder} on {url} (log {log})", file=out, flush=True)
@@ -136,6 +137,16 @@ def model_server(
             procs.stop_all()
             if s3 is not None:
                 s3.stop()
+
+
+def _embedded_s3(runs_dir: Path) -> Any:
+    from posttrain import s3server
+
+    return s3server.start(runs_dir / "s3")
+
+
+def in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
 
 def check_inference_url(url: str) -> str:
