@@ -170,4 +170,4 @@ def watch_line(row: JobRow, eta: float | None) -> str:
         parts.append(f"fine_tuned_model {row.fine_tuned_model}")
     if row.message and row.phase not in ("Running", "Succeeded"):
         parts.append(f"({row.message})")
-    return "  ".join(parts)
+    return "  ".join(parts).rstrip()

@@ -21,6 +21,13 @@ def test_parse_seeds():
             parse_seeds(bad)
 
 
+def test_format_seeds_is_the_inverse_of_parse_seeds():
+    from posttrain.evaluation.summary import format_seeds
+
+    for text in ("0-99", "1,3,5-7,100", "1000000-1000127"):
+        assert format_seeds(parse_seeds(text)) == text
+
+
 def test_pass_at_k_is_the_unbiased_estimator():
     assert pass_at_k(4, 0, 1) == 0.0 and pass_at_k(4, 4, 2) == 1.0
     assert pass_at_k(4, 1, 1) == pytest.approx(0.25)

@@ -281,7 +281,9 @@ def _forwarded_args(args: argparse.Namespace, task_url: str, base_model_uri: str
     if model_path is None and not args.inference_url and not is_fine_tuned_id(args.model) and base_model_uri:
         uri = base_model_uri.format(base=args.model)
         model_path = uri if uri.startswith("s3://") else None  # else the id itself, as the operator serves it
-    out = ["--task-url", task_url, "--model", args.model, "--seeds", ",".join(map(str, args.seeds)),
+    from posttrain.evaluation.summary import format_seeds
+
+    out = ["--task-url", task_url, "--model", args.model, "--seeds", format_seeds(args.seeds),
            "--samples", str(args.samples), "--env-name", args.env_name, "--policy-name", args.policy_name,
            "--concurrency", str(args.concurrency), "--timeout", str(args.timeout), "--max-turns",
            str(args.max_turns), "--success-threshold", str(args.success_threshold),
@@ -370,7 +372,7 @@ def run_cluster(args: argparse.Namespace, url: str | None, key: str | None) -> i
         job = batch.read_namespaced_job(name, namespace).to_dict()
         phase, message = job_phase(_camel(job))
         if phase != last:
-            print(f"phase: {phase:<13}{message}", flush=True)
+            print(f"phase: {phase:<13}{message}".rstrip(), flush=True)
             last = phase
         if phase in ("Succeeded", "Failed"):
             break

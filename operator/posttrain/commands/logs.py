@@ -112,7 +112,8 @@ def cluster_logs(args: argparse.Namespace, api: Any, namespace: str, pods: list[
                         print(f"{prefix}{line}")
         except ApiException as err:  # a pod not started yet has no log: say so, go on with the others
             with lock:
-                print(f"{prefix}(no log: HTTP {err.status} {err.reason})", file=sys.stderr)
+                print(f"{prefix}no log from pod {pod.metadata.name} (HTTP {err.status} {err.reason}; a pod that has "
+                      "not started has none)", file=sys.stderr)  # fmt: skip
 
     if not args.follow or not many:
         for pod in pods:

@@ -35,6 +35,22 @@ def parse_seeds(text: str, *, limit: int = 1_000_000) -> list[int]:
     return list(dict.fromkeys(seeds))
 
 
+def format_seeds(seeds: list[int]) -> str:
+    """The inverse of parse_seeds: runs of consecutive seeds as ranges ("0-99,200")."""
+    parts: list[str] = []
+    start = prev = None
+    for seed in seeds:
+        if prev is not None and seed == prev + 1:
+            prev = seed
+            continue
+        if start is not None:
+            parts.append(f"{start}-{prev}" if prev != start else str(start))
+        start = prev = seed
+    if start is not None:
+        parts.append(f"{start}-{prev}" if prev != start else str(start))
+    return ",".join(parts)
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k for one problem with n samples of which c succeeded."""
     if n - c < k:
