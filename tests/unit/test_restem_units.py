@@ -65,8 +65,8 @@ def test_config_and_batch_split():
     config = spec_to_config(resource["spec"], "rl")
     assert is_restem(config)
     cfg = parse_restem_config(config)
-    assert (cfg.iterations, cfg.prompts, cfg.samples_per_prompt) == (2, 32, 4)
-    assert (cfg.reward_threshold, cfg.max_per_prompt, cfg.sft_epochs) == (1.0, 2, 3)
+    assert (cfg.iterations, cfg.prompts, cfg.samples_per_prompt) == (2, 24, 6)
+    assert (cfg.reward_threshold, cfg.max_per_prompt, cfg.sft_epochs) == (1.0, 3, 2)
     assert len(cfg.eval_seeds) == 48 and min(cfg.eval_seeds) >= 1_000_000
     assert micro_batch_for(RestemConfig(sft_batch_size=8, micro_batch=3), 1) == 2
     assert micro_batch_for(RestemConfig(sft_batch_size=8, micro_batch=4), 2) == 4
