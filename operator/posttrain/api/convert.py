@@ -194,6 +194,16 @@ def _problems_with_lines(problems: list[Problem], text: str | None, file: str | 
     return out
 
 
+def _all_problems(
+    problems: list[Problem], numbers: list[Problem], text: str, file: str | None
+) -> list[Problem]:
+    """Every problem once (a non-finite or oversized number the schema also refused is reported by the
+    schema), in the order of the file's lines."""
+    seen = {p.field for p in problems}
+    merged = _problems_with_lines(problems + [n for n in numbers if n.field not in seen], text, file)
+    return sorted(merged, key=lambda p: (p.line is None, p.line or 0))
+
+
 def parse_toml(text: str, file: str | None = None) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
@@ -249,21 +259,17 @@ def load(
 ) -> tuple[str, RLConfig | SFTConfig, list[str]]:
     """TOML text -> (kind, validated config, warnings); UserError with file:line per problem."""
     raw = parse_toml(text, file)
-    numbers = [
-        Problem(m, field=path.split("[")[0] and path, fix=f) for path, m, f in extras.number_problems(raw)
-    ]
-    if numbers:
-        raise UserError(_problems_with_lines(numbers, text, file))
+    numbers = [Problem(m, field=path, fix=f) for path, m, f in extras.number_problems(raw)]
     kind = detect_kind(raw, kind, file)
     if model:
         raw = apply_model_override(raw, kind, model)
     try:
         config, warnings = load_rl(raw) if kind == "rl" else load_sft(raw)
     except ConfigError as err:
-        raise UserError(_problems_with_lines(err.problems, text, file)) from err
+        raise UserError(_all_problems(err.problems, numbers, text, file)) from err
     bounds = [Problem(m, field=path, fix=f) for path, m, f in extras.passthrough_problems(config)]
-    if bounds:
-        raise UserError(_problems_with_lines(bounds, text, file))
+    if bounds or numbers:
+        raise UserError(_all_problems(bounds, numbers, text, file))
     for path, suggestion, is_table in extras.unknown_keys(config):
         line = locate(text, path) if text else None
         where = f"{file}:{line}: " if file and line else (f"{file}: " if file else "")
