@@ -134,3 +134,17 @@ def test_job_phase():
         {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
     )
     assert failed == ("Failed", "BackoffLimitExceeded")
+
+
+def test_sampling_settings_precedence():
+    """--temperature wins over --policy-config, which wins over the default (greedy; 1.0 with --samples)."""
+    from posttrain.cli import build_parser
+    from posttrain.commands.eval import policy_config
+
+    def config(*flags: str) -> dict:
+        return policy_config(build_parser().parse_args(["eval", "--task-url", "http://t", "--model", "m", *flags]))
+
+    assert config()["temperature"] == 0.0 and config("--samples", "4")["temperature"] == 1.0
+    assert config("--policy-config", '{"n": 3, "temperature": 0.7}') == {"n": 3, "temperature": 0.7}
+    assert config("--policy-config", '{"temperature": 0.7}', "--temperature", "0.2")["temperature"] == 0.2
+    assert config("--max-tokens", "8")["max_tokens"] == 8

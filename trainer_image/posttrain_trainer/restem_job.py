@@ -15,8 +15,9 @@ Each iteration k = 1..N (N = training.num_epochs x training.iterations_per_epoch
           training.sft_epochs passes (default 2), global batch training.sft_batch_size (default 8),
           learning_rate, AdamW, linear schedule with warmup_ratio.
   sync    the new weights go to the rollout servers (weightsync.py), so the next E-step samples from them.
-  eval    held-out evaluation on evaluation.seeds (mode eval, greedy unless evaluation.temperature) before the
-          first iteration and after each one (every evaluation.every_n_iters).
+  eval    held-out evaluation on evaluation.seeds (mode eval, greedy unless evaluation.temperature; a sampled
+          evaluation runs evaluation.instances episodes over the seeds) before the first iteration and after
+          each one (every evaluation.every_n_iters).
 Progress per iteration: step = k, mean_return = the E-step's mean reward, loss = the M-step's last loss,
 eval_score; an "restem_iteration" event with the counts and seconds. The end: the last M-step's model is the
 fine_tuned_model (`rl:<base>:...`, an RLJob's id), reward_curve.png and each iteration's kept samples
@@ -79,6 +80,7 @@ class RestemConfig:
     seed_start: int = 0
     eval_every: int = 1
     eval_seeds: list[int] = field(default_factory=list)
+    eval_instances: int = 0
     eval_temperature: float = 0.0
     trainer_mode: str = "full"
     lora: dict[str, Any] = field(default_factory=dict)
@@ -117,6 +119,7 @@ def parse_restem_config(config: dict[str, Any]) -> RestemConfig:
         seed_start=int(data.get("seed_start") or training.get("seed_start") or 0),
         eval_every=int(evaluation.get("every_n_iters") or 1),
         eval_seeds=[int(s) for s in seeds],
+        eval_instances=int(evaluation.get("instances") or 0),
         eval_temperature=float(evaluation.get("temperature") or 0.0),
         trainer_mode=str(model.get("trainer_mode") or "full"),
         lora=dict(lora or {}),
@@ -334,7 +337,10 @@ def train(job: JobFile) -> dict[str, Any]:
     def evaluate(at: int) -> float | None:
         score = None
         if D.is_main() and cfg.eval_seeds:
-            specs = plan_rollouts(run, at, cfg.eval_seeds, 1, job.endpoints.policy, kind="ev")
+            # a sampled evaluation (evaluation.temperature > 0) runs `instances` episodes over the seeds, so
+            # that each seed is scored several times (greedy answers would repeat themselves)
+            repeats = max(1, -(-cfg.eval_instances // len(cfg.eval_seeds))) if cfg.eval_temperature > 0 else 1
+            specs = plan_rollouts(run, at, cfg.eval_seeds, repeats, job.endpoints.policy, kind="ev")
             results = _collect(rollout_client, specs, mode="eval", want_tokens=False,
                                policy_overrides={"temperature": cfg.eval_temperature})  # fmt: skip
             ok = [r.reward for r in results if r.ok]

@@ -173,8 +173,10 @@ def default_name(args: argparse.Namespace, task: str) -> str:
 
 def policy_config(args: argparse.Namespace) -> dict[str, Any]:
     config = dict(args.policy_config)
-    temperature = args.temperature if args.temperature is not None else (1.0 if args.samples > 1 else 0.0)
-    config["temperature"] = temperature
+    if args.temperature is not None:  # the flag wins; else --policy-config's; else greedy (1.0 for samples)
+        config["temperature"] = args.temperature
+    else:
+        config.setdefault("temperature", 1.0 if args.samples > 1 else 0.0)
     if args.max_tokens is not None:
         config["max_tokens"] = args.max_tokens
     return config
