@@ -1,7 +1,7 @@
 """ReST-EM learns, as a real job: `posttrain train --local --config examples/restem_math.toml` on
 SmolLM2-135M-Instruct against the math task app (one-digit + one-digit addition). Each of the 2 iterations
 samples 6 answers (temperature 0.8) to each of 24 training problems through the vLLM rollout server, keeps
-the right ones and fine-tunes the base model on them; the trainer evaluates greedily on 48 held-out problems (the task app's
+the right ones and fine-tunes the base model on them; the trainer evaluates 2 sampled answers (temperature 0.8) to each of 48 held-out problems (the task app's
 eval split, disjoint from training) before training and after each iteration.
 
 The test asserts that the held-out reward after the 2nd iteration exceeds the base model's by MARGIN, that

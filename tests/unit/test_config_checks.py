@@ -105,6 +105,8 @@ def test_unknown_keys_and_sections_warn_with_did_you_mean_and_are_kept(tmp_path,
     assert "did you mean 'max_model_len'?" in find("vllm.max_modle_len")
     assert "unknown section [frobnicate]" in find("frobnicate")
     assert len(warnings) == 3, warnings
+    numbers = [int(w.split(":")[2]) for w in warnings]
+    assert numbers == sorted(numbers), warnings  # in line order, as the errors are
     # still carried to the trainer
     _, config, _ = load(text)
     normalized = normalized_config(config)

@@ -74,7 +74,7 @@ def test_filter_refuses_binary_input_and_a_directory_output(tmp_path, capsys):
     binary = tmp_path / "rollouts.jsonl"
     binary.write_bytes(b"\x00\x01\x02" * 100)
     assert main(["filter", "--input", str(binary), "--output", str(tmp_path / "o.jsonl")]) == 2
-    assert "is binary" in capsys.readouterr().err
+    assert ":1: --input: rollouts file is binary" in capsys.readouterr().err  # file:line: field: message
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"prompt": "1+1?", "completion": "2", "reward": 1}) + "\n")
     out_dir = tmp_path / "out.jsonl"

@@ -41,6 +41,7 @@ from posttrain.plotting import plot_curves
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
 from posttrain_trainer import storage as s3
+from posttrain_trainer.exitcodes import EXIT_CONFIG_ERROR, EXIT_RETRYABLE
 from posttrain_trainer.jobfile import JobFile
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.restem import VARIETY
@@ -464,6 +465,6 @@ def main(job: JobFile) -> int:
         if D.is_main():
             print(f"error: {err}", flush=True)
         D.shutdown()
-        return 2 if isinstance(err, RestemConfigError) else 1
+        return EXIT_CONFIG_ERROR if isinstance(err, RestemConfigError) else EXIT_RETRYABLE
     D.shutdown()
     return 0

@@ -270,10 +270,12 @@ def load(
     bounds = [Problem(m, field=path, fix=f) for path, m, f in extras.passthrough_problems(config)]
     if bounds or numbers:
         raise UserError(_all_problems(bounds, numbers, text, file))
+    located = []
     for path, suggestion, is_table in extras.unknown_keys(config):
         line = locate(text, path) if text else None
         where = f"{file}:{line}: " if file and line else (f"{file}: " if file else "")
-        warnings.append(where + extras.unknown_key_warning(path, suggestion, is_table))
+        located.append((line or 0, where + extras.unknown_key_warning(path, suggestion, is_table)))
+    warnings += [warning for _, warning in sorted(located, key=lambda item: item[0])]  # in line order
     return kind, config, warnings
 
 

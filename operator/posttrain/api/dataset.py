@@ -199,10 +199,10 @@ def parse_line(text: str) -> tuple[Any, str | None]:
         return None, f"not valid JSON ({err.msg})"
 
 
-def read_lines(path: str | Path, what: str = "dataset") -> list[tuple[int, str]]:
-    """The non-blank lines of a UTF-8 JSONL file with their numbers; a UserError for a missing, binary,
-    non-UTF-8 or non-regular file."""
-    text = read_text_input(path, what=what, max_bytes=MAX_DATA_BYTES)
+def read_lines(path: str | Path, what: str = "dataset", field: str | None = None) -> list[tuple[int, str]]:
+    """The non-blank lines of a UTF-8 JSONL file with their numbers; a UserError (naming `field`, the flag or
+    key that gave the path) for a missing, binary, non-UTF-8 or non-regular file."""
+    text = read_text_input(path, what=what, field=field, max_bytes=MAX_DATA_BYTES)
     return [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
 
 

@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.api.dataset import read_lines
 
     spec, input_path, output_path = build_spec(args)
-    lines = read_lines(input_path, what="rollouts file")  # refuses binary, non-UTF-8, a BOM, a FIFO
+    lines = read_lines(input_path, what="rollouts file", field="--input")  # refuses binary, non-UTF-8, a BOM, a FIFO
     try:
         records, stats = filter_rollouts(parse_rows(lines), spec)
     except FilterError as err:
