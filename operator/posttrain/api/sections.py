@@ -273,7 +273,9 @@ class ParallelismConfig(Section):
     fp16: bool | None = Field(None, description="fp16.")
     activation_checkpointing: bool | None = Field(None, description="Gradient checkpointing.")
     tensor_parallel_size: int | None = Field(None, ge=1, le=MAX_GPUS, description="Tensor parallel degree.")
-    pipeline_parallel_size: int | None = Field(None, ge=1, description="Pipeline parallel degree.")
+    pipeline_parallel_size: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description="Pipeline parallel degree."
+    )
 
 
 class RLTrainingConfig(Section):
