@@ -11,6 +11,7 @@ from posttrain.api.config import normalized_config
 from posttrain.api.convert import config_to_spec, load, spec_to_config, toml_to_cr
 from posttrain.api.resources import RLJob, SFTJob, TaskApp
 from posttrain.cli import main
+from posttrain.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.toml"))
@@ -140,7 +141,14 @@ def test_sft_dataset_flag_and_type_detection(tmp_path, capsys):
     sft = REPO / "examples" / "sft_lora.toml"
     cr, warnings = toml_to_cr(sft.read_text(), dataset="s3://b/train.jsonl", env={})
     assert cr["kind"] == "SFTJob" and cr["spec"]["dataset"] == {"uri": "s3://b/train.jsonl"}
-    cr, warnings = toml_to_cr(sft.read_text(), env={})
+    # a local [job].data is never written into the spec: refused at its line (the command uploads it first)
+    with pytest.raises(UserError) as err:
+        toml_to_cr(sft.read_text(), env={}, file="sft_lora.toml")
+    [problem] = err.value.problems
+    assert problem.field == "job.data" and "a cluster job cannot read a local file" in problem.message
+    assert sft.read_text().splitlines()[problem.line - 1].startswith("data = ")
+    without = sft.read_text().replace('data = "examples/datasets/math_chat.jsonl"\n', "")
+    cr, warnings = toml_to_cr(without, env={})
     assert "dataset" not in cr["spec"] and any("dataset" in w for w in warnings)
     # --type contradicting the content
     assert main(["convert", "--config", str(sft), "--type", "rl"]) == 2
@@ -166,7 +174,7 @@ def test_invalid_name_and_missing_file(capsys, tmp_path, monkeypatch):
     assert main(["convert", "--config", "examples/sft_full.toml", "--name", "Bad_Name"]) == 2
     assert main(["convert", "--config", str(tmp_path / "nope.toml")]) == 2
     err = capsys.readouterr().err
-    assert "invalid --name" in err and "no such file" in err
+    assert "invalid --name" in err and "config not found" in err
 
 
 def test_bad_toml_syntax_has_a_line(tmp_path, capsys):

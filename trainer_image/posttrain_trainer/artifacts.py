@@ -17,6 +17,11 @@ except Exception:  # pragma: no cover - trainer image without the operator packa
     _api_fine_tuned_model_id = None
 
 
+# The artifacts a job reports in its status (the keys of the status' Artifacts); other uploads (a ReST-EM
+# iteration's kept samples, ...) are listed in manifest.json only.
+REPORTED_ARTIFACTS = ("model", "manifest", "checkpoints", "logs", "config", "metrics", "reward_curve")
+
+
 def uid8(uid: str) -> str:
     return uid.replace("-", "")[:8]
 
@@ -89,6 +94,7 @@ def finalize(
             "logs": s3.upload_file(client, metrics_path, bucket, prefix + "metrics.jsonl"),
             "config": s3.upload_file(client, config_path, bucket, prefix + "config.json"),
         }
+        artifacts["metrics"] = artifacts["logs"]
         for name, path in (extra_files or {}).items():
             if Path(path).exists():
                 artifacts[name] = s3.upload_file(client, path, bucket, prefix + Path(path).name)
@@ -108,5 +114,5 @@ def finalize(
     (workdir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
     if job.storage is not None:
         s3.put_json(client, job.storage.bucket, job.storage.prefix + "manifest.json", manifest)
-    core = {k: artifacts[k] for k in ("model", "manifest", "checkpoints", "logs", "config")}
-    return model_id, core
+    reported = {k: artifacts[k] for k in REPORTED_ARTIFACTS if artifacts.get(k)}
+    return model_id, reported

@@ -10,6 +10,7 @@ import datetime
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -63,7 +64,10 @@ def camel_progress(**fields: Any) -> dict[str, Any]:
 
 
 def camel_result(fine_tuned_model: str, artifacts: dict[str, str]) -> dict[str, Any]:
-    return {"fineTunedModel": fine_tuned_model, "artifacts": dict(artifacts)}
+    """status.result: camelCase keys, as the custom resource's schema spells them (reward_curve ->
+    rewardCurve); the API server would prune snake_case ones."""
+    camel = {re.sub(r"_([a-z])", lambda m: m.group(1).upper(), k): v for k, v in artifacts.items()}
+    return {"fineTunedModel": fine_tuned_model, "artifacts": camel}
 
 
 class Reporter:

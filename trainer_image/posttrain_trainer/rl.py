@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from posttrain.plotting import plot_curves
 
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
@@ -476,38 +477,6 @@ def local_reference_fn(engine: D.TrainEngine, frozen: torch.nn.Module | None, te
     return score
 
 
-# -- reward curve ---------------------------------------------------------------------------------------
-
-
-def plot_reward_curve(history: list[dict[str, Any]], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:  # pragma: no cover - image without matplotlib
-        return None
-    train = [
-        (h["step"], h["mean_return"])
-        for h in history
-        if h.get("mean_return") is not None and "eval_score" not in h
-    ]
-    evals = [(h["step"], h["eval_score"]) for h in history if h.get("eval_score") is not None]
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    if train:
-        ax.plot(*zip(*train, strict=True), marker="o", label="mean reward (training rollouts)")
-    if evals:
-        ax.plot(*zip(*evals, strict=True), marker="s", label="eval score")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("reward")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
 # -- the job --------------------------------------------------------------------------------------------
 
 
@@ -814,7 +783,7 @@ def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
         "batch_size": cfg.batch_size,
     }
     if D.is_main():
-        curve = plot_reward_curve(history, workdir / "reward_curve.png")
+        curve = plot_curves(history, workdir / "reward_curve.png", title=f"GSPO: {job.job.name}")
         model_id, artifacts = finalize(
             job,
             engine.module,

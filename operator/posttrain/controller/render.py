@@ -166,7 +166,8 @@ def topology(spec: dict[str, Any], kind: str = "rl") -> Topology:
     placement = specs.get(reference, "placement") or specs.get(topo, "referencePlacement")
     # synth's CLI injects reference_placement="none" even when [reference].placement="dedicated": an
     # explicit [reference].placement wins, then gpus_for_ref > 0, then topology.reference_placement.
-    if kind != "rl":
+    restem = specs.get(specs.section(spec, "algorithm"), "variety") == "restem"
+    if kind != "rl" or restem:  # SFT and ReST-EM train without a KL reference
         dedicated = False
     elif specs.get(reference, "placement"):
         dedicated = specs.get(reference, "placement") == "dedicated"

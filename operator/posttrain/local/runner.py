@@ -30,7 +30,8 @@ from posttrain.local.processes import (
     tail,
     wait_http,
 )
-from posttrain.local.taskapp import start_taskapp
+from posttrain.local.registry import RunRecord
+from posttrain.local.taskapp import choose_task_app, start_taskapp
 
 RUNS_DIR = REPO_ROOT / ".runs"
 LOCAL_NAMESPACE = "local"
@@ -116,29 +117,13 @@ def _precision_line(config: dict[str, Any]) -> str:
 
 
 def _validate_jsonl(path: Path) -> int:
-    problems, count = [], 0
-    with path.open() as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            count += 1
-            try:
-                row = json.loads(line)
-            except ValueError as err:
-                problems.append(Problem(f"not JSON: {err.msg}", file=str(path), line=number))
-                continue
-            messages = row.get("messages") if isinstance(row, dict) else None
-            if not isinstance(messages, list) or len(messages) < 2:
-                problems.append(
-                    Problem("needs a messages list with at least 2 entries", file=str(path), line=number)
-                )
-            if len(problems) >= 20:
-                break
-    if count == 0:
-        problems.append(Problem("file contains no SFT examples", file=str(path)))
-    if problems:
-        raise UserError(problems)
-    return count
+    """The dataset rules of `posttrain validate` and the trainer (posttrain.api.dataset); the row count."""
+    from posttrain.api.dataset import validate_jsonl
+
+    report = validate_jsonl(path)
+    if report.problems:
+        raise UserError(report.problems)
+    return report.examples
 
 
 def _find_dataset(value: str, config_path: Path) -> Path:
@@ -156,12 +141,15 @@ class Printer:
     def __init__(self, out: Any = None):
         self.out = out or sys.stdout
         self.started = time.monotonic()
+        self.record: RunRecord | None = None  # the run's run.json (posttrain status reads it)
 
     def line(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
     def phase(self, name: str, detail: str = "") -> None:
         self.line(f"phase: {name:<13}{detail}")
+        if self.record is not None:
+            self.record.update(phase=name, message=detail.splitlines()[0] if detail else "")
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -212,6 +200,22 @@ def format_iteration(event: dict[str, Any]) -> str:
         f"trained {event.get('train_sequences')} seqs, grad_norm {num('grad_norm', '.3g')}, "
         f"clipped {num('clip_fraction', '.0%')} | rollout {num('rollout_seconds', '.1f')} s, "
         f"update {num('update_seconds', '.1f')} s, sync {num('weight_sync_seconds', '.1f')} s"
+    )
+
+
+def format_restem_iteration(event: dict[str, Any]) -> str:
+    """The ReST-EM trainer's per-iteration line: what the E-step kept, what the M-step did, where time went."""
+
+    def num(key: str, fmt: str) -> str:
+        value = event.get(key)
+        return format(value, fmt) if isinstance(value, int | float) else "-"
+
+    failed = f", {event['failed_rollouts']} failed" if event.get("failed_rollouts") else ""
+    return (
+        f"sampled {event.get('rollouts')}{failed}, kept {event.get('kept')} from {event.get('prompts_with_kept')} "
+        f"prompts, M-step {event.get('sft_steps')} steps from the base model (loss {num('first_loss', '.3g')} -> "
+        f"{num('last_loss', '.3g')}) | sample {num('sampling_seconds', '.1f')} s, "
+        f"fine-tune {num('sft_seconds', '.1f')} s, sync {num('weight_sync_seconds', '.1f')} s"
     )
 
 
@@ -288,10 +292,20 @@ def run_local(opts: LocalOptions) -> LocalResult:
         dataset_path = _find_dataset(str(value), opts.config_path)
         _validate_jsonl(dataset_path)
 
+    task_choice = (
+        choose_task_app(config, cli_url=opts.task_url, env=dict(os.environ), script=opts.task_app)
+        if opts.kind == "rl"
+        else ("none", "")
+    )
+    if task_choice[0] == "url" and not os.environ.get("ENVIRONMENT_API_KEY"):
+        raise UserError(Problem(f"the task app at {task_choice[1]} needs its key: ENVIRONMENT_API_KEY is not set",
+                                field="ENVIRONMENT_API_KEY", fix="export ENVIRONMENT_API_KEY=<the task app's key>"))  # fmt: skip
     printer.line(
         f"posttrain train --local: {opts.kind} job {LOCAL_NAMESPACE}/{name} (uid {uid}), run folder {run_dir}"
     )
     printer.line(_precision_line(config))
+    printer.record = RunRecord(run_dir, name=name, kind=opts.kind, uid=uid, model=source or base,
+                               config=str(opts.config_path))  # fmt: skip
     progress: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     result: dict[str, Any] | None = None
@@ -326,10 +340,14 @@ def run_local(opts: LocalOptions) -> LocalResult:
             phase = "Verifying"
             task_url = None
             if opts.kind == "rl":
-                task_url = opts.task_url or os.environ.get("TASK_APP_URL")
-                if not task_url:
-                    task_url, _ = start_taskapp(procs, api_key=env_key, log_dir=logs, app_path=opts.task_app)
-                printer.phase(phase, f"task app {task_url}")
+                how, where = task_choice
+                if how == "url":
+                    task_url = str(where)
+                else:
+                    task_url, _ = start_taskapp(procs, api_key=env_key, log_dir=logs, app_path=Path(where))
+                printer.phase(
+                    phase, f"task app {task_url}" + (f" (started {where})" if how == "start" else "")
+                )
                 from posttrain.taskapp_client import TaskAppClient, verify
 
                 with TaskAppClient(task_url, env_key) as client:
@@ -377,7 +395,9 @@ def run_local(opts: LocalOptions) -> LocalResult:
                 client.fput_object(s3.bucket, key, str(dataset_path))
                 dataset_ref["train"] = f"s3://{s3.bucket}/{key}"
                 validation = _section(config, "data").get("validation_path")
-                if validation:
+                if validation and str(validation).startswith("s3://"):
+                    dataset_ref["validation"] = str(validation)  # the trainer reads it from the (same) S3
+                elif validation:
                     vpath = _find_dataset(str(validation), opts.config_path)
                     _validate_jsonl(vpath)
                     vkey = f"{prefix}data/validation.jsonl"
@@ -433,6 +453,7 @@ def run_local(opts: LocalOptions) -> LocalResult:
                 for line in lines:
                     if "progress" in line:
                         progress.append(line["progress"])
+                        printer.record.update(progress=line["progress"])
                         text = format_progress(line["progress"])
                         fields = {k for k, v in line["progress"].items() if v is not None} - {"updatedAt"}
                         step = line["progress"].get("step")
@@ -447,6 +468,8 @@ def run_local(opts: LocalOptions) -> LocalResult:
                             printer.line(f"  event {json.dumps(line)}")
                         elif line["event"] == "iteration":
                             printer.line(f"    {format_iteration(line)}")
+                        elif line["event"] == "restem_iteration":
+                            printer.line(f"    {format_restem_iteration(line)}")
                 if code is not None:
                     break
                 for proc in procs.processes:
@@ -493,6 +516,7 @@ def run_local(opts: LocalOptions) -> LocalResult:
         printer.phase(phase, f"in {seconds:.0f} s")
         printer.line(f"fine_tuned_model: {fine_tuned}")
         printer.line(f"s3 uri: {s3_uri}")
+        printer.record.update(fine_tuned_model=fine_tuned, s3_uri=s3_uri)
         (run_dir / "result.json").write_text(
             json.dumps({"fine_tuned_model": fine_tuned, "s3_uri": s3_uri, "artifacts": artifacts,
                         "seconds": round(seconds, 1)}, indent=2)
