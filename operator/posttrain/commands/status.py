@@ -254,7 +254,10 @@ def show_job(args: argparse.Namespace) -> int:
     if where == "none":
         kinds_text = " or ".join(KINDS[k] for k in ([args.type] if args.type else ["rl", "sft"]))
         scope = "on this machine" if not _use_cluster(args) else "in the cluster or on this machine"
-        print(f"no {kinds_text} named {args.name!r} {scope}", file=sys.stderr)
+        hint = ""
+        if not args.local and not _use_cluster(args):  # say why the cluster was not asked
+            hint = " (no usable kube context, so no cluster was asked: set KUBECONFIG or pass --context; --local looks only here)"
+        print(f"no {kinds_text} named {args.name!r} {scope}{hint}", file=sys.stderr)
         return EXIT_NOT_FOUND
     if args.watch:
         return watch(args, where, found)
