@@ -6,13 +6,17 @@ POSTTRAIN := $(VENV)/bin/posttrain
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup k8s-bins test test-unit demo bench bench-demo cluster-up cluster-down crds lint images clean
+.PHONY: setup k8s-bins node-bins test test-unit demo bench bench-demo cluster-up cluster-down crds lint images e2e clean
 
 setup:
 	bash hack/setup.sh
 
 k8s-bins:
 	bash hack/build-k8s.sh
+
+# containerd 2.x, CoreDNS, crictl and the pause process from Go modules; runc and the CNI plugins from Debian.
+node-bins:
+	bash hack/build-node.sh
 
 # The whole suite: unit tests, integration tests on the real control plane, real S3 and real vLLM.
 test: setup k8s-bins
@@ -32,8 +36,9 @@ bench: setup k8s-bins
 bench-demo: setup
 	$(PY) hack/bench_demo_curve.py
 
-cluster-up: setup k8s-bins
-	$(PY) -m posttrain.dev.devcluster up --dir .cluster
+# REAL_NODE=1: also a real kubelet node (containerd, runc, CNI, kube-proxy, CoreDNS) beside the kwok GPU nodes.
+cluster-up: setup k8s-bins $(if $(REAL_NODE),node-bins)
+	$(PY) -m posttrain.dev.devcluster up --dir .cluster $(if $(REAL_NODE),--real-node)
 
 cluster-down:
 	$(PY) -m posttrain.dev.devcluster down --dir .cluster
@@ -45,11 +50,13 @@ crds: setup
 lint: setup
 	$(VENV)/bin/ruff check operator trainer_image rollout_image examples tests hack
 
+# The four images (CPU variants) with buildah, no Docker engine; imported into the real node when it runs.
 images:
-	docker build -t posttrain/operator:dev -f Dockerfile .
-	docker build -t posttrain/trainer:dev -f trainer_image/Dockerfile .
-	docker build -t posttrain/rollout:dev -f rollout_image/Dockerfile .
-	docker build -t posttrain/taskapp-math:dev -f examples/taskapps/math/Dockerfile .
+	bash hack/build-images.sh
+
+# The cluster path for real (README "make e2e"): needs root; outside `make test` (it takes ~30-60 min).
+e2e: setup k8s-bins node-bins images
+	$(PY) hack/e2e_node.py
 
 clean:
-	rm -rf .cluster .runs .pytest_cache .ruff_cache
+	rm -rf .cluster .cluster-e2e .cluster-harness.log .runs .pytest_cache .ruff_cache

@@ -1,12 +1,16 @@
 """The `posttrain` command. Each subcommand lives in posttrain/commands/<name>.py and exposes
-`register(subparsers)`; the parser it adds sets `func=run`, where `run(args) -> int` is the exit code."""
+`register(subparsers)`; the parser it adds sets `func=run`, where `run(args) -> int` is the exit code.
+
+Every parser refuses abbreviated flags (`--model` is never taken for `--model-path`), and every refusal
+(a usage mistake, bad input, an unreachable API server) is one line `error: ...` and exit 2."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+from typing import NoReturn
 
+from posttrain import __version__
 from posttrain.errors import UserError
 
 # Order is the order shown in --help.
@@ -15,7 +19,10 @@ SUBCOMMANDS: list[str] = [
     "validate",
     "crds",
     "train",
+    "eval",
     "status",
+    "logs",
+    "plot",
     "verify_task_app",
     "filter",
     "operator",
@@ -24,18 +31,34 @@ SUBCOMMANDS: list[str] = [
 EXIT_USER_ERROR = 2
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without prefix matching, and with usage errors as one line (exit 2)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"error: {self.prog}: {message} (fix: see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    import importlib
+
+    parser = Parser(
         prog="posttrain",
         description="Declarative LLM post-training (GSPO RL, SFT, ReST-EM) on Kubernetes or on one machine.",
     )
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"posttrain {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name in SUBCOMMANDS:
         importlib.import_module(f"posttrain.commands.{name}").register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from posttrain.kubeaccess import problem_for
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -47,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        problem = problem_for(err)
+        if problem is None:
+            raise
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import math
 import os
 import random
 import re
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,7 +233,13 @@ class JudgeClient:
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.backoff_s = backoff_s
-        self._sem = asyncio.Semaphore(max(1, int(max_concurrency)))
+        self.max_concurrency = max(1, int(max_concurrency))
+        # one semaphore per event loop: an asyncio.Semaphore binds to the loop that first waits on it, and
+        # a caller may score under several loops (one asyncio.run per iteration): a shared one would fail
+        # every contended call outside its first loop
+        self._sems: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
         self._transport = transport
         self.stats = {"calls": 0, "timeouts": 0, "errors": 0, "unparsable": 0}
 
@@ -247,6 +254,13 @@ class JudgeClient:
             max_concurrency=int(options.get("max_concurrency") or 8),
             **kw,
         )
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        sem = self._sems.get(loop)
+        if sem is None:
+            sem = self._sems[loop] = asyncio.Semaphore(self.max_concurrency)
+        return sem
 
     def _headers(self) -> dict[str, str]:
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
@@ -273,7 +287,10 @@ class JudgeClient:
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
-        async with self._sem, httpx.AsyncClient(timeout=self.timeout, transport=self._transport) as http:
+        async with (
+            self._semaphore(),
+            httpx.AsyncClient(timeout=self.timeout, transport=self._transport) as http,
+        ):
             for attempt in range(self.retries + 1):
                 try:
                     r = await http.post(

@@ -49,9 +49,6 @@ type = "online"
 method = "policy_gradient"
 variety = "gspo"
 
-[services]
-task_url = "http://127.0.0.1:1"
-
 [compute]
 gpu_type = "CPU"
 gpu_count = 2

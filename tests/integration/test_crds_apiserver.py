@@ -160,3 +160,15 @@ def test_adding_a_field_after_creation_is_also_a_spec_change(custom, namespace):
             GROUP, VERSION, namespace, "rljobs", name, {"spec": {"activeDeadlineSeconds": 60}}
         )
     assert err.value.status == 422
+
+
+def test_overlong_and_retention_keys_are_checked_by_the_api_server(custom, namespace):
+    obj = example("rl_qwen3_4b.yaml")
+    training = obj["spec"]["training"]
+    training.update(overlong="mask", overlongPenalty=-0.5, keepCheckpoints=2, keepWeightVersions=1)
+    assert create(custom, namespace, obj)["spec"]["training"]["overlong"] == "mask"
+    for field, value in (("overlong", "chop"), ("keepCheckpoints", -1), ("overlongPenalty", 0.5)):
+        bad = example("rl_qwen3_4b.yaml")
+        bad["metadata"]["name"] += "-bad"
+        bad["spec"]["training"][field] = value
+        assert f"spec.training.{field}" in rejection(custom, namespace, bad)

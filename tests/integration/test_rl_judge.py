@@ -5,8 +5,11 @@ served vLLM model in test_rollout_server.py).
 
 What must hold: with [rubric] weights and a [judge], every training episode is sent to the judge (its
 submitted answer is in the prompt), the judge's score replaces the task app's outcome_score and the reward
-is synth's blend; a judge slower than its timeout never holds an iteration past about twice that timeout and
-the task app's scores stand; eval rollouts are not judged; no [judge] -> env return only."""
+is synth's blend; the judge answers every rollout of every iteration, under the trainer's one loop per job
+and under a new loop per iteration; a judge slower than its timeout never holds an iteration past about
+twice that timeout, and a rollout it could not score fails (counted in judge_failed, out of its group,
+against the error budget) instead of taking the task app's score; eval rollouts are not judged; no [judge]
+-> env return only."""
 
 from __future__ import annotations
 
@@ -15,14 +18,23 @@ import json
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from posttrain_trainer.judging import EpisodeJudge, episode_for_judge, judge_base_url, judge_options
-from posttrain_trainer.rollouts import RolloutClient, plan_rollouts, rubric_weights
+from posttrain_trainer.rl import sequences_from_results
+from posttrain_trainer.rollouts import (
+    ErrorBudget,
+    RolloutBudgetExceeded,
+    RolloutClient,
+    RolloutLoop,
+    plan_rollouts,
+    rubric_weights,
+)
 
 ANSWER_MARK = "posttrain-judge-test"
 
@@ -34,6 +46,8 @@ class Scripted:
         self.judge_score = 0.7
         self.judge_delay = 0.0
         self.judge_prompts: list[str] = []
+        self.judge_rejects = 0  # the next N judge requests get HTTP 400 (not retried)
+        self.judge_replies: Counter[str] = Counter()  # judge requests answered with a score, by model
         self.app = FastAPI()
 
         @self.app.post("/policy/v1/chat/completions")
@@ -59,8 +73,12 @@ class Scripted:
         async def judge(request: Request) -> dict[str, Any]:
             body = await request.json()
             self.judge_prompts.append(body["messages"][-1]["content"])
+            if self.judge_rejects > 0:
+                self.judge_rejects -= 1
+                raise HTTPException(400, "rejected by the test")
             if self.judge_delay:
                 await asyncio.sleep(self.judge_delay)
+            self.judge_replies[body["model"]] += 1
             reply = json.dumps(
                 {"criteria": {"last_number_correct": self.judge_score}, "score": self.judge_score}
             )
@@ -87,7 +105,9 @@ def scripted() -> Iterator[tuple[Scripted, str]]:
         thread.join(10)
 
 
-def rl_config(judge_url: str | None, timeout_s: float = 5.0) -> dict[str, Any]:
+def rl_config(
+    judge_url: str | None, timeout_s: float = 5.0, max_concurrency: int = 8, model: str = "judge"
+) -> dict[str, Any]:
     config: dict[str, Any] = {
         "rollout": {"env_name": "math", "policy_name": "math-single-step", "max_turns": 1},
         "training": {"batch_size": 2, "group_size": 2},
@@ -98,7 +118,8 @@ def rl_config(judge_url: str | None, timeout_s: float = 5.0) -> dict[str, Any]:
             "timeout_s": timeout_s,
             "options": {
                 "provider": "self-hosted",
-                "model": "judge",
+                "model": model,
+                "max_concurrency": max_concurrency,
                 "outcome": True,
                 "event": False,
                 "base_url": judge_url,
@@ -120,12 +141,16 @@ def rl_config(judge_url: str | None, timeout_s: float = 5.0) -> dict[str, Any]:
     return config
 
 
-def collect(config: dict[str, Any], math_taskapp: Any, base: str, mode: str = "rl"):
-    weights = rubric_weights(config)
-    judge = EpisodeJudge.from_config(config, weights)
-    client = RolloutClient(
+def rollout_client(config: dict[str, Any], math_taskapp: Any) -> RolloutClient:
+    judge = EpisodeJudge.from_config(config, rubric_weights(config))
+    return RolloutClient(
         task_url=math_taskapp.url, config=config, model="policy", api_key=math_taskapp.api_key, judge=judge
     )
+
+
+def collect(config: dict[str, Any], math_taskapp: Any, base: str, mode: str = "rl"):
+    client = rollout_client(config, math_taskapp)
+    judge = client.judge
     specs = plan_rollouts("judgetest", 0, [3, 4], 2, [f"{base}/policy"])
     started = time.monotonic()
     results = asyncio.run(client.collect(specs, mode=mode, want_tokens=False))
@@ -178,7 +203,7 @@ def test_judge_score_replaces_outcome_and_is_blended(math_taskapp, scripted):
     state.judge_prompts.clear()
     results, judge, _ = collect(rl_config(f"{base}/judge"), math_taskapp, base)
     assert all(r.ok for r in results), [r.error for r in results]
-    assert judge.stats == {"judged": 4, "fallback": 0}
+    assert judge.stats == {"judged": 4, "failed": 0}
     assert len(state.judge_prompts) == 4 and all(ANSWER_MARK in p for p in state.judge_prompts)
     assert "last_number_correct" in state.judge_prompts[0]  # the rubric override reached the judge
     for r in results:
@@ -186,19 +211,70 @@ def test_judge_score_replaces_outcome_and_is_blended(math_taskapp, scripted):
         assert r.reward == pytest.approx(0.5 * r.env_return + 0.5 * 0.7)
 
 
-def test_slow_judge_falls_back_to_task_app_scores_within_timeout(math_taskapp, scripted):
+def test_slow_judge_fails_its_rollouts_within_timeout(math_taskapp, scripted):
     state, base = scripted
     state.judge_delay = 5.0
     try:
         results, judge, seconds = collect(rl_config(f"{base}/judge", timeout_s=0.5), math_taskapp, base)
     finally:
         state.judge_delay = 0.0
-    assert all(r.ok for r in results)
-    assert judge.stats["fallback"] == 4 and judge.stats["judged"] == 0
+    assert judge.stats["failed"] == 4 and judge.stats["judged"] == 0
     assert seconds < 4.0, f"a 5 s judge held the iteration {seconds:.1f} s (timeout 0.5 s)"
-    for r in results:  # the task app's own outcome_score (its rubric: the answer's correctness) stands
-        assert r.outcome_score == pytest.approx(r.env_return)
-        assert r.reward == pytest.approx(0.5 * r.env_return + 0.5 * r.outcome_score)
+    # never the task app's outcome_score in the judge's place: each rollout fails, named as a judge failure
+    assert all(not r.ok and r.judge_failed and r.error.startswith("RuntimeError: judge:") for r in results)
+    _, stats = sequences_from_results(results)
+    assert stats["judge_failed"] == 4 and stats["failed"] == 4
+    with pytest.raises(RolloutBudgetExceeded, match="judge: no outcome score"):
+        ErrorBudget(0.25).check(len(results), [r.error for r in results])
+
+
+@pytest.mark.parametrize("loop_per", ["job", "iteration"])
+def test_judge_answers_every_rollout_of_every_iteration(math_taskapp, scripted, loop_per):
+    """6 rollouts per iteration under a judge concurrency of 2 (so calls queue on its semaphore), 3
+    iterations: under the trainer's one loop per job, and under a new loop per iteration (asyncio.run),
+    the judge server answers all 6 every time and every reward carries its score."""
+    state, base = scripted
+    state.judge_delay, state.judge_score = 0.05, 0.7
+    model = f"judge-loop-per-{loop_per}"  # replies are counted by model: late replies of other tests differ
+    client = rollout_client(rl_config(f"{base}/judge", max_concurrency=2, model=model), math_taskapp)
+    replies = []
+    with RolloutLoop() as loop:
+        for iteration in range(3):
+            before = state.judge_replies[model]
+            specs = plan_rollouts("judgeloops", iteration, [3, 4, 5], 2, [f"{base}/policy"])
+            if loop_per == "job":
+                results = loop.collect(client, specs, want_tokens=False)
+            else:
+                results = asyncio.run(client.collect(specs, want_tokens=False))
+            replies.append(state.judge_replies[model] - before)
+            assert [r.error for r in results if not r.ok] == [], f"iteration {iteration}"
+            assert all(r.outcome_score == pytest.approx(0.7) for r in results)
+    state.judge_delay = 0.0
+    assert replies == [6, 6, 6]
+    assert client.judge.stats == {"judged": 18, "failed": 0}
+    assert client.judge.client.stats["errors"] == 0
+
+
+def test_judge_failures_leave_their_group_and_are_counted(math_taskapp, scripted):
+    """The judge rejects 2 of 6 requests: those 2 rollouts fail as judge failures (visible in the stats);
+    the other members of their groups train on judge scores only."""
+    state, base = scripted
+    state.judge_delay, state.judge_score, state.judge_rejects = 0.0, 0.7, 2
+    client = rollout_client(rl_config(f"{base}/judge", max_concurrency=1), math_taskapp)
+    specs = plan_rollouts("judgefail", 0, [3, 4, 5], 2, [f"{base}/policy"])
+    with RolloutLoop() as loop:
+        results = loop.collect(client, specs, want_tokens=False)
+    state.judge_rejects = 0
+    failed = [r for r in results if not r.ok]
+    assert len(failed) == 2 and all(r.judge_failed for r in failed)
+    assert all("judge: no outcome score" in r.error for r in failed)
+    assert all(r.outcome_score == pytest.approx(0.7) for r in results if r.ok)
+    _, stats = sequences_from_results(results)
+    assert stats["judge_failed"] == 2 and stats["failed"] == 2 and stats["rollouts"] == 6
+    assert client.judge.stats == {"judged": 4, "failed": 2}
+    with pytest.raises(RolloutBudgetExceeded, match="2 of 6 rollouts failed"):
+        ErrorBudget(0.25).check(len(results), [r.error for r in failed])
+    ErrorBudget(0.5).check(len(results), [r.error for r in failed])  # within a looser budget: trains on
 
 
 def test_eval_rollouts_and_jobs_without_judge_are_not_judged(math_taskapp, scripted):

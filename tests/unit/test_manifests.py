@@ -15,7 +15,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
-OVERLAYS = ["overlays/dev", "overlays/prod"]
+OVERLAYS = ["overlays/dev", "overlays/prod", "overlays/dev-node"]
 NAMESPACED = "overlays/namespaced"  # the multi-tenant install: a Role per served namespace
 KUSTOMIZATIONS = [*OVERLAYS, NAMESPACED, "argocd"]
 # Cluster-scoped rows of the operator's README table: a namespaced install has no cluster-wide grant of
@@ -294,3 +294,28 @@ def test_readme_documents_every_operator_annotation_and_finalizer():
     prefix = re.search(r'^ANNOTATION_PREFIX\s*=\s*"([^"]+)"', source, re.M)
     if prefix:
         assert f"`{prefix.group(1)}/" in text
+
+
+@needs_kubectl
+def test_dev_node_overlay_runs_everything_from_local_images_on_a_cluster_without_storage():
+    """The dev-node overlay (make e2e) on the real dev node: no registry (images built here, never pulled),
+    no volume provisioner (MinIO on an emptyDir; a PVC would stay Pending), models from S3, and a jobs
+    namespace with the Secrets its jobs reference."""
+    docs = render("overlays/dev-node")
+    sts = find(docs, "StatefulSet", "minio")
+    assert "volumeClaimTemplates" not in sts["spec"]
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["data"] == {"name": "data", "emptyDir": {}}
+    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "localhost/posttrain/minio:dev"
+    dep = find(docs, "Deployment", "posttrain-operator")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "posttrain/operator:dev" and c["imagePullPolicy"] == "IfNotPresent"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["POSTTRAIN_BASE_MODEL_URI"] == "s3://posttrain/models/{base}/"
+    assert env["POSTTRAIN_IMAGE_PULL_POLICY"] == "IfNotPresent"
+    task_app = find(docs, "TaskApp", "math")
+    namespace = task_app["metadata"]["namespace"]
+    secrets = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "Secret"}
+    assert (namespace, task_app["spec"]["apiKeySecretRef"]["name"]) in secrets
+    assert (namespace, env["POSTTRAIN_S3_SECRET_NAME"]) in secrets
+    find(docs, "Namespace", namespace)

@@ -345,3 +345,39 @@ def test_kueue_owns_suspend_while_queued() -> None:
     queued = rljob(scheduling={"queueName": "q"}, suspend=True)
     trainer = by(render.render_rljob(queued, SETTINGS, TARGET).children, "Job", "trainer")
     assert trainer["spec"]["suspend"] is True
+
+
+def test_cpu_job_asks_for_no_gpu_and_keeps_its_process_counts() -> None:
+    """A job with compute.gpuType "CPU" (as `make demo` and the real dev node run it) once asked for
+    nvidia.com/gpu in every pod, so its pods could only land on GPU nodes (kwok's, where nothing runs)."""
+    compute = {"gpuType": "CPU", "gpuCount": 2, "topology": {"gpusForVllm": 1, "gpusForTraining": 1}}
+    out = render.render_rljob(rljob(compute=compute, reference={}), SETTINGS, TARGET)
+    pods = [by(out.children, "Deployment", "rollout")["spec"]["template"]["spec"],
+            by(out.children, "Job", "trainer")["spec"]["template"]["spec"]]  # fmt: skip
+    for pod in pods:
+        for container in pod["containers"]:
+            assert "nvidia.com/gpu" not in json.dumps(container.get("resources", {}))
+    trainer = pods[1]["containers"][0]
+    assert env_of(trainer)["PET_NPROC_PER_NODE"] == "1"
+    assert by(out.children, "Deployment", "rollout")["spec"]["replicas"] == 1
+    gpu = render.render_rljob(rljob(compute={**compute, "gpuType": "H100"}, reference={}), SETTINGS, TARGET)
+    rollout = by(gpu.children, "Deployment", "rollout")["spec"]["template"]["spec"]["containers"][0]
+    assert rollout["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_vllm_servers_and_trainers_get_a_memory_backed_dev_shm() -> None:
+    """A container's /dev/shm is 64 MiB; vLLM's engine core refused to start in the rollout pod on the real
+    dev node ("Insufficient space in /dev/shm ...: 160 MiB required, 64 MiB free")."""
+    spec = {"judge": {"options": {"provider": "vllm", "model": "Qwen/Qwen3-0.6B"}}}
+    out = render.render_rljob(rljob(**spec), SETTINGS, TARGET)
+    pods = [d["spec"]["template"]["spec"] for d in out.deployments()]
+    pods.append(by(out.children, "Job", "trainer")["spec"]["template"]["spec"])
+    assert len(pods) == 4  # rollout, reference, judge, trainer
+    for pod in pods:
+        shm = [v for v in pod["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
+        assert len(shm) == 1 and shm[0]["emptyDir"]["sizeLimit"] == "2Gi"
+        (container,) = pod["containers"]
+        assert {"name": shm[0]["name"], "mountPath": "/dev/shm"} in container["volumeMounts"]
+    unlimited = render.render_rljob(rljob(), OperatorSettings(shm_size_limit=""), TARGET)
+    rollout = by(unlimited.children, "Deployment", "rollout")["spec"]["template"]["spec"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in rollout["volumes"]

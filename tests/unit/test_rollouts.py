@@ -158,3 +158,94 @@ def test_error_budget():
     assert ErrorBudget.from_config({"rollout": {"error_budget": 0.5}}).fraction == 0.5
     with pytest.raises(ValueError):
         ErrorBudget(1.5)
+
+
+# -- truncation, empty responses, retention (pure parts) ----------------------------------------------
+
+
+def _result(group: int, index: int, reward: float, finish: str | None, tokens: list[int]):
+    from posttrain_trainer.rollouts import EpisodeSequence, RolloutResult, RolloutSpec
+
+    spec = RolloutSpec(seed=group, group=group, index=index, cid=f"c{group}-{index}", endpoint="http://p")
+    seqs = [EpisodeSequence([1, 2], list(tokens), [1] * len(tokens))] if tokens else []
+    return RolloutResult(spec=spec, ok=True, reward=reward, sequences=seqs, finish_reasons=[finish])
+
+
+def test_finish_reason_marks_truncated_and_empty():
+    cut = _result(0, 0, 0.0, "length", [5, 6])
+    done = _result(0, 1, 1.0, "stop", [7])
+    empty = _result(0, 2, 0.0, "stop", [])
+    assert (cut.truncated, done.truncated, empty.truncated) == (True, False, False)
+    assert (cut.empty, done.empty, empty.empty) == (False, False, True)
+
+
+def test_overlong_treatments_and_empty_response_in_group():
+    import math
+
+    from posttrain_trainer import gspo
+    from posttrain_trainer.rl import sequences_from_results
+
+    results = [
+        _result(0, 0, 1.0, "stop", [7]),  # right
+        _result(0, 1, 0.0, "length", [5, 6, 5]),  # cut at max_tokens
+        _result(0, 2, 0.0, "stop", []),  # empty response: scored 0, stays in the group
+    ]
+    three = gspo.ragged_group_advantages([1.0, 0.0, 0.0], [0, 0, 0])
+    assert not math.isclose(three[0], gspo.ragged_group_advantages([1.0, 0.0], [0, 0])[0])
+
+    keep, stats = sequences_from_results(results, overlong="keep")
+    assert [(s.completion_ids, round(s.advantage, 6)) for s in keep] == [
+        ([7], round(three[0], 6)),
+        ([5, 6, 5], round(three[1], 6)),
+    ]
+    assert stats["truncated"] == 1 and stats["empty_responses"] == 1 and stats["failed"] == 0
+
+    masked, stats = sequences_from_results(results, overlong="mask")
+    assert [(s.completion_ids, round(s.advantage, 6)) for s in masked] == [([7], round(three[0], 6))]
+    assert stats["truncated"] == 1 and stats["train_sequences"] == 1
+
+    penalised, _ = sequences_from_results(results, overlong="penalty", overlong_penalty=-0.5)
+    shaped = gspo.ragged_group_advantages([1.0, -0.5, 0.0], [0, 0, 0])
+    assert [round(s.advantage, 6) for s in penalised] == [round(shaped[0], 6), round(shaped[1], 6)]
+    assert penalised[1].advantage < keep[1].advantage  # the cut response is pushed down further
+    assert penalised[1].reward == 0.0  # the reported reward stays the task's
+
+
+def test_overlong_config_is_checked():
+    from posttrain_trainer.rl import RLConfigError, parse_rl_config
+
+    assert parse_rl_config({}).overlong == "keep"
+    cfg = parse_rl_config({"training": {"overlong": "penalty", "overlong_penalty": -0.25}})
+    assert (cfg.overlong, cfg.overlong_penalty) == ("penalty", -0.25)
+    with pytest.raises(RLConfigError, match="training.overlong = 'chop'"):
+        parse_rl_config({"training": {"overlong": "chop"}})
+    with pytest.raises(RLConfigError, match="training.overlong_penalty"):
+        parse_rl_config({"training": {"overlong_penalty": 1.0}})
+
+
+def test_checkpoint_retention_rule():
+    from posttrain_trainer.checkpoint import DEFAULT_KEEP_CHECKPOINTS, checkpoints_to_delete, keep_checkpoints
+
+    assert checkpoints_to_delete([2, 4, 6, 8], [2, 4, 6, 8], keep=2) == [2, 4]
+    # incomplete ones (a job died while saving) go when older than the newest complete one
+    assert checkpoints_to_delete([2, 4], [2, 3, 4, 5], keep=1) == [2, 3]
+    assert checkpoints_to_delete([2, 4], [2, 4], keep=0) == []  # 0 keeps every checkpoint
+    assert checkpoints_to_delete([], [3], keep=1) == []
+    assert (
+        keep_checkpoints({}) == DEFAULT_KEEP_CHECKPOINTS
+        and keep_checkpoints({"training": {"keep_checkpoints": 5}}) == 5
+    )
+
+
+def test_weight_version_retention_rule():
+    from posttrain_trainer.weightsync import (
+        DEFAULT_KEEP_WEIGHT_VERSIONS,
+        keep_weight_versions,
+        versions_to_delete,
+    )
+
+    assert versions_to_delete([1, 2, 3, 4], keep=2, served=4) == [1, 2]
+    assert versions_to_delete([1, 2, 3, 4], keep=1, served=2) == [1, 3]  # never the served version
+    assert versions_to_delete([1, 2, 3], keep=0, served=3) == []
+    assert keep_weight_versions({}) == DEFAULT_KEEP_WEIGHT_VERSIONS
+    assert keep_weight_versions({"training": {"keep_weight_versions": 1}}) == 1

@@ -13,6 +13,7 @@ from posttrain.controller.status import (
     DeploymentObs,
     Expected,
     Observed,
+    PodObs,
     TrainerObs,
     Verification,
     derive_status,
@@ -365,3 +366,23 @@ def test_taskapp_status_carries_message_reason_generation() -> None:
     )
     assert get_condition(out, "Verified")["observedGeneration"] == 4
     assert get_condition(out, "Ready")["status"] == "False"
+
+
+def test_a_trainer_that_finished_is_not_waited_for_before_the_job_is_complete():
+    """On the real dev node, between the trainer pod's exit 0 and the Job's Complete condition, a Running job
+    showed "Provisioning: waiting for trainer 0/1 pods ready; trainer pod trainer: exit code 137" (the pod
+    killed earlier in the run). A finished trainer pod is done, not awaited."""
+    pods = [
+        PodObs("j-trainer-0-a", "trainer", "Failed", "trainer: exit code 137"),
+        PodObs("j-trainer-0-b", "trainer", "Succeeded"),
+    ]
+    running = job(status={"phase": "Running"})
+    for trainer_obs in (trainer(active=0, ready=0), trainer(active=0, ready=0, succeeded=1)):
+        observed = all_children(trainer_obs=trainer_obs)
+        observed.pods = [pods[1]] if trainer_obs.succeeded else pods
+        out = derive_status(running, observed=observed, expected=EXPECTED, verification=OK, now=NOW)
+        assert out["phase"] == "Running", out["message"]
+    replacing = all_children(trainer_obs=trainer(active=1, ready=0))
+    replacing.pods = [pods[0], PodObs("j-trainer-0-c", "trainer", "Pending")]
+    out = derive_status(running, observed=replacing, expected=EXPECTED, verification=OK, now=NOW)
+    assert out["phase"] == "Provisioning" and "exit code 137" in out["message"]

@@ -4,7 +4,7 @@ checks, the operator and the local runner."""
 from __future__ import annotations
 
 import pytest
-from posttrain.api.sections import ComputeConfig, ReferenceConfig, TopologyConfig
+from posttrain.api.sections import AlgorithmConfig, ComputeConfig, ReferenceConfig, TopologyConfig
 from posttrain.api.topology import reference_placement, rl_topology, sft_topology
 
 
@@ -31,6 +31,21 @@ def compute(gpu_count: int, **topology: object) -> ComputeConfig:
 def test_rl_split(given: ComputeConfig, reference: ReferenceConfig | None, want: tuple) -> None:
     topo = rl_topology(given, None, reference)
     assert (topo.gpus_for_vllm, topo.gpus_for_training, topo.gpus_for_ref, topo.rollout_replicas) == want
+
+
+def test_restem_runs_no_reference_and_gpu_type_cpu_asks_for_no_gpu() -> None:
+    given, dedicated = (
+        compute(3, gpus_for_vllm=1, gpus_for_training=1, gpus_for_ref=1),
+        ReferenceConfig(placement="dedicated"),
+    )
+    gspo = AlgorithmConfig(type="online", method="policy_gradient", variety="gspo")
+    restem = AlgorithmConfig(type="online", method="restem", variety="restem")
+    assert rl_topology(given, None, dedicated, gspo).reference_dedicated
+    topo = rl_topology(given, None, dedicated, restem)
+    assert not topo.reference_dedicated and topo.gpus_for_ref == 0
+    cpu = rl_topology(ComputeConfig(gpu_type="CPU", gpu_count=2), None, None)
+    assert cpu.cpu_only and (cpu.gpus_for_vllm, cpu.gpus_for_training) == (1, 1) and cpu.gpus(1) == 0
+    assert not topo.cpu_only and topo.gpus(1) == 1
 
 
 def test_sft_split_gives_every_gpu_to_the_trainer() -> None:

@@ -21,7 +21,8 @@ def api_server(tmp_path, monkeypatch):
             body = self.rfile.read(int(self.headers["Content-Length"]))
             seen.append(
                 {
-                    "path": self.path,
+                    "path": self.path.split("?", 1)[0],
+                    "query": self.path.partition("?")[2],
                     "type": self.headers["Content-Type"],
                     "body": json.loads(body),
                     "auth": self.headers.get("Authorization"),
@@ -82,6 +83,8 @@ def test_progress_and_result_patch_status(api_server, capsys):
         "/apis/posttrain.dev/v1alpha1/namespaces/team/rljobs/math/status"
     ] * 2
     assert all(r["type"] == "application/merge-patch+json" for r in api_server)
+    # managedFields then say who wrote progress (on the real node it read "OpenAPI-Generator")
+    assert all(r["query"] == "fieldManager=posttrain-trainer" for r in api_server)
     progress = api_server[0]["body"]["status"]["progress"]
     assert (
         progress["step"] == 2

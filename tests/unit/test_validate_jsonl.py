@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from posttrain.api.dataset import require_valid_jsonl, validate_jsonl
+from posttrain.api.dataset import validate_jsonl
 from posttrain.cli import main
+from posttrain.dataset_upload import check_dataset
 from posttrain.errors import UserError
 
 USER = {"role": "user", "content": "What is 2 + 3?"}
@@ -45,7 +46,10 @@ def test_invalid_json_and_missing_messages_name_their_lines(tmp_path):
 
 def test_role_must_be_a_non_empty_string(tmp_path):
     path = write(tmp_path, [{"messages": [{"role": "", "content": "hi"}, ASSISTANT]}])
-    assert any("role must be a non-empty string" in m for _, m in problems(path))
+    assert any(
+        p.field == "messages[0].role" and "must be a non-empty string" in p.message
+        for p in validate_jsonl(path).problems
+    )
 
 
 def test_image_urls_must_be_https_or_data_urls(tmp_path):
@@ -62,12 +66,15 @@ def test_image_urls_must_be_https_or_data_urls(tmp_path):
     assert "https://" in found[0][1]
 
 
-def test_max_images_per_message(tmp_path):
+def test_more_images_than_max_images_per_message_are_trimmed_with_a_warning(tmp_path):
+    """The trainer keeps the first max_images_per_message images of a message; validate says so."""
     parts = [{"type": "image_url", "image_url": {"url": "https://x/a.png"}}] * 3
     path = write(tmp_path, [{"messages": [{"role": "user", "content": parts}, ASSISTANT]}])
-    assert problems(path, max_images_per_message=3) == []
-    [(line, message)] = problems(path, max_images_per_message=2)
-    assert line == 1 and "max_images_per_message" in message
+    assert validate_jsonl(path, max_images_per_message=3).warnings == []
+    report = validate_jsonl(path, max_images_per_message=2)
+    assert report.problems == []
+    [warning] = report.warnings
+    assert warning.startswith(f"{path}:1: ") and "keeps the first 2" in warning
 
 
 def test_an_empty_file_is_an_error(tmp_path):
@@ -76,10 +83,10 @@ def test_an_empty_file_is_an_error(tmp_path):
 
 
 def test_training_refuses_a_dataset_with_every_problem_on_its_line(tmp_path):
-    assert require_valid_jsonl(write(tmp_path, [{"messages": [USER, ASSISTANT]}])).examples == 1
+    assert check_dataset(write(tmp_path, [{"messages": [USER, ASSISTANT]}])) == 1
     bad = write(tmp_path, ['{"messages": [{"role": "user"}]}', "not json"])
     with pytest.raises(UserError) as err:
-        require_valid_jsonl(bad)
+        check_dataset(bad)
     assert [p.line for p in err.value.problems] == [1, 2] and err.value.problems[0].file == str(bad)
 
 

@@ -9,6 +9,8 @@ from posttrain.api.exitcodes import EXIT_CONFIG_ERROR
 from posttrain.api.jobfile import load_jobfile
 from pydantic import ValidationError
 
+from posttrain_trainer.restem import is_restem
+
 
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: posttrain.api.exitcodes (a job file that cannot be read is a configuration error)."""
@@ -26,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG_ERROR
     if args.kind == "sft":
         from posttrain_trainer.sft import main as run
+    elif is_restem(job.config):  # an RL job file whose algorithm is ReST-EM
+        from posttrain_trainer.restem_job import main as run
     else:
         from posttrain_trainer.rl import main as run
     return int(run(job) or 0)

@@ -13,6 +13,10 @@ from posttrain.api.model_ids import fine_tuned_model_id
 
 from posttrain_trainer import storage as s3
 
+# The artifacts a job reports in its status (the keys of the status' Artifacts); other uploads (a ReST-EM
+# iteration's kept samples, ...) are listed in manifest.json only.
+REPORTED_ARTIFACTS = ("model", "manifest", "checkpoints", "logs", "config", "metrics", "reward_curve")
+
 
 def job_model_id(job: JobFile) -> str:
     """The fine_tuned_model id this job produces: `ft:<base>:<ns>.<name>.<uid8>` (SFT) or `rl:...` (RL)."""
@@ -76,6 +80,7 @@ def finalize(
             "logs": s3.upload_file(client, metrics_path, bucket, prefix + "metrics.jsonl"),
             "config": s3.upload_file(client, config_path, bucket, prefix + "config.json"),
         }
+        artifacts["metrics"] = artifacts["logs"]
         for name, path in (extra_files or {}).items():
             if Path(path).exists():
                 artifacts[name] = s3.upload_file(client, path, bucket, prefix + Path(path).name)
@@ -95,5 +100,5 @@ def finalize(
     (workdir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
     if job.storage is not None:
         s3.put_json(client, job.storage.bucket, job.storage.prefix + "manifest.json", manifest)
-    core = {k: artifacts[k] for k in ("model", "manifest", "checkpoints", "logs", "config")}
-    return model_id, core
+    reported = {k: artifacts[k] for k in REPORTED_ARTIFACTS if artifacts.get(k)}
+    return model_id, reported

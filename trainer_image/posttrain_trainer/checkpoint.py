@@ -5,7 +5,12 @@ the RNG states of every rank, the data position and the step. trainer_state.json
 checkpoint without it is incomplete (the job died while saving) and is ignored on resume.
 
 DeepSpeed: every rank saves its own ZeRO shards with engine.save_checkpoint into a rank-local folder and
-uploads them under step-N/deepspeed/; rank 0 adds the common files."""
+uploads them under step-N/deepspeed/; rank 0 adds the common files.
+
+Retention: [training] keep_checkpoints (default DEFAULT_KEEP_CHECKPOINTS; 0 keeps every one). After a
+checkpoint is complete, rank 0 deletes the complete checkpoints older than the newest `keep`, and the
+incomplete ones older than the newest complete checkpoint (left by a job that died while saving). The newest
+complete checkpoint, the one a resume reads, is never deleted. Local copies are removed right after upload."""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from posttrain_trainer import distributed as D
 from posttrain_trainer import storage as s3
 
 STATE_FILE = "trainer_state.json"
+DEFAULT_KEEP_CHECKPOINTS = 3
 _STEP_RE = re.compile(r"checkpoints/step-(\d+)/")
 
 
@@ -96,8 +102,10 @@ def save_checkpoint(
     workdir: str | Path,
     data_state: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
+    keep: int = 0,
 ) -> str:
-    """Collective: every rank calls it. Returns the s3:// URI of the checkpoint folder."""
+    """Collective: every rank calls it. Returns the s3:// URI of the checkpoint folder. keep > 0: then only
+    the newest `keep` complete checkpoints stay (prune_checkpoints)."""
     key_prefix = step_prefix(prefix, step)
     local = Path(workdir) / "checkpoints" / f"step-{step}" / f"rank-{D.rank()}"
     if local.exists():
@@ -130,6 +138,8 @@ def save_checkpoint(
             **(extra or {}),
         }
         s3.put_json(client, bucket, key_prefix + STATE_FILE, state)  # last: marks the checkpoint complete
+        if keep > 0:
+            prune_checkpoints(client, bucket, prefix, keep)
     D.barrier()
     shutil.rmtree(local, ignore_errors=True)
     return s3.s3_uri(bucket, key_prefix)
@@ -144,6 +154,39 @@ def list_checkpoints(client, bucket: str, prefix: str) -> list[int]:
             if match:
                 steps.add(int(match.group(1)))
     return sorted(steps)
+
+
+def keep_checkpoints(config: dict[str, Any]) -> int:
+    """[training] keep_checkpoints (validated by the CLI and the custom resource: an integer >= 0)."""
+    training = config.get("training") if isinstance(config.get("training"), dict) else {}
+    value = training.get("keep_checkpoints")
+    return DEFAULT_KEEP_CHECKPOINTS if value is None else int(value)
+
+
+def checkpoints_to_delete(complete: list[int], started: list[int], keep: int) -> list[int]:
+    """Steps to delete: complete ones older than the newest `keep`, incomplete ones older than the newest
+    complete one. Never the newest complete step; keep <= 0 deletes nothing."""
+    if keep <= 0 or not complete:
+        return []
+    newest = max(complete)
+    kept = set(sorted(complete)[-keep:])
+    doomed = {step for step in complete if step not in kept}
+    doomed |= {step for step in started if step not in complete and step < newest}
+    doomed.discard(newest)
+    return sorted(doomed)
+
+
+def prune_checkpoints(client, bucket: str, prefix: str, keep: int) -> list[int]:
+    """Delete the checkpoints that checkpoints_to_delete names; returns their steps."""
+    started = set()
+    for key in s3.list_prefix(client, bucket, checkpoints_prefix(prefix)):
+        match = _STEP_RE.search(key)
+        if match:
+            started.add(int(match.group(1)))
+    doomed = checkpoints_to_delete(list_checkpoints(client, bucket, prefix), sorted(started), keep)
+    for step in doomed:
+        s3.delete_prefix(client, bucket, step_prefix(prefix, step))
+    return doomed
 
 
 def find_latest(client, bucket: str, prefix: str) -> int | None:

@@ -9,8 +9,15 @@ posttrain_rollout.judge.JudgeClient:
     (mounted from a Secret by the operator) or [judge.options].api_key_env.
 The outcome is the trajectory's final state and last action, the events are its steps (observation, action,
 reward); rubrics come from [judge.options].rubric_overrides.{outcome,event}. A judge score replaces the task
-app's outcome_score / events_score for that rollout; when the judge fails or passes the overall timeout the
-task app's values stand (a slow judge never stalls an iteration past the timeout)."""
+app's outcome_score / events_score for that rollout.
+
+A judge failure is never replaced by the task app's score: that would put two reward scales in one group.
+The rule: a rollout the judge did not fully score (no outcome score where the outcome is judged, any event
+without a score where events are judged, a timeout, a rollout without a trajectory) is a failed rollout. It
+leaves its group (the group's advantages are computed over the members the judge scored, as for any failed
+rollout), it counts in the iteration's `judge_failed` metric and progress, and it counts against
+rollout.error_budget, so a judge that stays down ends the job with a message instead of training on
+nothing. A slow judge never stalls an iteration: each episode is bounded by twice the judge's timeout."""
 
 from __future__ import annotations
 
@@ -94,13 +101,22 @@ def episode_for_judge(response: dict[str, Any]) -> tuple[dict[str, Any] | None, 
 
 
 @dataclass
+class JudgeVerdict:
+    """The judge's scores for one episode; `failure` says why it could not score it (then the rollout fails)."""
+
+    outcome_score: float | None = None
+    events_score: float | None = None
+    failure: str | None = None
+
+
+@dataclass
 class EpisodeJudge:
     """The configured judge for one job: scores episodes, keeps counts for the iteration stats."""
 
     client: Any
     options: dict[str, Any]
     timeout_s: float
-    stats: dict[str, int] = field(default_factory=lambda: {"judged": 0, "fallback": 0})
+    stats: dict[str, int] = field(default_factory=lambda: {"judged": 0, "failed": 0})
 
     @classmethod
     def from_config(
@@ -114,12 +130,15 @@ class EpisodeJudge:
         client = JudgeClient.from_options(options, base_url=judge_base_url(options, endpoints))
         return cls(client=client, options=options, timeout_s=client.timeout)
 
-    async def score(self, response: dict[str, Any]) -> tuple[float | None, float | None]:
-        """(outcome_score, events_score = sum of event scores); None where the judge gave nothing."""
+    def _failed(self, reason: str) -> JudgeVerdict:
+        self.stats["failed"] += 1
+        return JudgeVerdict(failure=reason)
+
+    async def score(self, response: dict[str, Any]) -> JudgeVerdict:
+        """The judged outcome score and events score (sum of event scores), or the reason it failed."""
         outcome, events = episode_for_judge(response)
         if outcome is None:
-            self.stats["fallback"] += 1
-            return None, None
+            return self._failed("the rollout has no trajectory to judge")
         try:
             # the client bounds each call; this bounds the whole episode (events queue on its semaphore)
             judged = await asyncio.wait_for(
@@ -127,13 +146,17 @@ class EpisodeJudge:
                 timeout=self.timeout_s * 2,
             )
         except TimeoutError:
-            self.stats["fallback"] += 1
-            return None, None
+            return self._failed(f"no verdict within {self.timeout_s * 2:g} s")
         outcome_score = judged.get("outcome_score")
-        scores = [s for s in judged.get("event_scores") or [] if s is not None]
-        events_score = float(sum(scores)) if scores else None
-        if outcome_score is None and events_score is None:
-            self.stats["fallback"] += 1
-        else:
-            self.stats["judged"] += 1
-        return outcome_score, events_score
+        event_scores = list(judged.get("event_scores") or [])
+        if self.options.get("outcome") and outcome_score is None:
+            return self._failed("no outcome score (timeout, HTTP error or an unreadable reply)")
+        missing = sum(1 for s in event_scores if s is None)
+        if self.options.get("event") and events and (missing or len(event_scores) != len(events)):
+            return self._failed(
+                f"{missing or len(events)} of {len(events)} events without a score "
+                "(timeout, HTTP error or an unreadable reply)"
+            )
+        self.stats["judged"] += 1
+        events_score = float(sum(event_scores)) if self.options.get("event") else None
+        return JudgeVerdict(outcome_score=outcome_score, events_score=events_score)

@@ -1,8 +1,8 @@
 """Progress and the final result: to stdout always, and by report.mode to a JSONL file or to the job's status.
 
-Keys follow the custom resource (camelCase): step, total, loss, meanReturn, judgeScores, tokensPerSecond,
-evalScore, lastCheckpoint, updatedAt; result {fineTunedModel, artifacts}. Only rank 0 reports. Secrets never
-pass through here (the job file holds none, and nothing from the environment is written)."""
+Keys follow the custom resource (camelCase): step, total, loss, meanReturn, judgeScores, judgeFailed,
+truncated, tokensPerSecond, evalScore, lastCheckpoint, updatedAt; result {fineTunedModel, artifacts}. Only rank 0
+reports. Secrets never pass through here (the job file holds none, and nothing from the environment is written)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import datetime
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -23,11 +24,17 @@ PROGRESS_KEYS = {
     "loss": "loss",
     "mean_return": "meanReturn",
     "judge_scores": "judgeScores",
+    "judge_failed": "judgeFailed",
+    "truncated": "truncated",
     "tokens_per_second": "tokensPerSecond",
     "eval_score": "evalScore",
     "last_checkpoint": "lastCheckpoint",
     "updated_at": "updatedAt",
 }
+
+# The job's managedFields name the trainer as the writer of status.progress and status.result (the client's
+# default would be "OpenAPI-Generator", which says nothing).
+FIELD_MANAGER = "posttrain-trainer"
 
 
 def _now() -> str:
@@ -57,7 +64,10 @@ def camel_progress(**fields: Any) -> dict[str, Any]:
 
 
 def camel_result(fine_tuned_model: str, artifacts: dict[str, str]) -> dict[str, Any]:
-    return {"fineTunedModel": fine_tuned_model, "artifacts": dict(artifacts)}
+    """status.result: camelCase keys, as the custom resource's schema spells them (reward_curve ->
+    rewardCurve); the API server would prune snake_case ones."""
+    camel = {re.sub(r"_([a-z])", lambda m: m.group(1).upper(), k): v for k, v in artifacts.items()}
+    return {"fineTunedModel": fine_tuned_model, "artifacts": camel}
 
 
 class Reporter:
@@ -112,6 +122,7 @@ class Reporter:
                 self.job.plural,
                 ref.name,
                 {"status": status},
+                field_manager=FIELD_MANAGER,
                 _content_type="application/merge-patch+json",
             )
         except Exception as err:  # progress must never kill training

@@ -10,7 +10,9 @@ judge_scores / created_at (also accepted at the top level).
 
 Synth `synth-ai filter` semantics kept: min/max official score on the total reward (a row without a reward
 fails a min threshold), splits / task_ids / models lists, min/max judge scores by name, created_at window,
-limit; one output record per user turn {"messages": [system?, user, assistant], "metadata": {...}}; the
+limit; one output record per user turn {"messages": [system?, ...the conversation before it..., user,
+assistant], "metadata": {...}} (synth writes [system?, user, assistant] and so drops the earlier turns; the
+history is kept here so that a later answer is trained in the context it was given in); the
 assistant content is the tool-call payload when there is one, else its text, else "[no response recorded]";
 multimodal user content is kept; no match is an error and no file is written."""
 
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 NO_RESPONSE = "[no response recorded]"
+VARIETY = "restem"  # [algorithm] variety of a ReST-EM job (synth has no spelling for it)
 METADATA_KEYS = (
     "session_id",
     "run_id",
@@ -71,6 +74,13 @@ class FilterSpec:
             value = getattr(self, name)
             if value is not None:
                 _parse_time(value, name)
+
+
+def is_restem(config: dict[str, Any]) -> bool:
+    """Whether a normalised job config asks for ReST-EM (`[algorithm] variety = "restem"`); the job itself
+    runs in restem_job.py."""
+    algorithm = config.get("algorithm") if isinstance(config.get("algorithm"), dict) else {}
+    return str(algorithm.get("variety") or "").lower() == VARIETY
 
 
 def _parse_time(value: Any, name: str = "created_at") -> datetime.datetime:
@@ -174,7 +184,7 @@ def _metadata(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_sft_records(row: dict[str, Any], line: int, *, per_turn: bool = True) -> list[dict[str, Any]]:
-    """One record per user turn ([system?, user, assistant]), or the whole conversation."""
+    """One record per user turn (the conversation up to it, then its answer), or the whole conversation."""
     messages = _conversation(row, line)
     metadata = _metadata(row)
     system = next((m for m in messages if m["role"] == "system"), None)
@@ -187,16 +197,37 @@ def to_sft_records(row: dict[str, Any], line: int, *, per_turn: bool = True) -> 
     for index, message in enumerate(messages):
         if message["role"] != "user":
             continue
-        reply = None
-        for later in messages[index + 1 :]:
-            if later["role"] == "user":
+        reply_at = None
+        for later in range(index + 1, len(messages)):
+            if messages[later]["role"] == "user":
                 break
-            if later["role"] == "assistant":
-                reply = later
+            if messages[later]["role"] == "assistant":
+                reply_at = later
                 break
-        convo = ([dict(system)] if system else []) + [dict(message), _assistant_message(reply)]
+        # The turn with everything said before it: earlier user turns, earlier answers (as the model gave
+        # them) and tool results, so a multi-turn episode trains each answer in its real context.
+        history = [dict(m) if m["role"] != "assistant" else _assistant_message(m) for m in messages[:index]]
+        if system is not None and not any(m["role"] == "system" for m in history):
+            history.insert(0, dict(system))
+        reply = messages[reply_at] if reply_at is not None else None
+        tools = [dict(m) for m in messages[index + 1 : reply_at] if m["role"] not in ("user", "assistant")]
+        convo = history + [dict(message), *tools, _assistant_message(reply)]
         records.append({"messages": convo, "metadata": {**metadata, "turn": len(records)}})
     return records
+
+
+def parse_rows(lines: Iterable[tuple[int, str]]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, text) -> (line number, row object); FilterError naming the line otherwise."""
+    for number, raw in lines:
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise FilterError(f"not valid JSON ({err.msg})", line=number) from None
+        if not isinstance(row, dict):
+            raise FilterError("each line must be a JSON object", line=number)
+        yield number, row
 
 
 def read_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -204,16 +235,7 @@ def read_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     if not path.exists():
         raise FilterError(f"{path} does not exist", field="input")
     with path.open(encoding="utf-8") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw)
-            except json.JSONDecodeError as err:
-                raise FilterError(f"not valid JSON ({err.msg})", line=number) from None
-            if not isinstance(row, dict):
-                raise FilterError("each line must be a JSON object", line=number)
-            yield number, row
+        yield from parse_rows(enumerate(handle, start=1))
 
 
 @dataclass

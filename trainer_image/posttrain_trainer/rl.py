@@ -19,21 +19,21 @@ Loop: iterations = training.num_epochs x training.iterations_per_epoch. Each ite
   5. weight sync every training.weight_sync_interval iterations (weightsync.py), timed.
   6. evaluation every evaluation.every_n_iters on evaluation.seeds (mode eval, temperature
      evaluation.temperature, default 0 = greedy), plus once before training and once at the end.
-  7. progress (step = iteration, total, loss, mean_return, judge scores, tokens/s) via report.py;
+  7. progress (step = iteration, total, loss, mean_return, judge scores, judge failures, tokens/s) via report.py;
      checkpoint every job.checkpoint_every iterations (checkpoint.py) and resume from the latest.
 End: final model via artifacts.finalize (fine_tuned_model `rl:...`), metrics.jsonl and reward_curve.png.
 
 Config keys beyond synth's typed schema (all optional, read from [training] then [algorithm]):
 num_minibatches (4), eps_low (3e-4), eps_high (4e-4), beta / kl_beta (0), micro_batch (4 sequences per
 forward), max_grad_norm (1.0), warmup_ratio (0), lr_scheduler ("constant_with_warmup"),
-skip_zero_advantage (true), seed (0); rollout.error_budget (0.25); evaluation.temperature (0.0).
+skip_zero_advantage (true), seed (0), overlong ("keep" | "mask" | "penalty", see sequences_from_results),
+overlong_penalty (-1.0); rollout.error_budget (0.25); evaluation.temperature (0.0).
 Dropout is off during RL (the model runs in eval mode): with a clip band of 4e-4, dropout noise alone would
 push most ratios out of it. DeepSpeed is not used for RL (the micro-batch count varies per iteration); a
 request for it falls back to DDP with a message."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import math
 import random
@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from posttrain.api.exitcodes import EXIT_CONFIG_ERROR, EXIT_RETRYABLE
 from posttrain.api.jobfile import JobFile
+from posttrain.plotting import plot_curves
 
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
@@ -56,6 +57,7 @@ from posttrain_trainer.rollouts import (
     ErrorBudget,
     RolloutBudgetExceeded,
     RolloutClient,
+    RolloutLoop,
     RolloutResult,
     plan_rollouts,
     rubric_weights,
@@ -67,12 +69,23 @@ from posttrain_trainer.rollouts import (
 # what the update did, where the time went.
 ITERATION_EVENT_FIELDS = (
     "step", "rollouts", "failed_rollouts", "mixed_groups", "train_sequences", "grad_norm", "clip_fraction",
-    "rollout_seconds", "update_seconds", "weight_sync_seconds", "iteration_seconds", "judged", "judge_fallback",
+    "rollout_seconds", "update_seconds", "weight_sync_seconds", "iteration_seconds", "judged", "judge_failed",
+    "truncated", "empty_responses",
 )  # fmt: skip
 
 
 class RLConfigError(ValueError):
     pass
+
+
+# [training].overlong: what happens to a rollout whose response stopped at max_tokens (finish_reason "length").
+#   keep    - trained like any other on the task's reward (the default: see sequences_from_results)
+#   mask    - its reward still counts in its group's advantages, its tokens carry no loss (DAPO's overlong
+#             filtering)
+#   penalty - [training].overlong_penalty is added to its reward before the group advantages (DAPO's overlong
+#             punishment, as a constant rather than DAPO's length ramp)
+OVERLONG_TREATMENTS = ("keep", "mask", "penalty")
+DEFAULT_OVERLONG_PENALTY = -1.0
 
 
 @dataclass
@@ -99,6 +112,8 @@ class RLConfig:
     eval_seeds: list[int] = field(default_factory=list)
     eval_instances: int = 0
     eval_temperature: float = 0.0
+    overlong: str = "keep"
+    overlong_penalty: float = DEFAULT_OVERLONG_PENALTY
     trainer_mode: str = "full"
     lora: dict[str, Any] = field(default_factory=dict)
     parallel: D.ParallelConfig = field(default_factory=D.ParallelConfig)
@@ -168,6 +183,8 @@ def parse_rl_config(config: dict[str, Any]) -> RLConfig:
         eval_seeds=[int(s) for s in seeds],
         eval_instances=int(evaluation.get("instances") or 0),
         eval_temperature=float(evaluation.get("temperature") or 0.0),
+        overlong=str(training.get("overlong") or "keep"),
+        overlong_penalty=float(_first(training.get("overlong_penalty"), default=DEFAULT_OVERLONG_PENALTY)),
         trainer_mode=mode,
         lora=dict(lora or {}),
         parallel=D.ParallelConfig.from_config(
@@ -176,6 +193,12 @@ def parse_rl_config(config: dict[str, Any]) -> RLConfig:
     )
     if cfg.iterations < 1 or cfg.batch_size < 1:
         raise RLConfigError("num_epochs x iterations_per_epoch and batch_size must be >= 1")
+    if cfg.overlong not in OVERLONG_TREATMENTS:
+        raise RLConfigError(
+            f"training.overlong = {cfg.overlong!r}: use one of {', '.join(OVERLONG_TREATMENTS)}"
+        )
+    if not math.isfinite(cfg.overlong_penalty) or cfg.overlong_penalty > 0:
+        raise RLConfigError(f"training.overlong_penalty = {cfg.overlong_penalty}: use a number <= 0")
     return cfg
 
 
@@ -201,26 +224,44 @@ class TrainSeq:
 
 
 def sequences_from_results(
-    results: list[RolloutResult], *, skip_zero_advantage: bool = True
+    results: list[RolloutResult],
+    *,
+    skip_zero_advantage: bool = True,
+    overlong: str = "keep",
+    overlong_penalty: float = DEFAULT_OVERLONG_PENALTY,
 ) -> tuple[list[TrainSeq], dict[str, Any]]:
-    """Successful rollouts -> training sequences with group advantages (over the surviving members)."""
+    """Successful rollouts -> training sequences with group advantages (over the surviving members).
+
+    Truncated rollouts (a response cut at max_tokens) are treated by `overlong` (OVERLONG_TREATMENTS). The
+    default is "keep": the task app's reward already judges what the policy produced, and for short-answer
+    tasks a cut-off ramble is exactly what the reward should push down (SmolLM2-135M-Instruct on the demo's
+    math task at max_tokens 48: 21 of 64 samples stop at the limit; masking would discard a third of the
+    batch, most of it the negative examples). "mask" suits long chain-of-thought tasks whose truncated
+    answers may be sound but unfinished (DAPO, Yu et al. 2025, section 3.4: overlong filtering stabilises
+    training). An empty response is scored and stays in its group; it has no token to train. The reported
+    rewards stay the task's; a penalty only moves the advantages."""
     ok = [r for r in results if r.ok]
-    rewards = [r.reward for r in ok]
-    advantages = gspo.ragged_group_advantages(rewards, [r.spec.group for r in ok])
+    shaped = [r.reward + (overlong_penalty if overlong == "penalty" and r.truncated else 0.0) for r in ok]
+    advantages = gspo.ragged_group_advantages(shaped, [r.spec.group for r in ok])
     seqs = []
     for r, adv in zip(ok, advantages, strict=True):
         if skip_zero_advantage and adv == 0.0:
+            continue
+        if overlong == "mask" and r.truncated:
             continue
         for s in r.sequences:
             seqs.append(
                 TrainSeq(s.prompt_ids, s.completion_ids, s.completion_mask, adv, r.reward, r.spec.group)
             )
     groups: dict[int, list[float]] = {}
-    for r in ok:
-        groups.setdefault(r.spec.group, []).append(r.reward)
+    for r, reward in zip(ok, shaped, strict=True):
+        groups.setdefault(r.spec.group, []).append(reward)
     stats = {
         "rollouts": len(results),
         "failed": len(results) - len(ok),
+        "judge_failed": sum(1 for r in results if r.judge_failed),
+        "truncated": sum(1 for r in ok if r.truncated),
+        "empty_responses": sum(1 for r in ok if r.empty),
         "mixed_groups": sum(1 for g in groups.values() if len(set(g)) > 1),
         "groups": len(groups),
         "train_sequences": len(seqs),
@@ -436,38 +477,6 @@ def local_reference_fn(engine: D.TrainEngine, frozen: torch.nn.Module | None, te
     return score
 
 
-# -- reward curve ---------------------------------------------------------------------------------------
-
-
-def plot_reward_curve(history: list[dict[str, Any]], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:  # pragma: no cover - image without matplotlib
-        return None
-    train = [
-        (h["step"], h["mean_return"])
-        for h in history
-        if h.get("mean_return") is not None and "eval_score" not in h
-    ]
-    evals = [(h["step"], h["eval_score"]) for h in history if h.get("eval_score") is not None]
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    if train:
-        ax.plot(*zip(*train, strict=True), marker="o", label="mean reward (training rollouts)")
-    if evals:
-        ax.plot(*zip(*evals, strict=True), marker="s", label="eval score")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("reward")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
 # -- the job --------------------------------------------------------------------------------------------
 
 
@@ -475,11 +484,13 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _collect(client: RolloutClient, specs, **kwargs) -> list[RolloutResult]:
-    return asyncio.run(client.collect(specs, **kwargs))
-
-
 def train(job: JobFile) -> dict[str, Any]:
+    # one event loop for every rollout of the job (rollouts.RolloutLoop: the judge client outlives iterations)
+    with RolloutLoop() as loop:
+        return _train(job, loop)
+
+
+def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
     from posttrain.hardware import torch_dtype
 
     from posttrain_trainer.artifacts import finalize
@@ -598,7 +609,7 @@ def train(job: JobFile) -> dict[str, Any]:
         if D.is_main():
             result = syncer.sync(engine.module, tokenizer, version, fmt)
             out = result.as_metrics()
-            reporter.event("weight_sync", **out, path=result.path, format=fmt)
+            reporter.event("weight_sync", **out, path=result.path, format=fmt, pruned=result.pruned)
         D.barrier()
         synced_at = version
         return out
@@ -617,7 +628,7 @@ def train(job: JobFile) -> dict[str, Any]:
             if len(set(seeds)) < len(seeds):  # repeated seeds (sampled eval): keep the cids unique
                 for n, spec in enumerate(specs):
                     spec.cid = f"{spec.cid}-{n}"
-            results = _collect(
+            results = loop.collect(
                 rollout_client,
                 specs,
                 mode="eval",
@@ -647,13 +658,15 @@ def train(job: JobFile) -> dict[str, Any]:
         payload: Any = None
         if D.is_main():
             specs = plan_rollouts(run, iteration, seeds, cfg.group_size, job.endpoints.policy)
-            judged_before = dict(judge.stats) if judge is not None else {}
-            results = _collect(rollout_client, specs)
+            results = loop.collect(rollout_client, specs)
             errors = [r.error for r in results if not r.ok]
             try:
                 budget.check(len(results), errors)
                 seqs, stats = sequences_from_results(
-                    results, skip_zero_advantage=cfg.skip_zero_advantage and not cfg.beta
+                    results,
+                    skip_zero_advantage=cfg.skip_zero_advantage and not cfg.beta,
+                    overlong=cfg.overlong,
+                    overlong_penalty=cfg.overlong_penalty,
                 )
                 ok = [r for r in results if r.ok]
                 outcome = [r.outcome_score for r in ok if r.outcome_score is not None]
@@ -671,10 +684,9 @@ def train(job: JobFile) -> dict[str, Any]:
                     errors=sorted(set(errors))[:3],
                 )
                 if judge is not None:
-                    stats.update(
-                        judged=judge.stats["judged"] - judged_before["judged"],
-                        judge_fallback=judge.stats["fallback"] - judged_before["fallback"],
-                    )
+                    stats["judged"] = len(ok)
+                else:
+                    stats.pop("judge_failed")
                 payload = {"seqs": seqs, "stats": stats}
             except RolloutBudgetExceeded as err:
                 payload = {"error": str(err)}
@@ -700,6 +712,8 @@ def train(job: JobFile) -> dict[str, Any]:
             "judge_scores": stats["judge_scores"],
             "rollouts": stats["rollouts"],
             "failed_rollouts": stats["failed"],
+            "truncated": stats["truncated"],
+            "empty_responses": stats["empty_responses"],
             "mixed_groups": stats["mixed_groups"],
             "train_sequences": stats["train_sequences"],
             "optimizer_steps": update["optimizer_steps"],
@@ -713,7 +727,7 @@ def train(job: JobFile) -> dict[str, Any]:
             "tokens_per_second": update.get("tokens_per_second", 0.0),
             "rollout_seconds": stats["rollout_seconds"],
             "iteration_seconds": elapsed,
-            **{k: stats[k] for k in ("judged", "judge_fallback") if k in stats},
+            **{k: stats[k] for k in ("judged", "judge_failed") if k in stats},
             **sync_metrics,
         }
         history.append(record)
@@ -735,6 +749,7 @@ def train(job: JobFile) -> dict[str, Any]:
                 workdir=workdir,
                 data_state={"iteration": iteration},
                 extra={"history": history, "weight_version": synced_at},
+                keep=ckpt.keep_checkpoints(job.config),
             )
             reporter.event("checkpoint", step=iteration, uri=last_checkpoint)
         reporter.progress(
@@ -743,6 +758,8 @@ def train(job: JobFile) -> dict[str, Any]:
             loss=update["loss"],
             mean_return=stats["mean_return"],
             judge_scores=stats["judge_scores"] or None,
+            judge_failed=stats.get("judge_failed"),
+            truncated=stats["truncated"],
             tokens_per_second=update.get("tokens_per_second"),
             eval_score=eval_score if eval_score is not None else last_eval,
             last_checkpoint=last_checkpoint,
@@ -766,7 +783,7 @@ def train(job: JobFile) -> dict[str, Any]:
         "batch_size": cfg.batch_size,
     }
     if D.is_main():
-        curve = plot_reward_curve(history, workdir / "reward_curve.png")
+        curve = plot_curves(history, workdir / "reward_curve.png", title=f"GSPO: {job.job.name}")
         model_id, artifacts = finalize(
             job,
             engine.module,

@@ -15,12 +15,17 @@ starts; every sequence of an episode gets the episode's advantage.
 Reward (synth's rubric formula): total = w_env * episode_return + w_event * events_score + w_outcome *
 outcome_score, weights from [rubric].weights when [rubric].enabled and a [judge] is configured (synth disables
 rubric scoring without [judge]), else env only. Scores come from the LLM judge (judging.EpisodeJudge) when
-one is configured and answers, else from the task app's metrics (outcome_score, events_score); the formula
-is posttrain.api.reward.blend_reward.
+one is configured (a rollout it cannot score fails), else from the task app's metrics (outcome_score,
+events_score); the formula is posttrain.api.reward.blend_reward.
 
-Error budget: a failed rollout (HTTP error, invalid response, no capture) is dropped, its group trains on the
-rest; when more than `rollout.error_budget` (fraction of the iteration's rollouts, default 0.25) fail, or no
-rollout at all succeeds, RolloutBudgetExceeded ends the job with the collected error messages."""
+finish_reason: every captured call's finish_reason (the rollout server records vLLM's) is kept on the result;
+a call that stopped at max_tokens ("length") makes the rollout truncated, which rl.py treats by
+[training].overlong. An empty response (a call that sampled no token) is scored like any other and stays in
+its group; it has no token to train.
+
+Error budget: a failed rollout (HTTP error, invalid response, no capture, judge failure) is dropped, its
+group trains on the rest; when more than `rollout.error_budget` (fraction of the iteration's rollouts,
+default 0.25) fail, or no rollout at all succeeds, RolloutBudgetExceeded ends the job with the collected error messages."""
 
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ from posttrain_trainer.server_auth import rollout_auth_headers
 DEFAULT_ERROR_BUDGET = 0.25
 DEFAULT_TIMEOUT_S = 600.0
 CHAT_PATH = "/v1/chat/completions"
+TRUNCATED = "length"  # the OpenAI/vLLM finish_reason of a response cut at max_tokens
 _CID_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -300,6 +306,18 @@ class RolloutResult:
     sequences: list[EpisodeSequence] = field(default_factory=list)
     seconds: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
+    judge_failed: bool = False  # the judge could not score it (judging.py: such a rollout fails)
+    finish_reasons: list[str | None] = field(default_factory=list)  # per captured policy call
+
+    @property
+    def truncated(self) -> bool:
+        """A policy call of the episode stopped at max_tokens (vLLM's finish_reason "length")."""
+        return TRUNCATED in self.finish_reasons
+
+    @property
+    def empty(self) -> bool:
+        """The policy was called but sampled no token (an empty response)."""
+        return bool(self.finish_reasons) and not self.sequences
 
 
 def plan_rollouts(
@@ -336,8 +354,31 @@ def api_headers(api_key: str | None) -> dict[str, str]:
     return {"X-API-Key": api_key, "Authorization": f"Bearer {api_key}"}
 
 
+class RolloutLoop:
+    """One event loop for all of a job's rollouts (asyncio.Runner): the judge client's semaphore and any
+    connection state made in one iteration stay valid in the next, which they would not under a new loop
+    per iteration. `with RolloutLoop() as loop: loop.collect(client, specs)`."""
+
+    def __init__(self) -> None:
+        self._runner = asyncio.Runner()
+
+    def collect(
+        self, client: RolloutClient, specs: Sequence[RolloutSpec], **kwargs: Any
+    ) -> list[RolloutResult]:
+        return self._runner.run(client.collect(specs, **kwargs))
+
+    def close(self) -> None:
+        self._runner.close()
+
+    def __enter__(self) -> RolloutLoop:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class RolloutClient:
-    """Async client over one task app and the policy servers. Use `asyncio.run(client.collect(...))`."""
+    """Async client over one task app and the policy servers; a job runs it under one RolloutLoop."""
 
     def __init__(
         self,
@@ -427,11 +468,14 @@ class RolloutClient:
             result.outcome_score = _maybe_float(metrics.get("outcome_score"))
             result.events_score = _maybe_float(metrics.get("events_score"))
             if self.judge is not None and mode == "rl":
-                outcome_score, events_score = await self.judge.score(data)
-                if outcome_score is not None:
-                    result.outcome_score = outcome_score
-                if events_score is not None:
-                    result.events_score = events_score
+                verdict = await self.judge.score(data)
+                if verdict.failure is not None:
+                    result.judge_failed = True
+                    raise RuntimeError(f"judge: {verdict.failure}")
+                if verdict.outcome_score is not None:
+                    result.outcome_score = verdict.outcome_score
+                if verdict.events_score is not None:
+                    result.events_score = verdict.events_score
             result.reward = blend_reward(
                 result.env_return, result.outcome_score, result.events_score, self.weights
             )
@@ -440,9 +484,12 @@ class RolloutClient:
             }
             if want_tokens:
                 captures = await self._captures(http, spec)
+                if not captures:
+                    raise RuntimeError(f"no policy call captured under cid {spec.cid}")
+                result.finish_reasons = [entry.get("finish_reason") for entry in captures]
+                # an empty response (no completion token) is still scored: it stays in its group's
+                # advantages and simply has no token to train
                 result.sequences = build_sequences(captures)
-                if not result.sequences:
-                    raise RuntimeError(f"no policy tokens captured under cid {spec.cid}")
             else:
                 await self._drop_captures(http, spec)
             result.ok = True

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from posttrain.api.exitcodes import EXIT_DATA_ERROR
 from posttrain.api.jobfile import JobFile
+from posttrain.plotting import plot_curves
 
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
@@ -250,6 +251,40 @@ def evaluate(
     }
 
 
+def train_step(
+    engine: D.TrainEngine,
+    data: list[Encoded],
+    indices: list[int],
+    lengths: list[int],
+    plan: BatchPlan,
+    pad_id: int,
+    collate_fn=collate,
+    pad_multiple: int = 1,
+) -> tuple[float, float, float | None]:
+    """One optimizer step over the global batch `indices` (collective: every rank calls it with the same
+    indices). The loss is the token-level cross entropy of the whole step's target tokens, so any world size
+    makes the same update. Returns (step loss, non-padding input tokens on all ranks, grad norm)."""
+    micro = split_global_batch(
+        indices, lengths, micro_batch=plan.micro_batch, world_size=D.world_size(), rank=D.rank()
+    )
+    step_tokens = sum(data[i].n_target for i in indices)  # same on every rank
+    loss_total, seen = 0.0, 0
+    for k, chunk in enumerate(micro):
+        boundary = k == len(micro) - 1
+        if chunk:
+            batch = collate_fn([data[i] for i in chunk], pad_id, pad_multiple)
+            loss_sum, _, _ = token_loss_sums(engine.model, batch, engine.autocast())
+            seen += int(batch["attention_mask"].sum())
+        else:  # a short last batch: keep the collectives in step with a zero-loss pass
+            batch = collate_fn([data[indices[0]]], pad_id, pad_multiple)
+            loss_sum = token_loss_sums(engine.model, batch, engine.autocast())[0] * 0.0
+        loss = loss_sum / max(step_tokens, 1)
+        engine.backward(loss, boundary=boundary)
+        loss_total += float(loss.detach())
+    grad_norm = engine.step()
+    return D.all_reduce_sum(loss_total), D.all_reduce_sum(float(seen)), grad_norm
+
+
 def _is_text_only(model) -> bool:
     from posttrain_trainer.modeling import is_vision_model
 
@@ -429,31 +464,15 @@ def train(job: JobFile) -> dict[str, Any]:
         while batch_in_epoch < len(batches) and step < total:
             started = time.perf_counter()
             indices = batches[batch_in_epoch]
-            micro = split_global_batch(
-                indices, lengths, micro_batch=plan.micro_batch, world_size=D.world_size(), rank=D.rank()
-            )
             step_tokens = sum(train_data[i].n_target for i in indices)  # same on every rank
-            loss_total, seen = 0.0, 0
-            for k, chunk in enumerate(micro):
-                boundary = k == len(micro) - 1
-                if chunk:
-                    batch = collate_fn([train_data[i] for i in chunk], pad_id, pad_multiple)
-                    loss_sum, _, _ = token_loss_sums(engine.model, batch, engine.autocast())
-                    seen += int(batch["attention_mask"].sum())
-                else:  # a short last batch: keep the collectives in step with a zero-loss pass
-                    batch = collate_fn([train_data[indices[0]]], pad_id, pad_multiple)
-                    loss_sum = token_loss_sums(engine.model, batch, engine.autocast())[0] * 0.0
-                loss = loss_sum / max(step_tokens, 1)
-                engine.backward(loss, boundary=boundary)
-                loss_total += float(loss.detach())
-            grad_norm = engine.step()
+            step_loss, seen_global, grad_norm = train_step(
+                engine, train_data, indices, lengths, plan, pad_id, collate_fn, pad_multiple
+            )
             step += 1
             batch_in_epoch += 1
             if debug_sleep:
                 time.sleep(debug_sleep)
             elapsed = time.perf_counter() - started
-            step_loss = D.all_reduce_sum(loss_total)
-            seen_global = D.all_reduce_sum(float(seen))  # non-padding input tokens, all ranks
             tokens_per_s = seen_global / max(elapsed, 1e-9)
             record = {
                 "step": step,
@@ -500,6 +519,7 @@ def train(job: JobFile) -> dict[str, Any]:
                     workdir=workdir,
                     data_state={"epoch": epoch, "next_batch": batch_in_epoch},
                     extra={"history": history, "best": best},
+                    keep=ckpt.keep_checkpoints(job.config),
                 )
                 reporter.event("checkpoint", step=step, uri=last_checkpoint)
             if should_stop:
@@ -540,6 +560,7 @@ def train(job: JobFile) -> dict[str, Any]:
                 metrics=metrics,
                 steps=step,
                 metrics_lines=history,
+                extra_files=_curve(history, workdir, job.job.name),
                 client=client,
             )
             if D.is_main()
@@ -559,6 +580,13 @@ def train(job: JobFile) -> dict[str, Any]:
         metrics["artifacts"] = artifacts
     D.barrier()
     return metrics
+
+
+def _curve(history: list[dict[str, Any]], workdir: Path, name: str) -> dict[str, Path] | None:
+    """The loss curve (training and held-out loss), stored as the job's reward_curve.png artifact: every
+    job has one curve under one name; an SFT job's shows loss."""
+    path = plot_curves(history, workdir / "reward_curve.png", title=f"SFT: {name} (loss)")
+    return {"reward_curve": path} if path else None
 
 
 def _termination_message(text: str, path: str = "/dev/termination-log") -> None:

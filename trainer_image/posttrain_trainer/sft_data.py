@@ -11,7 +11,6 @@ that rewrite earlier turns (e.g. drop old reasoning) fall back to locating each 
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 IGNORE_INDEX = -100
-IMAGE_PART_TYPES = {"image_url", "image", "input_image"}
+IMAGE_PART_TYPES = {"image_url", "image", "input_image"}  # as posttrain.api.dataset
 
 
 class DataError(ValueError):
@@ -57,50 +56,28 @@ def has_images(messages: list[dict[str, Any]]) -> bool:
     return False
 
 
-def _check_message(message: Any, where: str) -> None:
-    if not isinstance(message, dict):
-        raise DataError(f"{where}: each message must be an object")
-    role = message.get("role")
-    if not isinstance(role, str) or not role:
-        raise DataError(f"{where}: message without a role")
-    content = message.get("content")
-    if content is not None and not isinstance(content, (str, list, dict)):
-        raise DataError(f"{where}: content must be a string, a list of parts or null")
-    if isinstance(content, list):
-        for part in content:
-            if not isinstance(part, dict) or "type" not in part:
-                raise DataError(f"{where}: content parts must be objects with a type")
-            if part["type"] in IMAGE_PART_TYPES:
-                url = part.get("image_url") or part.get("image")
-                url = url.get("url") if isinstance(url, dict) else url
-                if not url:
-                    raise DataError(f"{where}: image part without a URL")
+def parse_jsonl(path: str | Path) -> list[Example]:
+    """Read and check a chat JSONL file with the rules `posttrain validate` applies (posttrain.api.dataset,
+    one home for both). Raises DataError naming file:line for the first bad row."""
+    from posttrain.api.dataset import check_row, parse_line, read_lines
+    from posttrain.errors import UserError
 
-
-def parse_jsonl(path: str | Path, *, min_messages: int = 2) -> list[Example]:
-    """Read and check a chat JSONL file. Raises DataError naming file:line for the first bad row."""
     path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: dataset not found")
+    try:
+        lines = read_lines(path)
+    except UserError as err:
+        raise DataError(str(err.problems[0])) from None
     examples: list[Example] = []
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not raw.strip():
-            continue
+    for number, raw in lines:
         where = f"{path.name}:{number}"
-        try:
-            row = json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: not valid JSON ({err.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-            raise DataError(f"{where}: each line needs a messages list")
-        messages = row["messages"]
-        if len(messages) < min_messages:
-            raise DataError(f"{where}: messages needs at least {min_messages} entries")
-        for message in messages:
-            _check_message(message, where)
-        if not any(m.get("role") == "assistant" for m in messages):
-            raise DataError(f"{where}: no assistant message to learn from")
-        examples.append(Example(number, messages, {k: v for k, v in row.items() if k != "messages"}))
+        row, error = parse_line(raw)
+        if error:
+            raise DataError(f"{where}: {error}")
+        check = check_row(row, base_dir=path.parent)
+        if check.problems:
+            message, fix = check.problems[0]
+            raise DataError(f"{where}: {message}" + (f" (fix: {fix})" if fix else ""))
+        examples.append(Example(number, row["messages"], {k: v for k, v in row.items() if k != "messages"}))
     if not examples:
         raise DataError(f"{path}: file contains no SFT examples")
     return examples

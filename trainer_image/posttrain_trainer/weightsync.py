@@ -6,10 +6,15 @@ reload_weights reads) or the LoRA adapter alone (format "lora", for GPU servers 
 CPU the rollout server merges it itself or refuses). The folder goes to the shared dir (weight_sync.via =
 "path": a volume both sides mount) or to S3 under <prefix>weights/v<N>/ (via = "s3"); then POST /v1/weights
 {path, format, version} to every policy endpoint. Timed: save, upload and server seconds are returned.
-Only the last `keep` versions are kept on disk."""
+
+Retention: [training] keep_weight_versions (default DEFAULT_KEEP_WEIGHT_VERSIONS; 0 keeps every one). After
+every policy server has loaded version N, the versions older than the newest `keep` are deleted from the
+local folder and from S3 (<prefix>weights/v<M>/). The version just loaded, the one being served, is never
+deleted. The rollout server keeps its own downloads of the last two syncs only."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Sequence
@@ -22,9 +27,28 @@ from posttrain.api.jobfile import JobFile
 
 from posttrain_trainer.server_auth import rollout_auth_headers
 
+DEFAULT_KEEP_WEIGHT_VERSIONS = 2
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+_VERSION_KEY = re.compile(r"weights/v(\d+)/")
+
 
 class WeightSyncError(RuntimeError):
     pass
+
+
+def keep_weight_versions(config: dict[str, Any]) -> int:
+    """[training] keep_weight_versions (validated by the CLI and the custom resource: an integer >= 0)."""
+    training = config.get("training") if isinstance(config.get("training"), dict) else {}
+    value = training.get("keep_weight_versions")
+    return DEFAULT_KEEP_WEIGHT_VERSIONS if value is None else int(value)
+
+
+def versions_to_delete(versions: list[int], keep: int, served: int) -> list[int]:
+    """Versions older than the newest `keep`, never the served one; keep <= 0 deletes nothing."""
+    if keep <= 0:
+        return []
+    kept = set(sorted(set(versions))[-keep:]) | {served}
+    return sorted(v for v in set(versions) if v not in kept)
 
 
 @dataclass
@@ -37,6 +61,7 @@ class SyncResult:
     post_seconds: float
     total_seconds: float
     server: list[dict[str, Any]] = field(default_factory=list)
+    pruned: list[int] = field(default_factory=list)  # versions deleted after this sync
 
     def as_metrics(self) -> dict[str, Any]:
         return {
@@ -62,7 +87,7 @@ class WeightSyncer:
         endpoints: Sequence[str] | None = None,
         *,
         client=None,
-        keep: int = 2,
+        keep: int | None = None,
         timeout_s: float = 600.0,
         dtype: torch.dtype = torch.bfloat16,
     ):
@@ -72,10 +97,9 @@ class WeightSyncer:
         base = job.weight_sync.shared_dir or str(Path(job.workdir) / "weights")
         self.shared_dir = Path(base)
         self.client = client
-        self.keep = keep
+        self.keep = keep_weight_versions(job.config) if keep is None else int(keep)
         self.timeout_s = timeout_s
         self.dtype = dtype
-        self._written: list[Path] = []
 
     def save(self, model: torch.nn.Module, tokenizer, version: int, fmt: str) -> Path:
         from posttrain_trainer.distributed import unwrap
@@ -94,10 +118,32 @@ class WeightSyncer:
         else:
             save_merged(model, tokenizer, tmp, dtype=self.dtype)
         tmp.rename(out)  # the server never sees a half-written folder
-        self._written.append(out)
-        while len(self._written) > self.keep:
-            shutil.rmtree(self._written.pop(0), ignore_errors=True)
         return out
+
+    def prune(self, served: int) -> list[int]:
+        """Delete the versions versions_to_delete names, locally and in S3; returns them."""
+        from posttrain_trainer import storage as s3
+
+        local = {}
+        if self.shared_dir.is_dir():
+            for child in self.shared_dir.iterdir():
+                match = _VERSION_DIR.match(child.name)
+                if match and child.is_dir():
+                    local[int(match.group(1))] = child
+        remote: set[int] = set()
+        prefix = f"{self.job.storage.prefix}weights/" if self.job.storage is not None else ""
+        if self.via == "s3" and self.job.storage is not None and self.client is not None:
+            for key in s3.list_prefix(self.client, self.job.storage.bucket, prefix):
+                match = _VERSION_KEY.search(key[len(self.job.storage.prefix) :])
+                if match:
+                    remote.add(int(match.group(1)))
+        doomed = versions_to_delete(sorted(set(local) | remote), self.keep, served)
+        for version in doomed:
+            if version in local:
+                shutil.rmtree(local[version], ignore_errors=True)
+            if version in remote:
+                s3.delete_prefix(self.client, self.job.storage.bucket, f"{prefix}v{version}/")
+        return doomed
 
     def upload(self, local: Path, version: int) -> str:
         if self.via != "s3":
@@ -140,6 +186,7 @@ class WeightSyncer:
         uploaded = time.perf_counter()
         answers = self.post(path, fmt, version)
         done = time.perf_counter()
+        pruned = self.prune(served=version)  # every server now holds `version`: older ones can go
         return SyncResult(
             version=version,
             path=path,
@@ -149,4 +196,5 @@ class WeightSyncer:
             post_seconds=done - uploaded,
             total_seconds=done - started,
             server=answers,
+            pruned=pruned,
         )

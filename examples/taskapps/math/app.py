@@ -30,6 +30,8 @@ import hmac
 import os
 import random
 import re
+import socket
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -582,6 +584,9 @@ async def run_rollout(body: RolloutRequest, http: httpx.AsyncClient) -> Any:
         )
     mean_return = sum(returns) / len(returns)
     usage = completion.get("usage") or {}
+    # pass@k of this problem when the policy gave several answers (policy.config n > 1): pass@1 is the share
+    # of right answers, pass@n whether any was right
+    pass_at_k = {"1": mean_return, str(len(returns)): float(any(returns))} if len(returns) > 1 else None
     return {
         "run_id": body.run_id,
         "trajectories": trajectories if body.record.trajectories else [],
@@ -599,6 +604,7 @@ async def run_rollout(body: RolloutRequest, http: httpx.AsyncClient) -> Any:
                 "expected": problem["answer"],
                 "latency_s": round(latency, 4),
                 "completion_tokens": usage.get("completion_tokens"),
+                **({"pass_at_k": pass_at_k} if pass_at_k else {}),
             },
         },
         "aborted": False,
@@ -628,7 +634,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "warning"))
     args = parser.parse_args(argv)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    # Bind first, so that the address printed is the one served (also with --port 0: a free port).
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    for line in startup_lines(args.host, sock.getsockname()[1], allowed_keys()):
+        print(line, file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level))
+    server.run(sockets=[sock])
+
+
+def startup_lines(host: str, port: int, keys: list[str]) -> list[str]:
+    """What the app says when it starts: where it listens and whether requests can authenticate (never a
+    key, only how many there are)."""
+    shown = f"[{host}]" if ":" in host else host
+    lines = [f"posttrain math task app {VERSION}: listening on http://{shown}:{port} "
+             f"({len(keys)} API key(s) configured)"]  # fmt: skip
+    if not keys:
+        lines.append(
+            "warning: no API key configured (ENVIRONMENT_API_KEY, DEV_ENVIRONMENT_API_KEY or "
+            "ENVIRONMENT_API_KEY_ALIASES): every request except GET / answers 503 missing_environment_api_key "
+            "(fix: export ENVIRONMENT_API_KEY=<a key> and restart)"
+        )
+    return lines
 
 
 if __name__ == "__main__":

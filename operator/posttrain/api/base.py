@@ -57,6 +57,7 @@ class Section(BaseModel):
         validate_by_alias=True,
         protected_namespaces=(),
         loc_by_alias=False,
+        allow_inf_nan=False,  # a float is finite: the trainer and the CR's JSON have no use for inf / nan
     )
 
     @model_validator(mode="before")

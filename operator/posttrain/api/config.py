@@ -43,6 +43,10 @@ from posttrain.errors import Problem
 EXACTLY_ONE_MODEL = "Config must set exactly one of [model].source or [model].base"
 EXACTLY_ONE_POLICY = "Must set exactly one: [policy].model_name OR [policy].source"
 RL_ALGORITHM = ("online", "policy_gradient", "gspo")
+# ReST-EM (Singh et al. 2023): synth has no spelling for it; posttrain reads `variety = "restem"` (method
+# defaults to "restem"). It runs as an RLJob: the same rollout server and task app, SFT updates.
+RESTEM_ALGORITHM = ("online", "restem", "restem")
+RL_ALGORITHMS = (RL_ALGORITHM, RESTEM_ALGORITHM)
 SFT_ALGORITHMS = {
     ("offline", "sft", "fft"),
     ("offline", "supervised_finetune", "fft"),
@@ -118,7 +122,7 @@ def infer_type(raw: dict[str, Any]) -> Literal["rl", "sft"] | None:
     method = str(algo.get("method") or "").lower()
     if method in ("policy_gradient", "ppo", "reinforce") or str(algo.get("type") or "").lower() == "online":
         return "rl"
-    if str(algo.get("variety") or "").lower() in ("gspo", "grpo", "ppo"):
+    if str(algo.get("variety") or "").lower() in ("gspo", "grpo", "ppo", RESTEM_ALGORITHM[2]):
         return "rl"
     if str(raw.get("job_type") or "").lower() == "rl":
         return "rl"
@@ -156,25 +160,70 @@ def _table(raw: dict[str, Any], key: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+# pydantic error type -> what to write instead ({ctx} keys are filled in)
+_FIXES: dict[str, str] = {
+    "less_than_equal": "use a value <= {le}",
+    "less_than": "use a value < {lt}",
+    "greater_than_equal": "use a value >= {ge}",
+    "greater_than": "use a value > {gt}",
+    "finite_number": "use a finite number (not inf or nan)",
+    "int_parsing": "write a whole number, e.g. 4",
+    "int_type": "write a whole number, e.g. 4",
+    "int_from_float": "write a whole number (no fraction)",
+    "float_parsing": "write a number, e.g. 0.5",
+    "float_type": "write a number, e.g. 0.5",
+    "bool_parsing": "write true or false",
+    "bool_type": "write true or false",
+    "string_type": 'write a quoted string, e.g. "text"',
+    "dict_type": "write a table: a [section] or {{key = value}}",
+    "model_type": "write a table: a [section] or {{key = value}}",
+    "list_type": "write an array, e.g. [1, 2]",
+    "too_long": "use at most {max_length} items",
+    "string_too_long": "use at most {max_length} characters",
+    "too_short": "use at least {min_length} items",
+    "literal_error": "use one of the listed values",
+    "url_parsing": "write an http(s) URL, e.g. http://host:8000",
+}
+
+
+def fix_for(item: dict[str, Any]) -> str | None:
+    """The `(fix: ...)` for one pydantic error item."""
+    template = _FIXES.get(item.get("type", ""))
+    if template is None:
+        return None
+    try:
+        return template.format(**(item.get("ctx") or {}))
+    except (KeyError, IndexError):
+        return None
+
+
 def _problems_from(err: ValidationError, prefix: str = "") -> list[Problem]:
     problems = []
     for item in err.errors():
-        loc = ".".join(str(p) for p in item["loc"] if not isinstance(p, int) or True)
+        loc = ".".join(str(p) for p in item["loc"] if not isinstance(p, int))
         field = f"{prefix}{loc}" if loc else prefix.rstrip(".") or None
         message = item["msg"]
-        kind = item["type"]
-        fix = None
-        if kind == "missing":
+        if item["type"] == "value_error":
+            message = message.removeprefix("Value error, ").split(" -- fix: ", 1)[0]
+        fix = fix_for(item)
+        if item["type"] == "missing":
             message = "required field is missing"
             fix = (
                 f"add {loc.rsplit('.', 1)[-1]} = ... to [{loc.rsplit('.', 1)[0]}]"
                 if "." in loc
                 else f"add [{loc}]"
             )
-        elif kind == "literal_error":
-            fix = "use one of the listed values"
-        problems.append(Problem(message, field=field, fix=fix))
+        elif "input" in item and item["type"] != "value_error" and not isinstance(item["input"], dict | list):
+            message += f" (got {item['input']!r})"[:120]
+        problems.append(Problem(message, field=field, fix=fix or _value_error_fix(item)))
     return problems
+
+
+def _value_error_fix(item: dict[str, Any]) -> str | None:
+    """A validator's ValueError carries its fix after ' -- fix: ' (see sections.py)."""
+    error = (item.get("ctx") or {}).get("error")
+    text = str(error) if error is not None else ""
+    return text.split(" -- fix: ", 1)[1] if " -- fix: " in text else None
 
 
 def _aliases_common(raw: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
@@ -314,17 +363,19 @@ def load_rl(raw: dict[str, Any]) -> tuple[RLConfig, list[str]]:
         problems.append(Problem("[algorithm] is required", field="algorithm",
                                 fix='add [algorithm] type = "online", method = "policy_gradient", variety = "gspo"'))  # fmt: skip
     else:
+        restem = str(algo.get("variety") or "").lower() == RESTEM_ALGORITHM[2]
         algo.setdefault("type", "online")
-        algo.setdefault("method", "policy_gradient")
+        algo.setdefault("method", RESTEM_ALGORITHM[1] if restem else "policy_gradient")
         if algo.get("method") == "gspo":
             algo["method"] = "policy_gradient"
         got = (algo.get("type"), algo.get("method"), algo.get("variety"))
-        if got != RL_ALGORITHM:
+        if got not in RL_ALGORITHMS:
             problems.append(
                 Problem(
-                    f"unsupported RL algorithm (type, method, variety) = {got}; posttrain runs GSPO",
+                    f"unsupported RL algorithm (type, method, variety) = {got}; posttrain runs GSPO and ReST-EM",
                     field="algorithm",
-                    fix='use type = "online", method = "policy_gradient", variety = "gspo"',
+                    fix='use type = "online", method = "policy_gradient", variety = "gspo" '
+                    '(or variety = "restem" for ReST-EM)',
                 )
             )
     compute = _table(raw, "compute")
@@ -365,8 +416,20 @@ def load_rl(raw: dict[str, Any]) -> tuple[RLConfig, list[str]]:
     return config, warnings
 
 
+def is_restem(config: RLConfig) -> bool:
+    return (config.algorithm.type, config.algorithm.method, config.algorithm.variety) == RESTEM_ALGORITHM
+
+
 def _rl_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) -> None:
     assert config.model is not None
+    training = config.training
+    if is_restem(config):
+        topo = config.compute.topology
+        if (topo and topo.gpus_for_ref) or (config.reference and config.reference.placement == "dedicated"):
+            warnings.append("ReST-EM uses no reference model: the reference GPUs stay unused")
+    elif training is not None and training.group_size < 2:
+        problems.append(Problem(f"group_size = {training.group_size}: GSPO normalises rewards within a group",
+                                field="training.group_size", fix="set group_size >= 2"))  # fmt: skip
     _check_model_ids(config.model, "rl", problems)
     _vision_autofill(config.model)
     problems += topology.split_problems(config.compute)

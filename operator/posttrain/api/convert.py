@@ -20,7 +20,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from posttrain.api import model_ids
+from posttrain.api import extras, model_ids
 from posttrain.api.base import CR_CONTEXT, EXTRAS_KEY
 from posttrain.api.config import (
     ConfigError,
@@ -137,6 +137,16 @@ def _problems_with_lines(problems: list[Problem], text: str | None, file: str | 
     return out
 
 
+def _all_problems(
+    problems: list[Problem], numbers: list[Problem], text: str, file: str | None
+) -> list[Problem]:
+    """Every problem once (a non-finite or oversized number the schema also refused is reported by the
+    schema), in the order of the file's lines."""
+    seen = {p.field for p in problems}
+    merged = _problems_with_lines(problems + [n for n in numbers if n.field not in seen], text, file)
+    return sorted(merged, key=lambda p: (p.line is None, p.line or 0))
+
+
 def parse_toml(text: str, file: str | None = None) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
@@ -192,13 +202,23 @@ def load(
 ) -> tuple[str, RLConfig | SFTConfig, list[str]]:
     """TOML text -> (kind, validated config, warnings); UserError with file:line per problem."""
     raw = parse_toml(text, file)
+    numbers = [Problem(m, field=path, fix=f) for path, m, f in extras.number_problems(raw)]
     kind = detect_kind(raw, kind, file)
     if model:
         raw = apply_model_override(raw, kind, model)
     try:
         config, warnings = load_config(raw, kind)
     except ConfigError as err:
-        raise UserError(_problems_with_lines(err.problems, text, file)) from err
+        raise UserError(_all_problems(err.problems, numbers, text, file)) from err
+    bounds = [Problem(m, field=path, fix=f) for path, m, f in extras.passthrough_problems(config)]
+    if bounds or numbers:
+        raise UserError(_all_problems(bounds, numbers, text, file))
+    located = []
+    for path, suggestion, is_table in extras.unknown_keys(config):
+        line = locate(text, path) if text else None
+        where = f"{file}:{line}: " if file and line else (f"{file}: " if file else "")
+        located.append((line or 0, where + extras.unknown_key_warning(path, suggestion, is_table)))
+    warnings += [warning for _, warning in sorted(located, key=lambda item: item[0])]  # in line order
     return kind, config, warnings
 
 
@@ -225,11 +245,14 @@ def toml_to_cr(
     task_url: str | None = None,
     task_app: str | None = None,
     api_key_secret: str | None = None,
-    dataset: str | None = None,
+    dataset: str | dict[str, Any] | None = None,
+    validation_dataset: str | dict[str, Any] | None = None,
     file: str | None = None,
     env: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
-    """`posttrain convert`: TOML text -> (custom resource dict, warnings)."""
+    """`posttrain convert`: TOML text -> (custom resource dict, warnings). `dataset` / `validation_dataset`
+    are s3:// URIs (the command uploads local files first) or dataset refs ({"configMapRef": ...}); a local
+    path, given or in the TOML, is refused: the cluster cannot read it."""
     env = dict(os.environ) if env is None else env
     kind, config, warnings = load(text, kind=kind, file=file, model=model)
     spec = config_to_spec(config, kind)
@@ -260,17 +283,23 @@ def toml_to_cr(
         if task_url or task_app:
             warnings.append("--task-url/--task-app are ignored for SFT (no task app)")
         job = spec.get("job") or {}
-        uri = dataset or (job.get("data") if str(job.get("data", "")).startswith("s3://") else None)
+        uri = dataset or job.get("data")
+        validation = validation_dataset or (spec.get("data") or {}).get("validationPath")
+        for value, field in ((uri, "job.data"), (validation, "data.validation_path")):
+            if value and not isinstance(value, dict) and not str(value).startswith("s3://"):
+                raise UserError(Problem(f"{value} is not an s3:// URI: a cluster job cannot read a local file",
+                                        file=file, line=locate(text, field), field=field,
+                                        fix="upload it (posttrain convert does so when S3_ENDPOINT and keys are "
+                                            "set) or use an s3:// URI"))  # fmt: skip
         if uri:
-            spec["dataset"] = {"uri": uri}
+            spec["dataset"] = uri if isinstance(uri, dict) else {"uri": uri}
         else:
             warnings.append(
                 "the SFTJob names no dataset (spec.dataset): pass --dataset s3://... or use `posttrain train`, "
                 "which uploads [job].data"
             )
-        validation = (spec.get("data") or {}).get("validationPath")
-        if validation and str(validation).startswith("s3://"):
-            spec["validationDataset"] = {"uri": validation}
+        if validation:
+            spec["validationDataset"] = validation if isinstance(validation, dict) else {"uri": validation}
     spec["originalToml"] = text
     metadata: dict[str, Any] = {"name": name or content_name(kind, spec)}
     if namespace:
@@ -286,13 +315,15 @@ def toml_to_cr(
     return resource, warnings
 
 
-def _read(path: str | Path) -> str:
-    try:
-        return Path(path).read_text()
-    except FileNotFoundError as err:
-        raise UserError(Problem("no such file", file=str(path), fix="check the --config path")) from err
-    except OSError as err:
-        raise UserError(Problem(f"cannot read: {err}", file=str(path))) from err
+def read_config(path: str | Path) -> str:
+    """A TOML config's text, or a one-line refusal: missing, not a regular file (a FIFO would hang), binary,
+    not UTF-8, a byte-order mark (tomllib would call it an "Invalid statement")."""
+    from posttrain.inputs import read_text_input
+
+    return read_text_input(path, what="config", field="--config")
+
+
+_read = read_config  # the name the commands used
 
 
 def toml_file_to_cr(

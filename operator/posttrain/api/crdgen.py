@@ -81,10 +81,15 @@ RULES: dict[type[BaseModel], list[dict[str, str]]] = {
 SPEC_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
     RLJobSpec: [
         {
-            "rule": "self.algorithm.type == 'online' && self.algorithm.method == 'policy_gradient'"
-            " && self.algorithm.variety == 'gspo'",
-            "message": "RL algorithm must be type online, method policy_gradient, variety gspo",
-        }
+            "rule": "self.algorithm.type == 'online' && ((self.algorithm.method == 'policy_gradient'"
+            " && self.algorithm.variety == 'gspo') || (self.algorithm.method == 'restem'"
+            " && self.algorithm.variety == 'restem'))",
+            "message": "RL algorithm must be (online, policy_gradient, gspo) or (online, restem, restem)",
+        },
+        {
+            "rule": "self.algorithm.variety == 'restem' || !has(self.training) || self.training.groupSize >= 2",
+            "message": "GSPO needs training.groupSize >= 2",
+        },
     ],
     SFTJobSpec: [
         {

@@ -246,6 +246,12 @@ class Progress(CRModel):
     eval_loss: float | None = Field(None, description="Held-out loss.")
     mean_return: float | None = Field(None, description="Mean episode return (RL).")
     judge_scores: dict[str, float] | None = Field(None, description="Mean judge scores by name.")
+    judge_failed: int | None = Field(
+        None, description="Rollouts of the last iteration the judge could not score (left out of training)."
+    )
+    truncated: int | None = Field(
+        None, description="Rollouts of the last iteration whose response stopped at max_tokens."
+    )
     tokens_per_second: float | None = Field(None, description="Training throughput.")
     eval_score: float | None = Field(None, description="Last evaluation score.")
     last_checkpoint: str | None = Field(None, description="S3 URI of the last checkpoint.")

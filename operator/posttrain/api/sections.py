@@ -6,12 +6,43 @@ live in posttrain.api.config; the per-section rules live here."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
 from posttrain.api import model_ids
 from posttrain.api.base import Section
+
+# Upper bounds: far above any real job, low enough that a typo (1e17 epochs, a 1e10-token context) is caught
+# before GPUs are asked for, and every integer fits the int64 of the custom resource's JSON.
+MAX_GPUS = 100_000
+MAX_COUNT = 1_000_000
+MAX_STEPS = 100_000_000
+MAX_EPOCHS = 100_000
+MAX_GROUP = 4096
+MAX_TOKENS = 16_777_216  # 16M tokens: beyond the longest context windows of today's models
+MAX_TEMPERATURE = 100.0
+MAX_WEIGHT = 1_000_000.0
+MAX_SECONDS = 30 * 24 * 3600.0
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+PLACEHOLDER_URLS = ("", "placeholder")  # synth injects task_url = "placeholder" when [services] is absent
+OPS = ("agent", "env")
+
+
+def http_url(value: str | None) -> str | None:
+    """An http(s) URL with a host (or synth's placeholder); a ValueError carrying its fix otherwise."""
+    if value is None or value.strip() in PLACEHOLDER_URLS:
+        return value
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL -- fix: write e.g. http://task-app:8000")
+    try:
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError:
+        raise ValueError(f"{value!r} has an invalid port -- fix: write e.g. http://task-app:8000") from None
+    return value.strip()
+
 
 # ------------------------------------------------------------------------------------------ shared
 
@@ -19,8 +50,8 @@ from posttrain.api.base import Section
 class LoraConfig(Section):
     """LoRA adapter settings (`[training.lora]`; top-level `[lora]` is the deprecated alias)."""
 
-    r: int | None = Field(None, ge=1, description="LoRA rank.")
-    alpha: int | None = Field(None, ge=1, description="LoRA alpha (scaling = alpha / r).")
+    r: int | None = Field(None, ge=1, le=65536, description="LoRA rank.")
+    alpha: int | None = Field(None, ge=1, le=1_000_000, description="LoRA alpha (scaling = alpha / r).")
     dropout: float | None = Field(None, ge=0, le=1, description="Dropout on the LoRA path.")
     target_modules: list[str] | None = Field(
         None,
@@ -33,11 +64,15 @@ class TopologyConfig(Section):
     """How the job's GPUs split between rollout inference (vLLM), training and the reference model."""
 
     type: str | None = Field(None, description='"single_node_split" (or "multi_node").')
-    gpus_for_vllm: int | None = Field(None, ge=0, description="GPUs serving the rollout policy (vLLM).")
-    gpus_for_training: int | None = Field(None, ge=0, description="Trainer GPUs.")
-    gpus_for_ref: int | None = Field(None, ge=0, description="Reference-model GPUs (KL reference).")
+    gpus_for_vllm: int | None = Field(
+        None, ge=0, le=MAX_GPUS, description="GPUs serving the rollout policy (vLLM)."
+    )
+    gpus_for_training: int | None = Field(None, ge=0, le=MAX_GPUS, description="Trainer GPUs.")
+    gpus_for_ref: int | None = Field(
+        None, ge=0, le=MAX_GPUS, description="Reference-model GPUs (KL reference)."
+    )
     tensor_parallel: int | None = Field(
-        None, ge=1, description="vLLM tensor-parallel degree; must divide gpus_for_vllm."
+        None, ge=1, le=MAX_GPUS, description="vLLM tensor-parallel degree; must divide gpus_for_vllm."
     )
     reference_placement: Literal["none", "shared", "dedicated"] | None = Field(
         None, description='Where the reference model runs: "none", "shared" or "dedicated".'
@@ -48,8 +83,10 @@ class ComputeConfig(Section):
     """The hardware the job asks for."""
 
     gpu_type: str = Field(description='GPU model, e.g. "H100", "A100", "L40S" ("CPU" for local runs).')
-    gpu_count: int = Field(ge=1, description="Total GPUs for the job.")
-    nodes: int | None = Field(None, ge=1, description="Node count; must divide the trainer GPUs.")
+    gpu_count: int = Field(ge=1, le=MAX_GPUS, description="Total GPUs for the job.")
+    nodes: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description="Node count; must divide the trainer GPUs."
+    )
     topology: TopologyConfig | None = Field(None, description="GPU roles (top-level [topology] is an alias).")
 
     @field_validator("gpu_type")
@@ -65,17 +102,22 @@ class PolicySection(Section):
 
     model_name: str | None = Field(None, description="Base model (like model.base); `model` is an alias.")
     source: str | None = Field(None, description="Fine-tuned checkpoint id (like model.source).")
-    max_tokens: int = Field(512, ge=1, description="Sampling: maximum new tokens.")
-    temperature: float = Field(0.7, ge=0, description="Sampling temperature.")
+    max_tokens: int = Field(512, ge=1, le=MAX_TOKENS, description="Sampling: maximum new tokens.")
+    temperature: float = Field(0.7, ge=0, le=MAX_TEMPERATURE, description="Sampling temperature.")
     top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling.")
-    top_k: int | None = Field(None, description="Top-k sampling.")
-    repetition_penalty: float = Field(1.0, gt=0, description="Repetition penalty.")
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOKENS, description="Top-k sampling (-1: off).")
+    repetition_penalty: float = Field(1.0, gt=0, le=100, description="Repetition penalty.")
     stop_sequences: list[str] | None = Field(None, max_length=64, description="Stop strings.")
     trainer_mode: Literal["lora", "qlora", "full"] | None = Field(
         None, description="lora, qlora or full (required when [policy] names the model)."
     )
     label: str | None = Field(None, description="Human-readable run/model label.")
     inference_url: str | None = Field(None, description="Optional inference URL override.")
+
+    @field_validator("inference_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return http_url(value)
 
 
 # ------------------------------------------------------------------------------------------ RL
@@ -114,7 +156,10 @@ class ModelSection(Section):
         None, description="Load the vision processor (auto-set for Qwen3-VL models)."
     )
     max_images_per_message: int | None = Field(
-        None, ge=1, description="Images kept per message; extra images are trimmed (Qwen3-VL default 1)."
+        None,
+        ge=1,
+        le=MAX_COUNT,
+        description="Images kept per message; extra images are trimmed (Qwen3-VL default 1).",
     )
     vision_processor_id: str | None = Field(
         None, description="HF processor id, e.g. Qwen/Qwen3-VL-4B-Instruct (auto-set for Qwen3-VL)."
@@ -125,10 +170,10 @@ class PolicyConfigSection(Section):
     """`[rollout.policy_config]`: merged into the task app's `policy.config` for every rollout."""
 
     model: str | None = Field(None, description="Model name the task app sends to the inference server.")
-    temperature: float | None = Field(None, ge=0, description="Sampling temperature.")
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, description="Sampling temperature.")
     top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling.")
-    max_tokens: int | None = Field(None, ge=1, description="Maximum new tokens per call.")
-    max_llm_calls: int | None = Field(None, ge=1, description="LLM calls per rollout.")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="Maximum new tokens per call.")
+    max_llm_calls: int | None = Field(None, ge=1, le=MAX_COUNT, description="LLM calls per rollout.")
     use_vision: bool | None = Field(None, description="Include image segments in prompts.")
     image_only_mode: bool | None = Field(
         None, description="Send images without text observations (implies use_vision)."
@@ -137,7 +182,7 @@ class PolicyConfigSection(Section):
     thinking_mode: Literal["think", "no_think"] | None = Field(
         None, description='"think" or "no_think" (set it for -Thinking models).'
     )
-    thinking_budget: int | None = Field(None, ge=1, description="Token budget for <think>.")
+    thinking_budget: int | None = Field(None, ge=1, le=MAX_TOKENS, description="Token budget for <think>.")
 
 
 class EnvConfigSection(Section):
@@ -154,14 +199,18 @@ class RolloutConfig(Section):
     policy_name: str = Field(description="Policy name (policy.policy_name).")
     env_config: EnvConfigSection | None = Field(None, description="Forwarded as env.config.")
     policy_config: PolicyConfigSection | None = Field(None, description="Merged into policy.config.")
-    max_turns: int = Field(ge=1, description="Steps per episode.")
-    episodes_per_batch: int = Field(ge=1, description="Episodes collected per batch.")
-    max_concurrent_rollouts: int = Field(ge=1, description="Parallel /rollout calls to the task app.")
-    batches_per_step: int | None = Field(None, ge=1, description="Batches per training step (default 1).")
+    max_turns: int = Field(ge=1, le=MAX_COUNT, description="Steps per episode.")
+    episodes_per_batch: int = Field(ge=1, le=MAX_COUNT, description="Episodes collected per batch.")
+    max_concurrent_rollouts: int = Field(
+        ge=1, le=MAX_COUNT, description="Parallel /rollout calls to the task app."
+    )
+    batches_per_step: int | None = Field(
+        None, ge=1, le=MAX_COUNT, description="Batches per training step (default 1)."
+    )
     ops: list[str] | None = Field(None, max_length=64, description='Op pattern, e.g. ["agent", "env"].')
     use_vision: bool | None = Field(None, description="Policy prompts include image segments.")
     image_only_mode: bool | None = Field(None, description="Images without text observations.")
-    max_images_per_step: int | None = Field(None, ge=1, description="Images kept per step.")
+    max_images_per_step: int | None = Field(None, ge=1, le=MAX_COUNT, description="Images kept per step.")
     task_app_origin_rewards_only: bool | None = Field(None, description="Use only the task app's rewards.")
 
     @field_validator("env_name", "policy_name")
@@ -169,6 +218,16 @@ class RolloutConfig(Section):
     def _nonempty(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("must not be empty")
+        return value
+
+    @field_validator("ops")
+    @classmethod
+    def _ops(cls, value: list[str] | None) -> list[str] | None:
+        for op in value or []:
+            if op not in OPS:
+                raise ValueError(
+                    f'op {op!r} is not one of {", ".join(OPS)} -- fix: write e.g. ops = ["agent", "env"]'
+                )
         return value
 
 
@@ -179,7 +238,9 @@ class WeightSyncConfig(Section):
     targets: list[str] | None = Field(None, max_length=8, description='Servers to update, e.g. ["policy"].')
     mode: str | None = Field(None, description='Sync mode, e.g. "direct".')
     direct: bool | None = Field(None, description="Direct sync.")
-    verify_every_k: int | None = Field(None, ge=0, description="Verify the sync every k updates (0: never).")
+    verify_every_k: int | None = Field(
+        None, ge=0, le=MAX_STEPS, description="Verify the sync every k updates (0: never)."
+    )
 
 
 class RewardsConfig(Section):
@@ -211,23 +272,33 @@ class ParallelismConfig(Section):
     )
     fp16: bool | None = Field(None, description="fp16.")
     activation_checkpointing: bool | None = Field(None, description="Gradient checkpointing.")
-    tensor_parallel_size: int | None = Field(None, ge=1, description="Tensor parallel degree.")
-    pipeline_parallel_size: int | None = Field(None, ge=1, description="Pipeline parallel degree.")
+    tensor_parallel_size: int | None = Field(None, ge=1, le=MAX_GPUS, description="Tensor parallel degree.")
+    pipeline_parallel_size: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description="Pipeline parallel degree."
+    )
 
 
 class RLTrainingConfig(Section):
     """`[training]` for RL (GSPO)."""
 
-    num_epochs: int = Field(ge=1, description="Epochs.")
-    iterations_per_epoch: int = Field(ge=1, description="Training iterations per epoch.")
-    max_turns: int = Field(ge=1, description="Maximum turns per episode.")
-    batch_size: int = Field(ge=1, description="Training batch (groups).")
-    group_size: int = Field(ge=2, description="GSPO group size: rollouts per prompt/seed (at least 2).")
-    learning_rate: float = Field(gt=0, description="Learning rate.")
-    gradient_accumulation_steps: int | None = Field(None, ge=1, description="Default 1.")
-    max_accumulated_minibatch: int | None = Field(None, ge=1, description="Cap on accumulated minibatches.")
-    log_interval: int | None = Field(None, ge=1, description="Log every N steps.")
-    weight_sync_interval: int | None = Field(None, ge=1, description="Push weights to vLLM every N steps.")
+    num_epochs: int = Field(ge=1, le=MAX_EPOCHS, description="Epochs.")
+    iterations_per_epoch: int = Field(ge=1, le=MAX_STEPS, description="Training iterations per epoch.")
+    max_turns: int = Field(ge=1, le=MAX_COUNT, description="Maximum turns per episode.")
+    batch_size: int = Field(ge=1, le=MAX_COUNT, description="Training batch (groups).")
+    group_size: int = Field(
+        ge=1,
+        le=MAX_GROUP,
+        description="Rollouts per prompt/seed: the GSPO group (at least 2), or ReST-EM's K samples per prompt.",
+    )
+    learning_rate: float = Field(gt=0, le=1, description="Learning rate (at most 1).")
+    gradient_accumulation_steps: int | None = Field(None, ge=1, le=MAX_COUNT, description="Default 1.")
+    max_accumulated_minibatch: int | None = Field(
+        None, ge=1, le=MAX_COUNT, description="Cap on accumulated minibatches."
+    )
+    log_interval: int | None = Field(None, ge=1, le=MAX_STEPS, description="Log every N steps.")
+    weight_sync_interval: int | None = Field(
+        None, ge=1, le=MAX_STEPS, description="Push weights to vLLM every N steps."
+    )
     weight_sync: WeightSyncConfig | None = Field(None, description="Weight sync settings.")
     lora: LoraConfig | None = Field(None, description="LoRA settings (top-level [lora] is an alias).")
     parallelism: ParallelismConfig | None = Field(None, description="Precision and parallelism settings.")
@@ -240,25 +311,47 @@ class RLTrainingConfig(Section):
     step_rewards_beta: float | None = Field(None, description="Step reward beta.")
     step_rewards_strategy: str | None = Field(None, description='e.g. "consistent".')
     event_rewards_kind: Literal["unique", "absolute"] | None = Field(None, description="unique or absolute.")
-    async_semaphore_max: int | None = Field(None, ge=1, description="Cap on concurrent in-flight async work.")
+    async_semaphore_max: int | None = Field(
+        None, ge=1, le=MAX_COUNT, description="Cap on concurrent in-flight async work."
+    )
     supports_vision: bool | None = Field(None, description="Mirror of model.supports_vision.")
     max_images_per_message: int | None = Field(
-        None, ge=1, description="Mirror of model.max_images_per_message."
+        None, ge=1, le=MAX_COUNT, description="Mirror of model.max_images_per_message."
+    )
+    overlong: Literal["keep", "mask", "penalty"] | None = Field(
+        None,
+        description="posttrain: responses cut at max_tokens (finish_reason length): keep (default; trained on "
+        "the task's reward), mask (no loss; still in the group's advantages) or penalty (overlong_penalty "
+        "added to the reward before the advantages).",
+    )
+    overlong_penalty: float | None = Field(
+        None,
+        le=0,
+        description="posttrain: reward added to a truncated response under overlong = penalty (-1).",
+    )
+    keep_checkpoints: int | None = Field(
+        None, ge=0, description="posttrain: newest checkpoints kept in S3 (default 3; 0 keeps all)."
+    )
+    keep_weight_versions: int | None = Field(
+        None,
+        ge=0,
+        description="posttrain: newest synced weight versions kept, locally and in S3 (default 2; 0 keeps all); "
+        "the served one is never deleted.",
     )
 
 
 class EvaluationConfig(Section):
     """`[evaluation]`: periodic evaluation on fixed seeds."""
 
-    instances: int = Field(ge=1, description="Evaluation episodes.")
-    every_n_iters: int = Field(ge=1, description="Evaluate every N iterations.")
-    seeds: list[int] = Field(max_length=100000, description="Seeds sent to the task app.")
+    instances: int = Field(ge=1, le=MAX_COUNT, description="Evaluation episodes.")
+    every_n_iters: int = Field(ge=1, le=MAX_STEPS, description="Evaluate every N iterations.")
+    seeds: list[Seed] = Field(max_length=100000, description="Seeds sent to the task app.")
 
 
 class RubricWeights(Section):
-    env: float = Field(1.0, ge=0, description="Weight of the environment return.")
-    event: float = Field(0.0, ge=0, description="Weight of the summed event scores.")
-    outcome: float = Field(0.0, ge=0, description="Weight of the outcome score.")
+    env: float = Field(1.0, ge=0, le=MAX_WEIGHT, description="Weight of the environment return.")
+    event: float = Field(0.0, ge=0, le=MAX_WEIGHT, description="Weight of the summed event scores.")
+    outcome: float = Field(0.0, ge=0, le=MAX_WEIGHT, description="Weight of the outcome score.")
 
 
 class RubricConfig(Section):
@@ -313,10 +406,12 @@ class JudgeOptionsConfig(Section):
     rubric_id: str | None = Field(None, description="Stored rubric id.")
     event: bool | None = Field(None, description="Score events (default true).")
     outcome: bool | None = Field(None, description="Score the outcome (default true).")
-    timeout_s: float | None = Field(None, gt=0, description="Judge call timeout.")
+    timeout_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="Judge call timeout.")
     weights: dict[str, float] | None = Field(None, max_length=16, description="Score weights by name.")
     rubric_overrides: RubricOverrides | None = Field(None, description="Inline rubric.")
-    gpus: int | None = Field(None, ge=1, description="posttrain: GPUs for a self-hosted judge (default 1).")
+    gpus: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description="posttrain: GPUs for a self-hosted judge (default 1)."
+    )
 
     def self_hosted(self) -> bool:
         return is_self_hosted_judge(self.provider)
@@ -337,7 +432,9 @@ class JudgeConfig(Section):
     """`[judge]` (`[verifier]` in later synth): LLM judges whose scores are blended into the reward."""
 
     type: str | None = Field(None, description="Judge type.")
-    timeout_s: float | None = Field(None, gt=0, description="Judge call timeout (migrated into options).")
+    timeout_s: float | None = Field(
+        None, gt=0, le=MAX_SECONDS, description="Judge call timeout (migrated into options)."
+    )
     enabled: bool | None = Field(None, description="Turn the judge on or off.")
     reward_blend: dict[str, float] | None = Field(
         None, max_length=16, description="Blend weights, e.g. {env = 0.5, outcome = 0.5}."
@@ -348,6 +445,11 @@ class JudgeConfig(Section):
     api_key_secret_ref: SecretKeyRef | None = Field(
         None, description="posttrain: Secret holding the judge provider's API key."
     )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return http_url(value)
 
     def scores_rollouts(self) -> bool:
         """A judge scores rollouts when it is not disabled and [judge.options] names a provider and a model
@@ -363,12 +465,19 @@ class ServicesConfig(Section):
     task_url: str | None = Field(None, description="Task app base URL (--task-url / TASK_APP_URL win).")
     judge_url: str | None = Field(None, description="Judge service base URL (`verifier_url` is an alias).")
 
+    @field_validator("task_url", "judge_url")
+    @classmethod
+    def _urls(cls, value: str | None) -> str | None:
+        return http_url(value)
+
 
 class VllmConfig(Section):
     """`[vllm]`: rollout inference server settings."""
 
-    tensor_parallel_size: int | None = Field(None, ge=1, description="Align with topology.tensor_parallel.")
-    max_model_len: int | None = Field(None, ge=1, description="Context length.")
+    tensor_parallel_size: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description="Align with topology.tensor_parallel."
+    )
+    max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS, description="Context length (tokens).")
     limit_mm_per_prompt: dict[str, int] | None = Field(
         None, max_length=8, description="Multimodal limits, e.g. {image = 1}."
     )
@@ -382,9 +491,11 @@ class ReferenceConfig(Section):
         None, description="none, shared or dedicated (wins over an injected reference_placement = none)."
     )
     port: int | None = Field(None, ge=1, le=65535, description="Server port.")
-    tp: int | None = Field(None, ge=1, description="Tensor-parallel degree.")
-    health_max_wait_s: float | None = Field(None, gt=0, description="Startup wait.")
-    health_interval_ms: float | None = Field(None, gt=0, description="Health poll interval.")
+    tp: int | None = Field(None, ge=1, le=MAX_GPUS, description="Tensor-parallel degree.")
+    health_max_wait_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="Startup wait.")
+    health_interval_ms: float | None = Field(
+        None, gt=0, le=MAX_SECONDS * 1000, description="Health poll interval."
+    )
 
 
 # ------------------------------------------------------------------------------------------ SFT
@@ -396,11 +507,11 @@ class SFTJobSection(Section):
     model: str | None = Field(None, description="Base model (SFT allowlist) or a fine-tuned id.")
     data: str | None = Field(None, description="Training JSONL (--dataset wins; relative to the CWD).")
     data_path: str | None = Field(None, description="Alias of data.")
-    poll_seconds: int | None = Field(None, ge=1, description="Poll interval.")
+    poll_seconds: int | None = Field(None, ge=1, le=MAX_SECONDS, description="Poll interval.")
 
 
 class DataTopology(Section):
-    container_count: int | None = Field(None, ge=1, description="Containers.")
+    container_count: int | None = Field(None, ge=1, le=MAX_GPUS, description="Containers.")
 
 
 class SFTDataSection(Section):
@@ -415,7 +526,7 @@ class ValidationConfig(Section):
 
     enabled: bool | None = Field(None, description="Evaluate on the validation set.")
     evaluation_strategy: str | None = Field(None, description='"steps" or "epoch".')
-    eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps.")
+    eval_steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="Evaluate every N steps.")
     save_best_model_at_end: bool | None = Field(None, description="Keep the best checkpoint.")
     metric_for_best_model: str | None = Field(None, description='e.g. "val.loss".')
     greater_is_better: bool | None = Field(None, description="Direction of the metric.")
@@ -428,27 +539,32 @@ class SFTTrainingConfig(Section):
     use_qlora: bool | None = Field(None, description="QLoRA (mode = lora + use_qlora = true).")
     validation: ValidationConfig | None = Field(None, description="Validation settings.")
     lora: LoraConfig | None = Field(None, description="LoRA settings.")
+    keep_checkpoints: int | None = Field(
+        None, ge=0, description="posttrain: newest checkpoints kept in S3 (default 3; 0 keeps all)."
+    )
 
 
 class HyperparametersConfig(Section):
     """`[hyperparameters]` of an SFT config."""
 
-    n_epochs: int = Field(1, ge=0, description="Epochs.")
-    total_steps: int | None = Field(None, ge=0, description="Total optimizer steps.")
-    train_steps: int | None = Field(None, ge=0, description="Alias of total_steps.")
-    steps: int | None = Field(None, ge=0, description="Alias of total_steps.")
-    batch_size: int | None = Field(None, ge=1, description="Batch size.")
-    global_batch: int | None = Field(None, ge=1, description="Global batch.")
-    per_device_batch: int | None = Field(None, ge=1, description="Per-device batch.")
-    gradient_accumulation_steps: int | None = Field(None, ge=1, description="Gradient accumulation.")
-    sequence_length: int | None = Field(None, ge=1, description="Maximum tokens per example.")
-    learning_rate: float | None = Field(None, gt=0, description="Learning rate.")
+    n_epochs: int = Field(1, ge=0, le=MAX_EPOCHS, description="Epochs.")
+    total_steps: int | None = Field(None, ge=0, le=MAX_STEPS, description="Total optimizer steps.")
+    train_steps: int | None = Field(None, ge=0, le=MAX_STEPS, description="Alias of total_steps.")
+    steps: int | None = Field(None, ge=0, le=MAX_STEPS, description="Alias of total_steps.")
+    batch_size: int | None = Field(None, ge=1, le=MAX_COUNT, description="Batch size.")
+    global_batch: int | None = Field(None, ge=1, le=MAX_COUNT, description="Global batch.")
+    per_device_batch: int | None = Field(None, ge=1, le=MAX_COUNT, description="Per-device batch.")
+    gradient_accumulation_steps: int | None = Field(
+        None, ge=1, le=MAX_COUNT, description="Gradient accumulation."
+    )
+    sequence_length: int | None = Field(None, ge=1, le=MAX_TOKENS, description="Maximum tokens per example.")
+    learning_rate: float | None = Field(None, gt=0, le=1, description="Learning rate (at most 1).")
     warmup_ratio: float | None = Field(None, ge=0, le=1, description="Warmup fraction in [0, 1].")
     train_kind: Literal["fft", "peft"] | None = Field(None, description='"fft" or "peft".')
-    weight_decay: float | None = Field(None, ge=0, description="Weight decay.")
+    weight_decay: float | None = Field(None, ge=0, le=1, description="Weight decay.")
     parallelism: ParallelismConfig | None = Field(None, description="Parallelism settings.")
     evaluation_strategy: str | None = Field(None, description='"steps" or "epoch".')
-    eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps.")
+    eval_steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="Evaluate every N steps.")
     save_best_model_at_end: bool | None = Field(None, description="Keep the best checkpoint.")
     metric_for_best_model: str | None = Field(None, description='e.g. "val.loss".')
     greater_is_better: bool | None = Field(None, description="Direction of the metric.")

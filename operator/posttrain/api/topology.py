@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from posttrain.api.sections import ComputeConfig, ReferenceConfig, TopologyConfig, VllmConfig
+from posttrain.api.sections import AlgorithmConfig, ComputeConfig, ReferenceConfig, TopologyConfig, VllmConfig
 from posttrain.errors import Problem
 
 Placement = Literal["none", "shared", "dedicated"]
@@ -65,6 +65,12 @@ class Topology:
     gpus_for_ref: int
     tensor_parallel: int
     reference_dedicated: bool
+    # compute.gpuType "CPU": the counts above are processes and servers, not GPUs; no pod asks for one.
+    cpu_only: bool = False
+
+    def gpus(self, count: int) -> int:
+        """What a pod of this job requests of the GPU resource for `count` GPUs of its role."""
+        return 0 if self.cpu_only else count
 
     @property
     def rollout_replicas(self) -> int:
@@ -81,14 +87,27 @@ class Topology:
         return max(1, self.trainer_gpus_per_pod)
 
 
+def is_cpu_only(compute: ComputeConfig) -> bool:
+    """compute.gpuType "CPU" (as `make demo` and the real dev node run a job): no pod asks for a GPU."""
+    return str(compute.gpu_type or "").strip().lower() == "cpu"
+
+
+def uses_reference(algorithm: AlgorithmConfig | None) -> bool:
+    """ReST-EM (variety "restem") trains with SFT updates on the samples it keeps: no KL reference."""
+    return algorithm is None or algorithm.variety != "restem"
+
+
 def rl_topology(
-    compute: ComputeConfig, vllm: VllmConfig | None, reference: ReferenceConfig | None
+    compute: ComputeConfig,
+    vllm: VllmConfig | None,
+    reference: ReferenceConfig | None,
+    algorithm: AlgorithmConfig | None = None,
 ) -> Topology:
     """An RL job's split. Without role counts, what the reference leaves is halved between the rollout
     servers and the trainer; a dedicated reference gets gpus_for_ref GPUs (at least one)."""
     topo = compute.topology or TopologyConfig()
     tp = topo.tensor_parallel or (vllm.tensor_parallel_size if vllm else None) or 1
-    dedicated = reference_placement(reference, topo) == "dedicated"
+    dedicated = uses_reference(algorithm) and reference_placement(reference, topo) == "dedicated"
     gpus_ref = max(1, topo.gpus_for_ref or 0) if dedicated else 0
     gpu_count = compute.gpu_count
     vllm_gpus, train_gpus = topo.gpus_for_vllm, topo.gpus_for_training
@@ -108,6 +127,7 @@ def rl_topology(
         gpus_for_ref=gpus_ref,
         tensor_parallel=max(1, tp),
         reference_dedicated=dedicated,
+        cpu_only=is_cpu_only(compute),
     )
 
 
@@ -124,6 +144,7 @@ def sft_topology(compute: ComputeConfig | None) -> Topology:
         gpus_for_ref=0,
         tensor_parallel=max(1, topo.tensor_parallel or 1),
         reference_dedicated=False,
+        cpu_only=compute is not None and is_cpu_only(compute),
     )
 
 
@@ -155,7 +176,11 @@ def split_problems(compute: ComputeConfig) -> list[Problem]:
                     fix="make the three role counts add up to compute.gpu_count",
                 )
             )
-        if topo.tensor_parallel and topo.gpus_for_vllm is not None and topo.gpus_for_vllm % topo.tensor_parallel:
+        if (
+            topo.tensor_parallel
+            and topo.gpus_for_vllm is not None
+            and topo.gpus_for_vllm % topo.tensor_parallel
+        ):
             problems.append(
                 Problem(
                     f"tensor_parallel = {topo.tensor_parallel} does not divide gpus_for_vllm = {topo.gpus_for_vllm}",

@@ -3,7 +3,9 @@
 Flags mirror `synth-ai train`: --type is detected as synth does when absent; --model overrides the model (a
 fine-tuned id becomes model.source); --task-url wins over TASK_APP_URL and [services].task_url. Without --name
 the object's name is derived from its content, so the same TOML always gives the same object. The original
-TOML travels in spec.originalToml."""
+TOML travels in spec.originalToml. An SFT config's local dataset and validation files are checked with the
+trainer's rules and uploaded to S3 (S3_ENDPOINT, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY), or refused: the
+custom resource never names a file only this machine has."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import sys
 from pathlib import Path
 
 from posttrain.api.convert import _read, to_yaml, toml_to_cr
-from posttrain.api.dataset import validate_jsonl
 from posttrain.errors import Problem, UserError
 
 
@@ -35,16 +36,54 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--api-key-secret", help="Secret holding the task app's key (key ENVIRONMENT_API_KEY)"
     )
-    parser.add_argument("--dataset", help="SFT: training JSONL (s3:// URI or a local file, checked)")
+    parser.add_argument(
+        "--dataset", help="SFT: training JSONL (an s3:// URI, or a local file: checked and uploaded to S3)"
+    )
     parser.add_argument("--output", "-o", type=Path, help="write the YAML here (default: stdout)")
     parser.set_defaults(func=run)
 
 
+def local_datasets(args: argparse.Namespace, text: str) -> tuple[str | None, str | None]:
+    """(train URI, validation URI) for an SFT config: s3:// URIs as they are; a local --dataset / [job].data /
+    [data].validation_path checked with the trainer's rules and uploaded to S3, or refused (a cluster job
+    cannot read this machine's files)."""
+    from posttrain import dataset_upload
+    from posttrain.api.convert import detect_kind, parse_toml
+    from posttrain.toml_locate import locate
+
+    raw = parse_toml(text, str(args.config))
+    if detect_kind(raw, args.job_type, str(args.config)) != "sft":
+        return args.dataset, None
+    job = raw.get("job") if isinstance(raw.get("job"), dict) else {}
+    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    out: list[str | None] = []
+    for value, field in ((args.dataset or job.get("data") or job.get("data_path"), "job.data"),
+                         (data.get("validation_path"), "data.validation_path")):  # fmt: skip
+        if not value or str(value).startswith("s3://"):
+            out.append(value)
+            continue
+        from_flag = field == "job.data" and bool(args.dataset)
+        line = None if from_flag else locate(text, field)
+        where = None if from_flag else (f"{args.config}:{line}" if line else str(args.config))
+        flag = "--dataset" if from_flag else field
+        path = dataset_upload.find_local(str(value), args.config, field=flag, file=where)
+        dataset_upload.check_dataset(path)
+        uri = dataset_upload.upload(path, field=flag, file=where)
+        print(f"dataset: {path} -> {uri}", file=sys.stderr)
+        out.append(uri)
+    return out[0], out[1]
+
+
 def run(args: argparse.Namespace) -> int:
+    from posttrain.inputs import check_output_path
+
     text = _read(args.config)
+    if args.output is not None:
+        check_output_path(args.output, flag="--output")
     if args.name and not _valid_name(args.name):
         raise UserError(Problem(f"invalid --name {args.name!r}", field="metadata.name",
                                 fix="use lower-case letters, digits and '-' (at most 63)"))  # fmt: skip
+    dataset, validation = local_datasets(args, text)
     resource, warnings = toml_to_cr(
         text,
         kind=args.job_type,
@@ -54,15 +93,10 @@ def run(args: argparse.Namespace) -> int:
         task_url=args.task_url,
         task_app=args.task_app,
         api_key_secret=args.api_key_secret,
-        dataset=args.dataset,
+        dataset=dataset,
+        validation_dataset=validation,
         file=str(args.config),
     )
-    if args.dataset and not args.dataset.startswith("s3://") and resource["kind"] == "SFTJob":
-        spec_model = resource["spec"].get("model", {})
-        report = validate_jsonl(args.dataset, max_images_per_message=spec_model.get("maxImagesPerMessage"))
-        if report.problems:
-            raise UserError(report.problems)
-        warnings += report.warnings
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     text_out = to_yaml(resource)

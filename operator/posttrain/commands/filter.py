@@ -1,5 +1,7 @@
-"""`posttrain filter`: ReST-EM. Keep the rollouts whose reward meets the threshold and write them as SFT JSONL
-(one record per user turn, as `synth-ai filter` does), ready for an SFTJob. Rows: {"messages": [...],
+"""`posttrain filter`: ReST-EM's offline step. Keep the rollouts whose reward meets the threshold and write them
+as SFT JSONL (one record per user turn, as `synth-ai filter` does, each with the conversation before it),
+ready for an SFTJob; `posttrain eval` writes such rollouts. (An RLJob with `variety = "restem"` runs the whole
+loop: sampling, filtering and fine-tuning, iterated.) Rows: {"messages": [...],
 "reward": x, "metadata": {...}} or {"prompt", "completion", "reward"}; see posttrain_trainer/restem.py.
 
 A synth filter TOML works too (`--config filter.toml`, [filter] table: input, output, min_official_score,
@@ -11,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from posttrain.commands.argtypes import finite_float, positive_int
 from posttrain.errors import Problem, UserError
 
 TOML_KEYS = {
@@ -59,9 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", "-o", type=Path, help="SFT JSONL to write (.jsonl or .json)")
     parser.add_argument("--config", type=Path, help="synth filter TOML with a [filter] table")
     parser.add_argument(
-        "--min-reward", type=float, default=None, help="keep rows with reward >= this (default 1.0)"
+        "--min-reward", type=finite_float, default=None, help="keep rows with reward >= this (default 1.0)"
     )
-    parser.add_argument("--max-reward", type=float, default=None, help="keep rows with reward <= this")
+    parser.add_argument("--max-reward", type=finite_float, default=None, help="keep rows with reward <= this")
     parser.add_argument(
         "--split", action="append", dest="splits", default=None, help="metadata.task_split to keep"
     )
@@ -87,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="NAME=SCORE",
         help="metadata.judge_scores[NAME] <= SCORE",
     )
-    parser.add_argument("--limit", type=int, default=None, help="at most this many output records")
+    parser.add_argument("--limit", type=positive_int, default=None, help="at most this many output records")
     parser.add_argument(
         "--keep-conversation",
         action="store_true",
@@ -97,12 +99,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _toml_filter(path: Path) -> dict[str, Any]:
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(Problem("file not found", file=str(path))) from None
-    except tomllib.TOMLDecodeError as err:
-        raise UserError(Problem(f"not valid TOML: {err}", file=str(path))) from None
+    from posttrain.api.convert import parse_toml, read_config
+
+    data = parse_toml(read_config(path), str(path))
     table = data.get("filter")
     if not isinstance(table, dict):
         raise UserError(
@@ -143,9 +142,13 @@ def build_spec(args: argparse.Namespace):
     if output_path is None:
         problems.append(Problem("no output file", field="--output", fix="pass --output sft.jsonl"))
     elif output_path.suffix not in (".jsonl", ".json"):
-        problems.append(Problem("output must end in .jsonl or .json", field="--output"))
+        problems.append(Problem("output must end in .jsonl or .json", field="--output",
+                                fix="name the output e.g. sft.jsonl"))  # fmt: skip
     if problems:
         raise UserError(problems)
+    from posttrain.inputs import check_output_path
+
+    check_output_path(output_path, flag="--output")
     spec = FilterSpec(
         min_reward=pick(args.min_reward, "min_official_score", 1.0),
         max_reward=pick(args.max_reward, "max_official_score"),
@@ -167,11 +170,14 @@ def build_spec(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from posttrain_trainer.restem import FilterError, filter_rollouts, read_rows, write_jsonl
+    from posttrain_trainer.restem import FilterError, filter_rollouts, parse_rows, write_jsonl
+
+    from posttrain.api.dataset import read_lines
 
     spec, input_path, output_path = build_spec(args)
+    lines = read_lines(input_path, what="rollouts file", field="--input")  # refuses binary, non-UTF-8, a BOM, a FIFO
     try:
-        records, stats = filter_rollouts(read_rows(input_path), spec)
+        records, stats = filter_rollouts(parse_rows(lines), spec)
     except FilterError as err:
         raise UserError(
             Problem(

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from posttrain.api.dataset import require_valid_jsonl
+from posttrain.commands.argtypes import positive_float, positive_int
 from posttrain.commands.status import (
     EXIT_FAILED,
     EXIT_TIMEOUT,
@@ -48,6 +48,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--config", required=True, type=Path, help="synth TOML job config")
     parser.add_argument("--dataset", help="SFT training JSONL (overrides [job].data)")
+    parser.add_argument(
+        "--model",
+        help="override the TOML's model as synth's --model does: a fine-tuned id (ft:/rl:...) becomes "
+        "[model].source (clearing base), any other id [model].base",
+    )
     parser.add_argument("--name", help="job name (default: from [model].label or the file name)")
     parser.add_argument("-n", "--namespace", help="namespace (default: the kube context's)")
     parser.add_argument("--context", help="kube context (default: current)")
@@ -60,11 +65,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Secret holding the task app key (key ENVIRONMENT_API_KEY); default: one made from $ENVIRONMENT_API_KEY",
     )
     parser.add_argument("--no-poll", dest="poll", action="store_false", help="apply and return")
-    parser.add_argument("--poll-timeout", type=float, default=3600.0, help="seconds (default 3600)")
-    parser.add_argument("--poll-interval", type=float, default=5.0, help="seconds (default 5)")
+    parser.add_argument("--poll-timeout", type=positive_float, default=3600.0, help="seconds (default 3600)")
+    parser.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds (default 5)")
     local = parser.add_argument_group("--local (no cluster)")
     local.add_argument("--local", action="store_true", help="run on this machine instead of a cluster")
-    local.add_argument("--nproc-per-node", "--nproc", dest="nproc", type=int, default=1,
+    local.add_argument("--nproc-per-node", "--nproc", dest="nproc", type=positive_int, default=1,
                        help="trainer CPU processes under torchrun (default 1)")  # fmt: skip
     local.add_argument("--runs-dir", type=Path, help="run folders and the embedded S3 data (default .runs/)")
     local.add_argument("--model-path", help="local Hugging Face folder with the base model's weights")
@@ -77,9 +82,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def read_text(path: Path) -> str:
-    if not path.is_file():
-        raise UserError(Problem(f"config file not found: {path}", fix="pass --config PATH to a synth TOML"))
-    return path.read_text()
+    from posttrain.api.convert import read_config
+
+    return read_config(path)
 
 
 def load_job(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -90,7 +95,7 @@ def load_job(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, A
 
     text = read_text(args.config)
     raw = convert.parse_toml(text, str(args.config))
-    kind, config, warnings = convert.load(text, kind=args.job_type, file=str(args.config))
+    kind, config, warnings = convert.load(text, kind=args.job_type, file=str(args.config), model=args.model)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return kind, raw, normalized_config(config)
@@ -99,35 +104,40 @@ def load_job(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, A
 # ------------------------------------------------------------------------------------------- dataset
 
 
-def dataset_file(args: argparse.Namespace, raw: dict[str, Any]) -> Path | None:
+def dataset_files(args: argparse.Namespace, raw: dict[str, Any]) -> dict[str, str | Path]:
+    """{"train": ..., "validation": ...}: s3:// URIs as they are, local files (--dataset or [job].data;
+    [data].validation_path) as checked paths."""
+    from posttrain.dataset_upload import check_dataset, find_local
+
     job = raw.get("job") if isinstance(raw.get("job"), dict) else {}
-    value = args.dataset or job.get("data") or job.get("data_path")
-    if not value or str(value).startswith("s3://"):
+    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    out: dict[str, str | Path] = {}
+    for role, value, field in (("train", args.dataset or job.get("data") or job.get("data_path"), "job.data"),
+                               ("validation", data.get("validation_path"), "data.validation_path")):  # fmt: skip
+        if not value:
+            continue
+        if str(value).startswith("s3://"):
+            out[role] = str(value)
+            continue
+        flag = "--dataset" if role == "train" and args.dataset else field
+        path = find_local(
+            str(value), args.config, field=flag, file=None if flag == "--dataset" else str(args.config)
+        )
+        check_dataset(path)
+        out[role] = path
+    return out
+
+
+def upload_dataset_s3(path: Path, field: str = "job.data") -> dict[str, Any] | None:
+    """s3://$S3_BUCKET/datasets/<sha>-<name> when S3_ENDPOINT and the keys are set (returns the dataset
+    ref), else None (the caller puts the file in a ConfigMap)."""
+    from posttrain import dataset_upload
+
+    if not dataset_upload.s3_configured():
         return None
-    for candidate in (Path(value), args.config.parent / value):
-        if candidate.is_file():
-            return candidate
-    raise UserError(Problem(f"dataset not found: {value}", file=str(args.config), field="job.data",
-                            fix="pass --dataset PATH (relative paths resolve against the current folder)"))  # fmt: skip
-
-
-def upload_dataset_s3(path: Path) -> dict[str, Any] | None:
-    """Validate the JSONL; upload it to s3://$S3_BUCKET/datasets/<sha>-<name> when S3_ENDPOINT and the keys
-    are set (returns spec.dataset), else None (the caller puts it in a ConfigMap)."""
-    require_valid_jsonl(path)
-    endpoint = os.environ.get("S3_ENDPOINT")
-    if not (endpoint and os.environ.get("S3_ACCESS_KEY_ID") and os.environ.get("S3_SECRET_ACCESS_KEY")):
-        return None
-    from posttrain_trainer import storage
-
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    bucket = os.environ.get("S3_BUCKET", "posttrain")
-    client = storage.client_from_env({"endpoint": endpoint, "bucket": bucket})
-    storage.ensure_bucket(client, bucket)
-    key = f"datasets/{digest}-{path.name}"
-    client.fput_object(bucket, key, str(path))
-    print(f"dataset: {path} -> s3://{bucket}/{key}")
-    return {"uri": f"s3://{bucket}/{key}"}
+    uri = dataset_upload.upload(path, field=field)
+    print(f"dataset: {path} -> {uri}")
+    return {"uri": uri}
 
 
 KEY_SECRET = "posttrain-environment-api-key"
@@ -149,29 +159,29 @@ def apply_key_secret(api: Any, namespace: str, key: str) -> str:
     return KEY_SECRET
 
 
-def upload_dataset_configmap(path: Path, api: Any, namespace: str, job_name: str) -> dict[str, Any]:
-    """A small dataset as a ConfigMap beside the job (server-side apply); returns spec.dataset."""
+def dataset_configmap(files: dict[str, Path]) -> dict[str, Any]:
+    """Small local datasets as one ConfigMap (keys train.jsonl, validation.jsonl: the trainer pod mounts one
+    ConfigMap), named by its content so that the job spec can name it before it exists."""
+    data = {f"{role}.jsonl": path.read_bytes() for role, path in sorted(files.items())}
+    size = sum(len(v) for v in data.values())
+    if size > CONFIGMAP_LIMIT:
+        raise UserError(Problem(f"the dataset files are {size} bytes: too big for a ConfigMap", field="job.data",
+                                fix="set S3_ENDPOINT, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY to upload them to S3"))  # fmt: skip
+    digest = hashlib.sha256(b"\0".join(k.encode() + b"=" + v for k, v in data.items())).hexdigest()[:12]
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"posttrain-dataset-{digest}", "labels": {"posttrain.dev/role": "dataset"}},
+            "data": {k: v.decode() for k, v in data.items()}}  # fmt: skip
+
+
+def apply_configmap(body: dict[str, Any], api: Any, namespace: str, job_name: str) -> None:
     from kubernetes import client
 
-    data = path.read_bytes()
-    if len(data) > CONFIGMAP_LIMIT:
-        raise UserError(Problem(f"dataset {path} is {len(data)} bytes: too big for a ConfigMap",
-                                fix="set S3_ENDPOINT, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY to upload it to S3"))  # fmt: skip
-    digest = hashlib.sha256(data).hexdigest()[:8]
-    name = f"{job_name}-dataset-{digest}"[:63].rstrip("-")
-    body = {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "labels": {"posttrain.dev/job": job_name, "posttrain.dev/role": "dataset"}},
-            "data": {"train.jsonl": data.decode()}}  # fmt: skip
+    body = {**body, "metadata": {**body["metadata"],
+                                 "labels": {**body["metadata"]["labels"], "posttrain.dev/job": job_name}}}  # fmt: skip
     client.CoreV1Api(api).patch_namespaced_config_map(
-        name,
-        namespace,
-        body,
-        field_manager=FIELD_MANAGER,
-        force=True,
+        body["metadata"]["name"], namespace, body, field_manager=FIELD_MANAGER, force=True,
         _content_type="application/apply-patch+yaml",
-    )
-    print(f"dataset: {path} -> ConfigMap {namespace}/{name}")
-    return {"configMapRef": {"name": name, "key": "train.jsonl"}}
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -217,24 +227,35 @@ def run_cluster(args: argparse.Namespace, kind: str, raw: dict[str, Any]) -> int
     namespace = args.namespace or namespace
     from posttrain.api.convert import toml_to_cr
 
-    dataset_spec, path = None, None
-    if kind == "sft" and str(args.dataset or "").startswith("s3://"):
-        dataset_spec = {"uri": args.dataset}
-    elif kind == "sft":
-        path = dataset_file(args, raw)
-        if path is not None:
-            dataset_spec = upload_dataset_s3(path)
+    uris: dict[str, str] = {}
+    local_files: dict[str, Path] = {}
+    if kind == "sft":
+        for role, value in dataset_files(args, raw).items():
+            if isinstance(value, Path):
+                ref = upload_dataset_s3(value, "data.validation_path" if role == "validation" else "job.data")
+                if ref is None:
+                    local_files[role] = value
+                    continue
+                value = ref["uri"]
+            uris[role] = value
     secret = args.api_key_secret
     if kind == "rl" and not secret and os.environ.get("ENVIRONMENT_API_KEY"):
         secret = apply_key_secret(api, namespace, os.environ["ENVIRONMENT_API_KEY"])
+    refs: dict[str, Any] = {role: {"uri": uri} for role, uri in uris.items()}
+    configmap = dataset_configmap(local_files) if local_files else None
+    if configmap is not None:
+        refs.update({role: {"configMapRef": {"name": configmap["metadata"]["name"], "key": f"{role}.jsonl"}}
+                     for role in local_files})  # fmt: skip
     manifest, _ = toml_to_cr(
-        read_text(args.config), kind=kind, name=args.name, namespace=namespace, task_url=args.task_url,
-        task_app=args.task_app_name, api_key_secret=secret if kind == "rl" else None,
-        dataset=(dataset_spec or {}).get("uri"), file=str(args.config),
+        read_text(args.config), kind=kind, name=args.name, namespace=namespace, model=args.model,
+        task_url=args.task_url, task_app=args.task_app_name, api_key_secret=secret if kind == "rl" else None,
+        dataset=refs.get("train"), validation_dataset=refs.get("validation"), file=str(args.config),
     )  # fmt: skip
     name = manifest["metadata"]["name"]
-    if path is not None and dataset_spec is None:
-        manifest["spec"]["dataset"] = upload_dataset_configmap(path, api, namespace, name)
+    if configmap is not None:
+        apply_configmap(configmap, api, namespace, name)
+        print(f"dataset: {', '.join(str(p) for p in local_files.values())} -> ConfigMap "
+              f"{namespace}/{configmap['metadata']['name']}")  # fmt: skip
 
     objects = client.CustomObjectsApi(api)
     try:

@@ -1,8 +1,11 @@
 """posttrain validate: check a synth-ai TOML (RL or SFT) and, for SFT, its JSONL dataset.
 
 Every problem is printed on its own line with the file, the TOML line, the field path and the fix; exit 2.
-Dataset rules: each line a JSON object with messages[] of at least 2 turns, roles non-empty strings, OpenAI
-content parts, image URLs https:// or data:image/, at most max_images_per_message images per message."""
+Both the training file (--dataset, else [job].data) and the validation file ([data].validation_path) are
+checked with exactly the rules the trainer applies (posttrain.api.dataset, which the trainer imports): JSON
+objects with messages[] of at least 2 turns and an assistant turn, chat roles (system, user, assistant, tool,
+developer, function), OpenAI content parts, image URLs https://, data:image/ or beside the dataset.
+Unknown keys and sections are warned about (with a did-you-mean) and kept."""
 
 from __future__ import annotations
 
@@ -46,17 +49,25 @@ def _max_images(config: dict[str, Any]) -> int | None:
     return None
 
 
-def _dataset_path(args: argparse.Namespace, config: dict[str, Any]) -> Path | None:
-    if args.dataset:
-        return args.dataset
-    data = (config.get("job") or {}).get("data")
-    if not data or str(data).startswith(("s3://", "http://", "https://")):
-        return None
-    for candidate in (Path(data), args.config.parent / data):  # synth: relative to the CWD
-        if candidate.is_file():
-            return candidate
-    raise UserError(Problem(f"dataset not found: {data}", file=str(args.config), field="job.data",
-                            fix="pass --dataset PATH (relative paths resolve against the current folder)"))  # fmt: skip
+def _datasets(args: argparse.Namespace, config: dict[str, Any]) -> list[tuple[str, Path]]:
+    """(field, local path) of the training file (--dataset or [job].data) and the validation file
+    ([data].validation_path); s3:// and http(s) URIs are the cluster's to read and are not checked here."""
+    from posttrain.dataset_upload import find_local
+
+    job = config.get("job") if isinstance(config.get("job"), dict) else {}
+    data = config.get("data") if isinstance(config.get("data"), dict) else {}
+    out = []
+    for field, value in (
+        ("job.data", args.dataset or job.get("data")),
+        ("data.validation_path", data.get("validation_path")),
+    ):
+        if not value or str(value).startswith(("s3://", "http://", "https://")):
+            continue
+        if field == "job.data" and args.dataset:
+            out.append(("--dataset", Path(args.dataset)))
+            continue
+        out.append((field, find_local(str(value), args.config, field=field, file=str(args.config))))
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,19 +80,18 @@ def run(args: argparse.Namespace) -> int:
         kind, model, warnings = load(_read(args.config), kind=args.job_type, file=str(args.config))
         config = normalized_config(model)
     problems: list[Problem] = []
-    dataset = _dataset_path(args, config) if kind == "sft" or args.dataset else None
-    examples = None
-    if dataset is not None:
-        report = validate_jsonl(dataset, max_images_per_message=_max_images(config))
+    checked: list[tuple[Path, int]] = []
+    for _, path in _datasets(args, config) if kind == "sft" or args.dataset else []:
+        report = validate_jsonl(path, max_images_per_message=_max_images(config))
         problems += report.problems
         warnings += report.warnings
-        examples = report.examples
+        checked.append((path, report.examples))
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if problems:
         raise UserError(problems)
     if args.config is not None:
         print(f"ok: {args.config} is a valid {kind} config")
-    if dataset is not None:
-        print(f"ok: {dataset}: {examples} examples")
+    for path, examples in checked:
+        print(f"ok: {path}: {examples} examples")
     return 0

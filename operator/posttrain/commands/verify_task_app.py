@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from posttrain.commands.argtypes import positive_float
 from posttrain.errors import Problem, UserError
 from posttrain.taskapp_client import Check, TaskAppClient, rollout_request, verify
 
@@ -94,7 +95,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="policy", help="model name sent with the dry rollout")
     parser.add_argument("--env-name", default="default")
     parser.add_argument("--seed", type=int, default=0, help="seed of the dry rollout")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (rollout: 30x)")
+    parser.add_argument(
+        "--timeout", type=positive_float, default=10.0, help="seconds per request, > 0 (rollout: 30x)"
+    )
     parser.add_argument("--no-rollout", action="store_true", help="only /health and /task_info")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
     parser.set_defaults(func=run)

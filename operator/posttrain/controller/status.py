@@ -486,7 +486,14 @@ def _waiting_for(expected: Expected, observed: Observed) -> list[str]:
         if dep is None or ready < replicas:
             waiting.append(f"{role} {ready}/{replicas} ready")
     trainer = observed.trainer
-    ready = trainer.ready if trainer else 0
+    # A trainer pod that exited 0 has done its part: until the Job controller marks the Job Complete (a
+    # moment later), it is not a pod to wait for. Counted from the pods too, which can show Succeeded
+    # before the Job's own `succeeded` does.
+    finished = max(
+        trainer.succeeded if trainer else 0,
+        sum(1 for p in observed.pods if p.role == "trainer" and p.phase == "Succeeded"),
+    )
+    ready = (trainer.ready if trainer else 0) + finished
     if trainer is not None and trainer.suspended:
         waiting.append("trainer Job suspended (queued: waiting for Kueue admission)")
     elif trainer is None or ready < expected.nodes:

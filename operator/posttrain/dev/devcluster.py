@@ -1,5 +1,7 @@
 """A real local Kubernetes control plane for tests and people: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler and kwok with simulated GPU nodes, all on 127.0.0.1, built by hack/build-k8s.sh.
+kube-scheduler and kwok with simulated GPU nodes, all on 127.0.0.1, built by hack/build-k8s.sh; with
+`real_node=True` (`up --real-node`) also a real kubelet node beside them (posttrain.dev.devnode), for which the
+API server listens on the host's address instead, so that pods reach it.
 
     with DevCluster(Path(".cluster")) as cluster:      # tests
         cluster.kubeconfig                             # admin kubeconfig (system:masters)
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import datetime as dt
 import ipaddress
 import json
@@ -37,6 +40,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from posttrain import reaper
+from posttrain.dev import devnode
 from posttrain.localhost import free_port, stop_group
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -49,6 +53,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # Enabled on top of the API server's defaults (which include PodSecurity): the plugin that refuses
 # ownerReferences a client may not set, as many production clusters run it.
 ADMISSION_PLUGINS = ("OwnerReferencesPermissionEnforcement",)
+GPU_TAINT = {"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
 # No kubelet sends heartbeats, so the node lifecycle controller would taint every node not-ready; the
 # cloud and IPAM controllers have nothing to manage here.
 DISABLED_CONTROLLERS = (
@@ -111,6 +116,7 @@ def _certificate(
     *,
     ca: bool,
     server: bool = False,
+    server_names: tuple[str, ...] = (),
 ) -> x509.Certificate:
     now = dt.datetime.now(dt.UTC)
     builder = (
@@ -142,23 +148,43 @@ def _certificate(
         usages = [x509.ExtendedKeyUsageOID.SERVER_AUTH] if server else [x509.ExtendedKeyUsageOID.CLIENT_AUTH]
         builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
     if server:
+        names = ("localhost", "kubernetes.default.svc", "127.0.0.1", "10.0.0.1", *server_names)
         builder = builder.add_extension(
-            x509.SubjectAlternativeName(
-                [
-                    x509.DNSName("localhost"),
-                    x509.DNSName("kubernetes.default.svc"),
-                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                    x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
-                ]
-            ),
+            x509.SubjectAlternativeName([_general_name(n) for n in dict.fromkeys(names)]),
             critical=False,
         )
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def write_certificates(pki: Path) -> None:
-    """A tiny CA (serving and client), the API server's serving cert, an admin client cert in
-    system:masters, and the service-account signing key pair."""
+def _general_name(name: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
+def issue_certificate(
+    pki: Path, stem: str, common_name: str, organizations: list[str], server_names: list[str] | None = None
+) -> None:
+    """<stem>.crt/.key signed by the CA in `pki`: a client certificate (CN = user, O = groups), or a serving
+    one for `server_names` (DNS names or IPs)."""
+    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+    subject = x509.Name([*attrs, x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    cert = _certificate(
+        subject, key.public_key(), ca_cert.subject, ca_key, ca=False,
+        server=server_names is not None, server_names=tuple(server_names or ()),
+    )  # fmt: skip
+    _write_key(pki / f"{stem}.key", key)
+    _write_cert(pki / f"{stem}.crt", cert)
+
+
+def write_certificates(pki: Path, server_names: tuple[str, ...] = ()) -> None:
+    """A tiny CA (serving and client), the API server's serving cert (also valid for `server_names`), an
+    admin client cert in system:masters, and the service-account signing key pair."""
     pki.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "posttrain-devcluster-ca")])
@@ -170,7 +196,15 @@ def write_certificates(pki: Path) -> None:
     _write_key(pki / "apiserver.key", server_key)
     _write_cert(
         pki / "apiserver.crt",
-        _certificate(server_name, server_key.public_key(), ca_name, ca_key, ca=False, server=True),
+        _certificate(
+            server_name,
+            server_key.public_key(),
+            ca_name,
+            ca_key,
+            ca=False,
+            server=True,
+            server_names=server_names,
+        ),  # fmt: skip
     )
 
     admin_key = ec.generate_private_key(ec.SECP256R1())
@@ -232,9 +266,12 @@ class DevCluster:
     start_timeout: float = 60.0
     log_to_files: bool = True
     admission_plugins: tuple[str, ...] = ADMISSION_PLUGINS
+    real_node: bool = False
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     ready_seconds: float = 0.0
+    host: str = "127.0.0.1"  # where the API server listens: the host's address when a real node runs
+    node: devnode.RealNode | None = None
 
     @property
     def kubeconfig(self) -> Path:
@@ -246,7 +283,7 @@ class DevCluster:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.ports['apiserver']}"
+        return f"https://{self.host}:{self.ports['apiserver']}"
 
     def __enter__(self) -> DevCluster:
         try:
@@ -269,10 +306,18 @@ class DevCluster:
                 "run `make k8s-bins` (builds them from the Go module proxy) or set KUBEBUILDER_ASSETS"
             )
         began = time.monotonic()
+        if self.real_node:
+            # A node a killed harness left behind holds mounts inside the workdir: clear it first.
+            devnode.cleanup_host(self.workdir / "node", binaries_dir())
+            self.host = devnode.host_ipv4()
         if self.workdir.exists():
+            stop_recorded_processes(self.workdir)
             shutil.rmtree(self.workdir)
         (self.workdir / "logs").mkdir(parents=True)
-        write_certificates(self.pki)
+        write_certificates(self.pki, server_names=(self.host,))
+        if self.real_node:
+            issue_certificate(self.pki, "apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                              ["system:masters"])  # fmt: skip
         for name in ("etcd", "etcd-peer", "apiserver", "scheduler", "kwok-server", "kwok-node"):
             self.ports[name] = free_port()
         self.kubeconfig.write_text(yaml.safe_dump(kubeconfig_dict(self.server, self.pki)))
@@ -286,11 +331,17 @@ class DevCluster:
         self._spawn("kwok", self._kwok_args())
         self._create_nodes()
         self._wait_ready()
+        if self.real_node:
+            self._start_real_node()
         self.ready_seconds = time.monotonic() - began
         (self.workdir / "ports.json").write_text(json.dumps(self.ports))
 
     def stop(self) -> None:
-        # Reverse start order: nodes' controller first, the store last.
+        # The real node first, while the API server still answers; then reverse start order: nodes'
+        # controller first, the store last.
+        if self.node is not None:
+            node, self.node = self.node, None
+            node.stop()
         for name in reversed(list(self.processes)):
             proc = self.processes.pop(name)
             stop_group(proc)
@@ -316,9 +367,9 @@ class DevCluster:
 
     def _apiserver_args(self) -> list[str]:
         pki = self.pki
-        return [
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+        args = [
+            f"--bind-address={self.host}",
+            f"--advertise-address={self.host}",
             f"--secure-port={self.ports['apiserver']}",
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
             f"--cert-dir={pki}",
@@ -332,8 +383,8 @@ class DevCluster:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--allow-privileged=true",
             *(
-                [f"--enable-admission-plugins={','.join(self.admission_plugins)}"]
-                if self.admission_plugins
+                [f"--enable-admission-plugins={','.join(self._admission_plugins())}"]
+                if self._admission_plugins()
                 else []
             ),
             # Loopback is not a valid endpoint for the `kubernetes` Service: do not reconcile it.
@@ -344,6 +395,39 @@ class DevCluster:
             "--max-mutating-requests-inflight=0",
             "--v=0",
         ]
+        if self.real_node:
+            # Pods reach the API server through the `kubernetes` Service: let the API server keep its
+            # endpoint (the host's address); authorize the kubelet as a node; let GPU pods tolerate the kwok
+            # nodes' nvidia.com/gpu taint; reach the kubelet (logs, exec) with a client certificate.
+            args.remove("--endpoint-reconciler-type=none")
+            args.remove("--authorization-mode=RBAC")
+            args += [
+                "--authorization-mode=Node,RBAC",
+                # The node's name does not resolve on the host: reach the kubelet at its InternalIP.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            ]
+        return args
+
+    def _admission_plugins(self) -> tuple[str, ...]:
+        """Beside a real node, the kubelet's own writes are restricted (NodeRestriction) and GPU pods get the
+        toleration of the kwok nodes' nvidia.com/gpu taint (ExtendedResourceToleration)."""
+        extra = ("NodeRestriction", "ExtendedResourceToleration") if self.real_node else ()
+        return tuple(dict.fromkeys((*self.admission_plugins, *extra)))
+
+    def _start_real_node(self) -> None:
+        self.node = devnode.RealNode(
+            workdir=self.workdir / "node",
+            pki=self.pki,
+            server=self.server,
+            node_ip=self.host,
+            bin_dir=binaries_dir(),
+            api=self._api,
+            issue_client_cert=lambda stem, cn, orgs: issue_certificate(self.pki, stem, cn, orgs),
+            issue_server_cert=lambda stem, cn, names: issue_certificate(self.pki, stem, cn, [], names),
+        )
+        self.node.start()
 
     def _controller_manager_args(self) -> list[str]:
         controllers = ",".join(["*", *(f"-{c}" for c in DISABLED_CONTROLLERS)])
@@ -403,8 +487,12 @@ class DevCluster:
         )
         reaper.watch(self.processes[name].pid)  # stopped even if this process dies without stop()
         log.close()
+        # So that `down` can stop them when no harness owns them (a run that kept its cluster and exited).
+        (self.workdir / PIDS_FILE).write_text(json.dumps({n: p.pid for n, p in self.processes.items()}))
 
     def _check_alive(self) -> None:
+        if self.node is not None:
+            self.node.check_alive()
         for name, proc in self.processes.items():
             if proc.poll() is not None:
                 tail = (self.workdir / "logs" / f"{name}.log").read_text(errors="replace")[-2000:]
@@ -430,16 +518,21 @@ class DevCluster:
             time.sleep(0.1)
         raise ClusterError(f"{what} not healthy at {url} after {self.start_timeout:.0f}s: {last}")
 
-    def _api(self, method: str, path: str, body: dict | None = None) -> dict:
+    def _api(
+        self, method: str, path: str, body: dict | None = None, content_type: str = "application/json"
+    ) -> dict:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(
-            f"{self.server}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+            f"{self.server}{path}", data=data, method=method, headers={"Content-Type": content_type}
         )
         with urllib.request.urlopen(req, timeout=10, context=self._ssl_context()) as resp:
             return json.loads(resp.read() or b"{}")
 
     def node_manifest(self, index: int) -> dict:
         capacity = {"cpu": "96", "memory": "1Ti", "pods": "110", GPU_RESOURCE: str(self.gpus_per_node)}
+        # Beside a real node, only pods that ask for GPUs may land here (ExtendedResourceToleration gives
+        # them the toleration): CPU pods go to the real node and run for real.
+        spec = {"taints": [GPU_TAINT]} if self.real_node else {}
         return {
             "apiVersion": "v1",
             "kind": "Node",
@@ -454,6 +547,7 @@ class DevCluster:
                     "nvidia.com/gpu.present": "true",
                 },
             },
+            "spec": spec,
             "status": {"capacity": capacity, "allocatable": capacity},
         }
 
@@ -463,10 +557,15 @@ class DevCluster:
 
     def _untaint(self, nodes: list[dict]) -> None:
         """The API server's TaintNodesByCondition admission taints new nodes not-ready; the node lifecycle
-        controller that would lift it is off (no kubelet heartbeats), so lift it once kwok made them Ready."""
+        controller that would lift it is off (no kubelet heartbeats), so lift it once kwok made them Ready.
+        Other taints (the GPU taint beside a real node) stay."""
         for node in nodes:
-            if node["spec"].get("taints"):
-                self._api_merge_patch(f"/api/v1/nodes/{node['metadata']['name']}", {"spec": {"taints": None}})
+            taints = node["spec"].get("taints") or []
+            kept = [t for t in taints if t["key"] != devnode.NOT_READY_TAINT]
+            if len(kept) != len(taints):
+                self._api_merge_patch(
+                    f"/api/v1/nodes/{node['metadata']['name']}", {"spec": {"taints": kept or None}}
+                )
 
     def _api_merge_patch(self, path: str, body: dict) -> dict:
         req = urllib.request.Request(
@@ -508,10 +607,60 @@ class DevCluster:
 # ---------------------------------------------------------------------------------------------- CLI
 
 
+PIDS_FILE = "pids.json"  # {component: pid} of the control-plane processes a DevCluster started
+
+
+def stop_recorded_processes(workdir: Path, grace: float = 30.0) -> list[str]:
+    """Stops the control-plane processes recorded in `workdir`'s PIDS_FILE that still run from this workdir
+    (their command line names it, so a recycled pid is never signalled): SIGTERM, then SIGKILL after
+    `grace` seconds. Returns the names it stopped."""
+    pids_file = workdir / PIDS_FILE
+    try:
+        recorded = json.loads(pids_file.read_text())
+    except (OSError, ValueError):
+        return []
+    mine = {}
+    for name, pid in recorded.items():
+        try:
+            cmdline = (
+                Path(f"/proc/{int(pid)}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            )
+        except (OSError, ValueError):
+            continue
+        if str(workdir) in cmdline:
+            mine[name] = int(pid)
+    for pid in mine.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_pid_running(p) for p in mine.values()):
+        time.sleep(0.2)
+    for pid in mine.values():
+        if _pid_running(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    pids_file.unlink(missing_ok=True)
+    return sorted(mine)
+
+
+def _pid_running(pid: int) -> bool:
+    """Alive and not a zombie (a stopped child of this process stays a zombie until reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+READY_FILE = "ready"  # {"pid": harness pid, "seconds": start time, "server": API server URL}
+
+
 def _serve(args: argparse.Namespace) -> int:
     """Foreground: start, write the pid file, wait for a signal, stop."""
     workdir = Path(args.dir).resolve()
-    cluster = DevCluster(workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+    cluster = DevCluster(
+        workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, real_node=args.real_node
+    )
     stopping = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -523,12 +672,23 @@ def _serve(args: argparse.Namespace) -> int:
     atexit.register(cluster.stop)
     with cluster:
         (workdir / "harness.pid").write_text(str(os.getpid()))
-        (workdir / "ready").write_text(f"{cluster.ready_seconds:.1f}\n")
+        ready = {"pid": os.getpid(), "seconds": round(cluster.ready_seconds, 1), "server": cluster.server}
+        (workdir / READY_FILE).write_text(json.dumps(ready))
         print(f"cluster ready in {cluster.ready_seconds:.1f}s", flush=True)
         while not stopping:
             time.sleep(0.5)
             cluster._check_alive()
     return 0
+
+
+def ready_marker(workdir: Path, harness_pid: int) -> dict | None:
+    """The ready marker written by the harness with this pid; None while it is absent or still the one a
+    previous harness left (its kubeconfig would name that harness's API server)."""
+    try:
+        marker = json.loads((workdir / READY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and marker.get("pid") == harness_pid else None
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -539,53 +699,74 @@ def _up(args: argparse.Namespace) -> int:
         print(f"export KUBECONFIG={workdir / 'kubeconfig'}")
         return 0
     workdir.parent.mkdir(parents=True, exist_ok=True)
+    (workdir / READY_FILE).unlink(missing_ok=True)
     log_path = workdir.parent / f"{workdir.name}-harness.log"
+    command = [
+        sys.executable, "-m", "posttrain.dev.devcluster", "serve", "--dir", str(workdir),
+        "--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node),
+    ]  # fmt: skip
+    if args.real_node:
+        command.append("--real-node")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "posttrain.dev.devcluster",
-                "serve",
-                "--dir",
-                str(workdir),
-                "--nodes",
-                str(args.nodes),
-                "--gpus-per-node",
-                str(args.gpus_per_node),
-            ],
+            command,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    deadline = time.monotonic() + 120
+    timeout = 600 if args.real_node else 120
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             print(log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
             print(f"cluster failed to start (log: {log_path})", file=sys.stderr)
             return 1
-        if (workdir / "ready").exists():
-            print(f"cluster ready in {(workdir / 'ready').read_text().strip()}s (harness pid {proc.pid})")
+        marker = ready_marker(workdir, proc.pid)
+        if marker:
+            node = f", real node {devnode.NODE_NAME}" if args.real_node else ""
+            print(
+                f"cluster ready in {marker['seconds']}s at {marker['server']}{node} (harness pid {proc.pid})"
+            )
             print(f"export KUBECONFIG={workdir / 'kubeconfig'}")
             return 0
         time.sleep(0.2)
-    print(f"cluster not ready after 120s (log: {log_path})", file=sys.stderr)
+    print(f"cluster not ready after {timeout}s (log: {log_path})", file=sys.stderr)
     return 1
 
 
 def _down(args: argparse.Namespace) -> int:
-    pid_file = Path(args.dir).resolve() / "harness.pid"
-    if not pid_file.exists():
+    workdir = Path(args.dir).resolve()
+    pid_file = workdir / "harness.pid"
+    node_dir = workdir / "node"
+    if not pid_file.exists() and not node_dir.exists() and not (workdir / PIDS_FILE).exists():
         print("not running")
         return 0
-    pid = int(pid_file.read_text())
-    if _pid_alive(pid):
+    pid = int(pid_file.read_text()) if pid_file.exists() else 0
+    if pid and _pid_alive(pid):
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 300
         while _pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
+        if _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
     pid_file.unlink(missing_ok=True)
+    (workdir / READY_FILE).unlink(missing_ok=True)
+    if node_dir.exists():
+        # The node first, while the API server still answers.
+        devnode.cleanup_host(node_dir, binaries_dir())
+    # Control-plane processes no harness stopped (a `make e2e --keep` run's, or a killed harness's).
+    stop_recorded_processes(workdir)
+    if node_dir.exists():
+        # Also after a harness that was killed: idempotent, then checked.
+        devnode.cleanup_host(node_dir, binaries_dir())
+        left = devnode.leftovers(node_dir)
+        if left:
+            print("stopped, but the real node left: " + "; ".join(left), file=sys.stderr)
+            return 1
+        print("stopped; the real node left nothing behind (checked: processes, containerd shims, mounts, "
+              "network namespaces, iptables KUBE-*/CNI-* chains, links, cgroups)")  # fmt: skip
+        return 0
     print("stopped")
     return 0
 
@@ -608,6 +789,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--dir", default=".cluster")
         p.add_argument("--nodes", type=int, default=4)
         p.add_argument("--gpus-per-node", type=int, default=8)
+        p.add_argument(
+            "--real-node",
+            action="store_true",
+            help="also start a real kubelet node (containerd, runc, CNI, kube-proxy, CoreDNS); needs root "
+            "and `make node-bins`",
+        )
     args = parser.parse_args(argv)
     return {"up": _up, "serve": _serve, "down": _down}[args.action](args)
 

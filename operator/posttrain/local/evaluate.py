@@ -1,4 +1,5 @@
-"""Evaluate models on a task app's held-out seeds, on this machine: for each model (a base model id, a local
+"""Evaluate several models on the math task app's held-out seeds in one go (what `make demo` does; the
+general command is `posttrain eval`, built on the same pieces in posttrain.evaluation): for each model (a base model id, a local
 folder, or a fine_tuned_model id from an earlier local job) serve it with the rollout server, POST /rollout in
 eval mode (greedy unless --temperature) for every seed, and report the mean return.
 
@@ -19,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posttrain import hardware
+from posttrain.evaluation.serving import materialize
+from posttrain.evaluation.serving import server_argv as _eval_server_argv
 from posttrain.local.models import resolve_model
 from posttrain.local.processes import ProcessSet, sigterm_as_keyboard_interrupt, wait_http
-from posttrain.local.runner import RUNS_DIR, _rollout_argv, _vllm_env
+from posttrain.local.runner import RUNS_DIR, _vllm_env
 from posttrain.local.taskapp import start_taskapp
 from posttrain.localhost import free_port
 from posttrain.taskapp_client import TaskAppClient, TaskAppError, rollout_request
@@ -82,47 +84,6 @@ def evaluate_url(
     good = [r for r in returns if r is not None]
     mean = sum(good) / len(good) if good else 0.0
     return mean, len(good), len(returns) - len(good)
-
-
-def materialize(model_path: str, out_dir: Path, s3: Any) -> Path:
-    """A plain local HF folder for a model path: itself when it is one; else (an s3:// final/ folder, full
-    weights or a LoRA adapter on a chain of bases) loaded with the trainer's loader, merged in fp32, saved in
-    the dtype vLLM serves in here (posttrain.hardware)."""
-    local = Path(model_path)
-    if not model_path.startswith("s3://") and (local / "config.json").exists():
-        return local
-    import torch
-    from posttrain_trainer.modeling import load_model_and_tokenizer, save_merged
-
-    from posttrain.api.jobfile import StorageRef
-
-    if (out_dir / "config.json").exists():
-        return out_dir
-    storage = StorageRef.model_validate(s3.storage())
-    saved = {k: os.environ.get(k) for k in s3.env()}
-    os.environ.update(s3.env())
-    try:
-        model, tokenizer = load_model_and_tokenizer(model_path, storage=storage, dtype=torch.float32)
-        save_merged(model, tokenizer, out_dir, dtype=hardware.torch_dtype(hardware.plan().sync))
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    return out_dir
-
-
-def _eval_server_argv(folder: Path, port: int, served_name: str, max_model_len: int) -> list[str]:
-    """The rollout server (policy role) when installed; else vLLM's own OpenAI server: evaluation needs
-    only chat completions, no captures."""
-    import importlib.util
-
-    if importlib.util.find_spec("posttrain_rollout.__main__") is not None:
-        return _rollout_argv("policy", str(folder), port, served_name, max_model_len)
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", hardware.vllm_dtype(hardware.probe()), "--max-model-len", str(max_model_len)]  # fmt: skip
 
 
 def _swap_weights(base: str, path: Path, version: int) -> bool:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.api import model_ids, topology
-from posttrain.api.dataset import require_valid_jsonl
 from posttrain.api.sections import ReferenceConfig, TopologyConfig
+from posttrain.dataset_upload import check_dataset
 from posttrain.errors import Problem, UserError
 from posttrain.local.models import REPO_ROOT, ResolvedModel, resolve_model
 from posttrain.local.processes import (
@@ -32,7 +32,8 @@ from posttrain.local.processes import (
     tail,
     wait_http,
 )
-from posttrain.local.taskapp import start_taskapp
+from posttrain.local.registry import RunRecord
+from posttrain.local.taskapp import choose_task_app, start_taskapp
 from posttrain.localhost import free_port
 
 RUNS_DIR = REPO_ROOT / ".runs"
@@ -134,12 +135,15 @@ class Printer:
     def __init__(self, out: Any = None):
         self.out = out or sys.stdout
         self.started = time.monotonic()
+        self.record: RunRecord | None = None  # the run's run.json (posttrain status reads it)
 
     def line(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
     def phase(self, name: str, detail: str = "") -> None:
         self.line(f"phase: {name:<13}{detail}")
+        if self.record is not None:
+            self.record.update(phase=name, message=detail.splitlines()[0] if detail else "")
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -161,6 +165,8 @@ def format_progress(progress: dict[str, Any]) -> str:
             parts.append(f"{label} {value + 0.0:.4g}")  # + 0.0: no "-0" for a loss of -0.0
     if progress.get("judgeScores"):
         parts.append(f"judges {progress['judgeScores']}")
+    if progress.get("judgeFailed"):
+        parts.append(f"judge_failed {progress['judgeFailed']}")
     if progress.get("lastCheckpoint"):
         parts.append(f"checkpoint {progress['lastCheckpoint']}")
     return "  ".join(parts)
@@ -174,16 +180,36 @@ def format_iteration(event: dict[str, Any]) -> str:
         return format(value, fmt) if isinstance(value, int | float) else "-"
 
     failed = f", {event['failed_rollouts']} failed" if event.get("failed_rollouts") else ""
+    if event.get("truncated"):
+        failed += f", {event['truncated']} cut at max_tokens"
+    if event.get("empty_responses"):
+        failed += f", {event['empty_responses']} empty"
     if event.get("judged") is not None:
-        fell_back = event.get("judge_fallback") or 0
+        unjudged = event.get("judge_failed") or 0
         failed += f", judged {event['judged']}" + (
-            f" ({fell_back} without a judge score)" if fell_back else ""
+            f" ({unjudged} without a judge score, left out)" if unjudged else ""
         )
     return (
         f"rollouts {event.get('rollouts')}{failed}, mixed groups {event.get('mixed_groups')}/{event.get('groups')}, "
         f"trained {event.get('train_sequences')} seqs, grad_norm {num('grad_norm', '.3g')}, "
         f"clipped {num('clip_fraction', '.0%')} | rollout {num('rollout_seconds', '.1f')} s, "
         f"update {num('update_seconds', '.1f')} s, sync {num('weight_sync_seconds', '.1f')} s"
+    )
+
+
+def format_restem_iteration(event: dict[str, Any]) -> str:
+    """The ReST-EM trainer's per-iteration line: what the E-step kept, what the M-step did, where time went."""
+
+    def num(key: str, fmt: str) -> str:
+        value = event.get(key)
+        return format(value, fmt) if isinstance(value, int | float) else "-"
+
+    failed = f", {event['failed_rollouts']} failed" if event.get("failed_rollouts") else ""
+    return (
+        f"sampled {event.get('rollouts')}{failed}, kept {event.get('kept')} from {event.get('prompts_with_kept')} "
+        f"prompts, M-step {event.get('sft_steps')} steps from the base model (loss {num('first_loss', '.3g')} -> "
+        f"{num('last_loss', '.3g')}) | sample {num('sampling_seconds', '.1f')} s, "
+        f"fine-tune {num('sft_seconds', '.1f')} s, sync {num('weight_sync_seconds', '.1f')} s"
     )
 
 
@@ -251,12 +277,22 @@ def run_local(opts: LocalOptions) -> LocalResult:
                 Problem("an SFT job needs a dataset", field="job.data", fix="pass --dataset FILE.jsonl")
             )
         dataset_path = _find_dataset(str(value), opts.config_path)
-        require_valid_jsonl(dataset_path)
+        check_dataset(dataset_path)
 
+    task_choice = (
+        choose_task_app(config, cli_url=opts.task_url, env=dict(os.environ), script=opts.task_app)
+        if opts.kind == "rl"
+        else ("none", "")
+    )
+    if task_choice[0] == "url" and not os.environ.get("ENVIRONMENT_API_KEY"):
+        raise UserError(Problem(f"the task app at {task_choice[1]} needs its key: ENVIRONMENT_API_KEY is not set",
+                                field="ENVIRONMENT_API_KEY", fix="export ENVIRONMENT_API_KEY=<the task app's key>"))  # fmt: skip
     printer.line(
         f"posttrain train --local: {opts.kind} job {LOCAL_NAMESPACE}/{name} (uid {uid}), run folder {run_dir}"
     )
     printer.line(_precision_line(config))
+    printer.record = RunRecord(run_dir, name=name, kind=opts.kind, uid=uid, model=source or base,
+                               config=str(opts.config_path))  # fmt: skip
     progress: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     result: dict[str, Any] | None = None
@@ -291,10 +327,14 @@ def run_local(opts: LocalOptions) -> LocalResult:
             phase = "Verifying"
             task_url = None
             if opts.kind == "rl":
-                task_url = opts.task_url or os.environ.get("TASK_APP_URL")
-                if not task_url:
-                    task_url, _ = start_taskapp(procs, api_key=env_key, log_dir=logs, app_path=opts.task_app)
-                printer.phase(phase, f"task app {task_url}")
+                how, where = task_choice
+                if how == "url":
+                    task_url = str(where)
+                else:
+                    task_url, _ = start_taskapp(procs, api_key=env_key, log_dir=logs, app_path=Path(where))
+                printer.phase(
+                    phase, f"task app {task_url}" + (f" (started {where})" if how == "start" else "")
+                )
                 from posttrain.taskapp_client import TaskAppClient, verify
 
                 with TaskAppClient(task_url, env_key) as client:
@@ -342,9 +382,11 @@ def run_local(opts: LocalOptions) -> LocalResult:
                 client.fput_object(s3.bucket, key, str(dataset_path))
                 dataset_ref["train"] = f"s3://{s3.bucket}/{key}"
                 validation = _section(config, "data").get("validation_path")
-                if validation:
+                if validation and str(validation).startswith("s3://"):
+                    dataset_ref["validation"] = str(validation)  # the trainer reads it from the (same) S3
+                elif validation:
                     vpath = _find_dataset(str(validation), opts.config_path)
-                    require_valid_jsonl(vpath)
+                    check_dataset(vpath)
                     vkey = f"{prefix}data/validation.jsonl"
                     client.fput_object(s3.bucket, vkey, str(vpath))
                     dataset_ref["validation"] = f"s3://{s3.bucket}/{vkey}"
@@ -398,6 +440,7 @@ def run_local(opts: LocalOptions) -> LocalResult:
                 for line in lines:
                     if "progress" in line:
                         progress.append(line["progress"])
+                        printer.record.update(progress=line["progress"])
                         text = format_progress(line["progress"])
                         fields = {k for k, v in line["progress"].items() if v is not None} - {"updatedAt"}
                         step = line["progress"].get("step")
@@ -412,6 +455,8 @@ def run_local(opts: LocalOptions) -> LocalResult:
                             printer.line(f"  event {json.dumps(line)}")
                         elif line["event"] == "iteration":
                             printer.line(f"    {format_iteration(line)}")
+                        elif line["event"] == "restem_iteration":
+                            printer.line(f"    {format_restem_iteration(line)}")
                 if code is not None:
                     break
                 for proc in procs.processes:
@@ -458,6 +503,7 @@ def run_local(opts: LocalOptions) -> LocalResult:
         printer.phase(phase, f"in {seconds:.0f} s")
         printer.line(f"fine_tuned_model: {fine_tuned}")
         printer.line(f"s3 uri: {s3_uri}")
+        printer.record.update(fine_tuned_model=fine_tuned, s3_uri=s3_uri)
         (run_dir / "result.json").write_text(
             json.dumps({"fine_tuned_model": fine_tuned, "s3_uri": s3_uri, "artifacts": artifacts,
                         "seconds": round(seconds, 1)}, indent=2)

@@ -1,11 +1,14 @@
-"""Start a task app as a local process (the bundled math task app by default) and wait until it answers."""
+"""The task app of a local run: which one (`choose_task_app`: a URL, or a script to start) and starting a
+task app script as a local process that answers before the job goes on."""
 
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+from posttrain.errors import Problem, UserError
 from posttrain.local.processes import ManagedProcess, ProcessSet, wait_http
 from posttrain.localhost import free_port
 
@@ -36,3 +39,35 @@ def start_taskapp(
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/", timeout=timeout, proc=proc)
     return url, proc
+
+
+# The environments the bundled task apps serve (env_name -> script); other environments need their own app.
+BUNDLED = {"math": MATH_APP}
+PLACEHOLDER_URLS = ("", "placeholder")
+
+
+def choose_task_app(
+    config: dict[str, Any], *, cli_url: str | None, env: dict[str, str], script: Path | None
+) -> tuple[str, str | Path]:
+    """("url", URL) of a running task app or ("start", script) to start one, as synth resolves the task
+    URL: --task-url, then $TASK_APP_URL, then [services].task_url; with none of them, --task-app-script, or
+    the bundled app of the config's environment (only math: starting it for another environment would
+    train on arithmetic). A UserError when nothing serves the environment."""
+    services = config.get("services") if isinstance(config.get("services"), dict) else {}
+    rollout = config.get("rollout") if isinstance(config.get("rollout"), dict) else {}
+    for url in (cli_url, env.get("TASK_APP_URL"), services.get("task_url")):
+        if url and str(url).strip() not in PLACEHOLDER_URLS:
+            return "url", str(url)
+    if script is not None:
+        return "start", Path(script)
+    env_name = str(rollout.get("env_name") or "")
+    if env_name in BUNDLED:
+        return "start", Path(env.get("POSTTRAIN_TASKAPP") or BUNDLED[env_name])
+    raise UserError(
+        Problem(
+            f"no task app for environment {env_name!r}: the bundled app serves only {', '.join(BUNDLED)}",
+            field="services.task_url",
+            fix="start the environment's task app and pass --task-url URL (or set TASK_APP_URL or "
+            "[services].task_url), or pass --task-app-script SCRIPT",
+        )
+    )

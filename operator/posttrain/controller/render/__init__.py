@@ -59,7 +59,7 @@ class Rendered:
 def render_rljob(job: Job, settings: OperatorSettings, task_app: TaskAppTarget) -> Rendered:
     """Every child of an RLJob; `task_app` is the verified target."""
     spec = job.rl
-    topo = rl_topology(spec.compute, spec.vllm, spec.reference)
+    topo = rl_topology(spec.compute, spec.vllm, spec.reference, spec.algorithm)
     servers = render_servers(job, settings, topo, model_location(spec, settings))
     jobfile = render_jobfile(job, settings, task_app=task_app, endpoints=servers.endpoints)
     trainer = render_trainer(job, settings, topo, task_app=task_app, wait_for=servers.urls,

@@ -22,6 +22,7 @@ from posttrain.controller.settings import (
 from posttrain.controller.spec_errors import SpecError
 
 S3_KEY_ENV = ("S3_ACCESS_KEY_ID", "S3_SECRET_ACCESS_KEY")
+SHM_VOLUME = "dshm"
 
 
 def owner_reference(owner: Owner) -> dict[str, Any]:
@@ -138,6 +139,16 @@ def s3_env(spec: JobSpecCommon, settings: OperatorSettings) -> list[dict[str, An
             {"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
         )
     return env
+
+
+def shm(settings: OperatorSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A memory-backed /dev/shm (volume, mount). A container's own /dev/shm is 64 MiB: vLLM's engine needs
+    more for its shared-memory ring buffer (160 MiB on the smallest model), and NCCL and torch's
+    multi-process data paths use it too."""
+    empty_dir: dict[str, Any] = {"medium": "Memory"}
+    if settings.shm_size_limit:
+        empty_dir["sizeLimit"] = settings.shm_size_limit
+    return {"name": SHM_VOLUME, "emptyDir": empty_dir}, {"name": SHM_VOLUME, "mountPath": "/dev/shm"}
 
 
 def plain_env(settings: OperatorSettings) -> list[dict[str, Any]]:

@@ -72,8 +72,10 @@ def server_children(job: Job, settings: OperatorSettings, server: Server) -> lis
         "resources": pods.resources(spec, server.role, server.gpus_per_pod, settings),
         "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 5},
     }
+    shm_volume, shm_mount = pods.shm(settings)
+    container["volumeMounts"] = [shm_mount]
     pod_spec = security.lock_down(
-        {"containers": [container], **pods.pod_scheduling(spec.scheduling)},
+        {"containers": [container], "volumes": [shm_volume], **pods.pod_scheduling(spec.scheduling)},
         run_as_user=settings.run_as_user,
         read_only_root=True,
         token=False,
@@ -110,18 +112,18 @@ def rollout_server(spec: RLJobSpec, name: str, topo: Topology, model: ModelLocat
     args = _model_args(model.path, model.base, topo.tensor_parallel)
     if spec.vllm and spec.vllm.max_model_len:
         args += ["--max-model-len", str(spec.vllm.max_model_len)]
-    gpus = topo.tensor_parallel if topo.gpus_for_vllm > 0 else 0
+    gpus = topo.gpus(topo.tensor_parallel if topo.gpus_for_vllm > 0 else 0)
     return Server(ROLE_ROLLOUT, rollout_name(name), topo.rollout_replicas, gpus, args)
 
 
 def reference_server(name: str, topo: Topology, model: ModelLocation) -> Server:
     args = _model_args(model.path, model.base, topo.gpus_for_ref)
-    return Server(ROLE_REFERENCE, reference_name(name), 1, topo.gpus_for_ref, args)
+    return Server(ROLE_REFERENCE, reference_name(name), 1, topo.gpus(topo.gpus_for_ref), args)
 
 
-def judge_server(name: str, judge_model: str, gpus: int, settings: OperatorSettings) -> Server:
+def judge_server(name: str, judge_model: str, gpus: int, topo: Topology, settings: OperatorSettings) -> Server:
     args = _model_args(base_model_path(judge_model, settings), judge_model, gpus)
-    return Server(ROLE_JUDGE, judge_name(name), 1, gpus, args)
+    return Server(ROLE_JUDGE, judge_name(name), 1, topo.gpus(gpus), args)
 
 
 def judge_key_env(spec: RLJobSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
@@ -156,7 +158,7 @@ def render_servers(job: Job, settings: OperatorSettings, topo: Topology, model: 
     if judge is not None and judge.scores_rollouts():
         assert judge.options is not None and judge.options.model
         if judge.options.self_hosted():
-            server = judge_server(owner.name, judge.options.model, judge.options.server_gpus(), settings)
+            server = judge_server(owner.name, judge.options.model, judge.options.server_gpus(), topo, settings)
             out.endpoints["judges"] = {JUDGE_ENDPOINT: add(server)}
         else:
             out.judge_env = judge_key_env(spec, settings)

@@ -2,7 +2,8 @@
 running torchrun, and the headless Service that gives pod 0 the stable DNS name torchrun's rendezvous
 needs (<job>-trainer-0.<job>-trainer.<namespace>.svc).
 
-Each pod mounts the job's ConfigMap (the job file at /etc/posttrain/job.json) and a /workspace emptyDir.
+Each pod mounts the job's ConfigMap (the job file at /etc/posttrain/job.json), a /workspace emptyDir and a
+memory-backed /dev/shm.
 Before the trainer starts, init containers re-verify the task app (RLJob) and wait for every server's
 /health. The trainer is the only pod that mounts a ServiceAccount token: it patches its job's status."""
 
@@ -101,15 +102,21 @@ def init_containers(
     return init
 
 
-def volumes(job: Job, dataset_volume: dict[str, Any] | None) -> tuple[list[dict], list[dict]]:
-    """(volumes, the trainer's mounts): the job file's ConfigMap, /workspace, and a dataset ConfigMap."""
+def volumes(
+    job: Job, settings: OperatorSettings, dataset_volume: dict[str, Any] | None
+) -> tuple[list[dict], list[dict]]:
+    """(volumes, the trainer's mounts): the job file's ConfigMap, /workspace, a memory-backed /dev/shm, and
+    a dataset ConfigMap."""
+    shm_volume, shm_mount = pods.shm(settings)
     vols: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_name(job.owner.name)}},
         {"name": "workspace", "emptyDir": {}},
+        shm_volume,
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
         {"name": "workspace", "mountPath": WORKDIR},
+        shm_mount,
     ]
     if dataset_volume:
         vols.append({"name": "data", "configMap": dataset_volume})
@@ -133,7 +140,7 @@ def trainer_pod(
     if job.is_rl:
         env += token.token_env(job.owner)
     env += task_app_key_env(task_app) + pods.s3_env(spec, settings) + judge_env + pods.plain_env(settings)
-    vols, mounts = volumes(job, dataset_volume)
+    vols, mounts = volumes(job, settings, dataset_volume)
     container = {
         "name": ROLE_TRAINER,
         "image": image,
@@ -141,7 +148,7 @@ def trainer_pod(
         "command": trainer_command(job.trainer_kind),
         "env": env,
         "ports": [{"name": "rendezvous", "containerPort": settings.master_port}],
-        "resources": pods.resources(spec, ROLE_TRAINER, topo.trainer_gpus_per_pod, settings),
+        "resources": pods.resources(spec, ROLE_TRAINER, topo.gpus(topo.trainer_gpus_per_pod), settings),
         "volumeMounts": mounts,
         "workingDir": WORKDIR,
     }

@@ -1,0 +1,66 @@
+"""Local SFT datasets on their way to a cluster job: checked with the trainer's rules, then uploaded to S3
+(when S3_ENDPOINT, S3_ACCESS_KEY_ID and S3_SECRET_ACCESS_KEY are set), or refused with the fix. A job
+spec never carries a path that only exists on the machine that wrote it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from posttrain.errors import Problem, UserError
+
+S3_VARIABLES = ("S3_ENDPOINT", "S3_ACCESS_KEY_ID", "S3_SECRET_ACCESS_KEY")
+
+
+def s3_configured(env: dict[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return all(env.get(name) for name in S3_VARIABLES)
+
+
+def find_local(value: str, config_path: Path | None, *, field: str, file: str | None = None) -> Path:
+    """A dataset path as synth reads it (relative to the current folder; the config's folder also works)."""
+    candidates = [Path(value)] + ([config_path.parent / value] if config_path is not None else [])
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise UserError(Problem(f"dataset not found: {value}", file=file, field=field,
+                            fix="pass an existing JSONL (relative paths resolve against the current folder)"))  # fmt: skip
+
+
+def check_dataset(path: Path, *, max_images_per_message: int | None = None) -> int:
+    """The trainer's rules (posttrain.api.dataset); the number of rows. Warnings go to stderr."""
+    import sys
+
+    from posttrain.api.dataset import validate_jsonl
+
+    report = validate_jsonl(path, max_images_per_message=max_images_per_message)
+    if report.problems:
+        raise UserError(report.problems)
+    for warning in report.warnings[:20]:
+        print(f"warning: {warning}", file=sys.stderr)
+    return report.examples
+
+
+def upload(path: Path, *, field: str, file: str | None = None) -> str:
+    """s3://$S3_BUCKET/datasets/<sha16>-<name> (content-addressed: the same file uploads to the same key),
+    or a UserError saying how to make the file reachable."""
+    if not s3_configured():
+        raise UserError(
+            Problem(
+                f"{path} is a local file, which a cluster job cannot read",
+                file=file,
+                field=field,
+                fix="set S3_ENDPOINT, S3_ACCESS_KEY_ID and S3_SECRET_ACCESS_KEY to upload it, or pass an "
+                "s3:// URI (posttrain train also puts small files in a ConfigMap)",
+            )
+        )
+    from posttrain_trainer import storage
+
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    bucket = os.environ.get("S3_BUCKET", "posttrain")
+    client = storage.client_from_env({"endpoint": os.environ["S3_ENDPOINT"], "bucket": bucket})
+    storage.ensure_bucket(client, bucket)
+    key = f"datasets/{digest}-{path.name}"
+    client.fput_object(bucket, key, str(path))
+    return f"s3://{bucket}/{key}"

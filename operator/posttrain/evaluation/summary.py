@@ -1,0 +1,153 @@
+"""The evaluation's numbers (pure): mean reward, success rate, pass@k, and the table printed at the end.
+
+pass@k uses the unbiased estimator of Chen et al. 2021 per seed, 1 - C(n - c, k) / C(n, k) with n samples
+and c successes (reward >= the success threshold), averaged over seeds; it exists for every k up to the
+smallest n. A task app that reports pass@k itself (metrics.pass_at_k, or metrics.details.pass_at_k, a number
+or {k: value}) is averaged as given instead."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def parse_seeds(text: str, *, limit: int = 1_000_000) -> list[int]:
+    """ "0-99", "1,2,5", "1000000-1000063,7": seeds in order, duplicates removed; ValueError on bad text."""
+    seeds: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if dash else int(lo)
+        except ValueError:
+            raise ValueError(f"{part!r} is not a seed or a range like 0-99") from None
+        if first < 0 or last < first:
+            raise ValueError(f"{part!r}: seeds are >= 0 and a range goes up (e.g. 0-99)")
+        if last - first + 1 + len(seeds) > limit:
+            raise ValueError(f"more than {limit} seeds")
+        seeds.extend(range(first, last + 1))
+    if not seeds:
+        raise ValueError("no seeds")
+    return list(dict.fromkeys(seeds))
+
+
+def format_seeds(seeds: list[int]) -> str:
+    """The inverse of parse_seeds: runs of consecutive seeds as ranges ("0-99,200")."""
+    parts: list[str] = []
+    start = prev = None
+    for seed in seeds:
+        if prev is not None and seed == prev + 1:
+            prev = seed
+            continue
+        if start is not None:
+            parts.append(f"{start}-{prev}" if prev != start else str(start))
+        start = prev = seed
+    if start is not None:
+        parts.append(f"{start}-{prev}" if prev != start else str(start))
+    return ",".join(parts)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one problem with n samples of which c succeeded."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _reported_pass_at_k(row: dict[str, Any]) -> dict[int, float]:
+    metrics = row.get("metrics") if isinstance(row.get("metrics"), dict) else {}
+    details = metrics.get("details") if isinstance(metrics.get("details"), dict) else {}
+    value = metrics.get("pass_at_k", details.get("pass_at_k"))
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        k = metrics.get("k") or details.get("k") or 1
+        return {int(k): float(value)}
+    if isinstance(value, dict):
+        out = {}
+        for key, v in value.items():
+            try:
+                out[int(str(key).removeprefix("pass@"))] = float(v)
+            except (TypeError, ValueError):
+                continue
+        return out
+    return {}
+
+
+@dataclass
+class Summary:
+    model: str
+    episodes: int = 0
+    errors: int = 0
+    seeds: int = 0
+    mean_reward: float | None = None
+    success_rate: float | None = None
+    pass_at: dict[int, float] = field(default_factory=dict)
+    pass_at_source: str = ""  # "estimated from n samples per seed" | "reported by the task app"
+    by_split: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        data["pass_at"] = {f"pass@{k}": v for k, v in sorted(self.pass_at.items())}
+        return data
+
+
+def summarize(
+    rows: list[dict[str, Any]], *, model: str, threshold: float = 1.0, seconds: float = 0.0
+) -> Summary:
+    ok = [r for r in rows if isinstance(r.get("reward"), int | float)]
+    summary = Summary(model=model, episodes=len(ok), errors=len(rows) - len(ok), seconds=seconds)
+    if not ok:
+        return summary
+    rewards = [float(r["reward"]) for r in ok]
+    summary.mean_reward = sum(rewards) / len(rewards)
+    summary.success_rate = sum(1 for x in rewards if x >= threshold) / len(rewards)
+    per_seed: dict[int, list[float]] = defaultdict(list)
+    per_split: dict[str, list[float]] = defaultdict(list)
+    for row in ok:
+        per_seed[int(row["seed"])].append(float(row["reward"]))
+        split = (row.get("metadata") or {}).get("task_split")
+        if split:
+            per_split[str(split)].append(float(row["reward"]))
+    summary.seeds = len(per_seed)
+    summary.by_split = {k: sum(v) / len(v) for k, v in sorted(per_split.items())}
+    reported: dict[int, list[float]] = defaultdict(list)
+    for row in ok:
+        for k, value in _reported_pass_at_k(row).items():
+            reported[k].append(value)
+    if reported:
+        summary.pass_at = {k: sum(v) / len(v) for k, v in sorted(reported.items())}
+        summary.pass_at_source = "reported by the task app"
+        return summary
+    n = min(len(v) for v in per_seed.values())
+    if n >= 2:
+        for k in sorted({1, n} | ({2, 4, 8, 16, 32} & set(range(1, n + 1)))):
+            values = [pass_at_k(len(v), sum(1 for x in v if x >= threshold), k) for v in per_seed.values()]
+            summary.pass_at[k] = sum(values) / len(values)
+        summary.pass_at_source = f"estimated from {n}+ samples per seed (success: reward >= {threshold:g})"
+    return summary
+
+
+def format_table(summaries: list[Summary]) -> str:
+    """One row per model: episodes, errors, mean reward, success rate, pass@k columns, seconds."""
+    ks = sorted({k for s in summaries for k in s.pass_at})
+    head = (
+        ["MODEL", "SEEDS", "EPISODES", "ERRORS", "MEAN REWARD", "SUCCESS"]
+        + [f"PASS@{k}" for k in ks]
+        + ["TIME"]
+    )
+    lines = [head]
+
+    def num(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    for s in summaries:
+        lines.append([s.model, str(s.seeds), str(s.episodes), str(s.errors), num(s.mean_reward),
+                      num(s.success_rate)] + [num(s.pass_at.get(k)) for k in ks] + [f"{s.seconds:.0f}s"])  # fmt: skip
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
