@@ -148,7 +148,7 @@ def test_status_of_a_missing_job_exits_3(cluster, namespace, co):
         [sys.executable, "-m", "posttrain.cli", "status", "nope", "-n", namespace],
         capture_output=True, text=True, cwd=REPO, env=env, timeout=60,
     )  # fmt: skip
-    assert result.returncode == 3 and "no RLJob or SFTJob named 'nope'" in result.stdout
+    assert result.returncode == 3 and "no RLJob or SFTJob named 'nope'" in result.stderr
 
 
 def test_sft_dataset_goes_into_a_configmap_the_job_references(cluster, namespace, co, tmp_path):

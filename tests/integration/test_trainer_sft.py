@@ -397,4 +397,4 @@ def test_bad_dataset_fails_with_the_line(tiny_model_dir, tmp_path, capsys):
         tmp_path / "run", tiny_model_dir, train_file, None, hp={"batch_size": 4}, name="bad"
     )
     assert main(load_jobfile(job_path)) == 65  # EX_DATAERR: the Job fails at once, no retry
-    assert "error: train.jsonl:9: messages needs at least 2 entries" in capsys.readouterr().out
+    assert "error: train.jsonl:9: messages has 1 entries; at least 2 turns are needed" in capsys.readouterr().out

@@ -18,6 +18,12 @@ from posttrain_trainer import storage as s3
 REPORTED_ARTIFACTS = ("model", "manifest", "checkpoints", "logs", "config", "metrics", "reward_curve")
 
 
+def reported_artifacts(artifacts: dict[str, str]) -> dict[str, str]:
+    """The artifacts a job reports in its status, from all it uploaded (a restarted pod of a finished job
+    reports the same set from manifest.json)."""
+    return {k: artifacts[k] for k in REPORTED_ARTIFACTS if artifacts.get(k)}
+
+
 def job_model_id(job: JobFile) -> str:
     """The fine_tuned_model id this job produces: `ft:<base>:<ns>.<name>.<uid8>` (SFT) or `rl:...` (RL)."""
     return fine_tuned_model_id(
@@ -100,5 +106,5 @@ def finalize(
     (workdir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
     if job.storage is not None:
         s3.put_json(client, job.storage.bucket, job.storage.prefix + "manifest.json", manifest)
-    reported = {k: artifacts[k] for k in REPORTED_ARTIFACTS if artifacts.get(k)}
+    reported = reported_artifacts(artifacts)
     return model_id, reported

@@ -273,7 +273,7 @@ def _write_samples(path: Path, samples: list[KeptSample], tokenizer, iteration: 
 
 
 def train(job: JobFile) -> dict[str, Any]:
-    from posttrain_trainer.artifacts import finalize
+    from posttrain_trainer.artifacts import finalize, reported_artifacts
     from posttrain_trainer.modeling import is_peft
     from posttrain_trainer.weightsync import WeightSyncer, sync_format
 
@@ -293,7 +293,7 @@ def train(job: JobFile) -> dict[str, Any]:
         reporter.event("already_complete", steps=manifest.get("steps"))
         reporter.result(
             manifest["fine_tuned_model"],
-            {k: manifest["artifacts"][k] for k in ("model", "manifest", "checkpoints", "logs", "config")},
+            reported_artifacts(manifest["artifacts"]),
         )
         D.barrier()
         return dict(manifest.get("metrics", {}), fine_tuned_model=manifest["fine_tuned_model"])

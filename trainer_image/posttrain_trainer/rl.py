@@ -493,7 +493,7 @@ def train(job: JobFile) -> dict[str, Any]:
 def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
     from posttrain.hardware import torch_dtype
 
-    from posttrain_trainer.artifacts import finalize
+    from posttrain_trainer.artifacts import finalize, reported_artifacts
     from posttrain_trainer.modeling import is_peft, load_dtype, load_model_and_tokenizer
     from posttrain_trainer.optim import build_optimizer, build_scheduler
     from posttrain_trainer.weightsync import WeightSyncer, sync_format
@@ -554,7 +554,7 @@ def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
         reporter.event("already_complete", steps=manifest.get("steps"))
         reporter.result(
             manifest["fine_tuned_model"],
-            {k: manifest["artifacts"][k] for k in ("model", "manifest", "checkpoints", "logs", "config")},
+            reported_artifacts(manifest["artifacts"]),
         )
         D.barrier()
         return dict(manifest.get("metrics", {}), fine_tuned_model=manifest["fine_tuned_model"])

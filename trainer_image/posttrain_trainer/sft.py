@@ -293,7 +293,7 @@ def _is_text_only(model) -> bool:
 
 def train(job: JobFile) -> dict[str, Any]:
     """Run the SFT job; returns the final metrics (rank 0 also uploads artifacts and reports the result)."""
-    from posttrain_trainer.artifacts import finalize
+    from posttrain_trainer.artifacts import finalize, reported_artifacts
     from posttrain_trainer.modeling import load_dtype, load_model_and_tokenizer, load_processor
 
     D.init_distributed()
@@ -392,7 +392,7 @@ def train(job: JobFile) -> dict[str, Any]:
         reporter.event("already_complete", steps=manifest.get("steps"))
         reporter.result(
             manifest["fine_tuned_model"],
-            {k: manifest["artifacts"][k] for k in ("model", "manifest", "checkpoints", "logs", "config")},
+            reported_artifacts(manifest["artifacts"]),
         )
         D.barrier()
         return dict(manifest.get("metrics", {}), fine_tuned_model=manifest["fine_tuned_model"])

@@ -277,7 +277,7 @@ def upload_results(uri: str, files: list[Path]) -> None:
 def _forwarded_args(args: argparse.Namespace, task_url: str, base_model_uri: str = "") -> list[str]:
     """The flags the Job's `posttrain eval` gets (the key travels as a Secret, never as a flag). A base
     model id is read where the operator's jobs read it (POSTTRAIN_BASE_MODEL_URI, an s3:// folder)."""
-    from posttrain.local.models import is_fine_tuned_id
+    from posttrain.api.model_ids import is_fine_tuned_id
 
     model_path = args.model_path
     if model_path is None and not args.inference_url and not is_fine_tuned_id(args.model) and base_model_uri:
@@ -321,9 +321,10 @@ def _task_app(api: Any, namespace: str, name: str) -> tuple[str, str | None]:
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
     url = status.get("url") or spec.get("url")
     if not url:
-        from posttrain.controller.render import task_app_service_url
+        from posttrain.controller.objects import parse_task_app
+        from posttrain.controller.render.taskapp import task_app_service_url
 
-        url = task_app_service_url(obj)
+        url = task_app_service_url(parse_task_app(obj))
     secret = (spec.get("apiKeySecretRef") or {}).get("name")
     return str(url), secret
 

@@ -98,8 +98,9 @@ def model_server(
     startup_timeout: float = 1800.0, out: Any = None,
 ) -> Iterator[Served]:  # fmt: skip
     """Serve `model` on a free 127.0.0.1 port for the duration of the block (every process stopped after)."""
+    from posttrain.api.model_ids import is_fine_tuned_id
     from posttrain.dataset_upload import s3_configured
-    from posttrain.local.models import ResolvedModel, is_fine_tuned_id, resolve_model
+    from posttrain.local.models import ResolvedModel, resolve_model
     from posttrain.local.processes import ProcessSet, wait_http
     from posttrain.local.runner import _vllm_env
     from posttrain.localhost import free_port
