@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 POSTTRAIN := $(VENV)/bin/posttrain
 PYTEST_ARGS ?=
 
-.PHONY: setup k8s-bins test test-unit demo bench cluster-up cluster-down crds lint images clean
+.PHONY: setup k8s-bins argocd-bins test test-unit e2e-gitops demo bench cluster-up cluster-down crds lint images clean
 
 setup:
 	bash hack/setup.sh
@@ -13,12 +13,20 @@ setup:
 k8s-bins:
 	bash hack/build-k8s.sh
 
+argocd-bins:
+	bash hack/build-argocd.sh
+
 # The whole suite: unit tests, integration tests on the real control plane, real S3 and real vLLM.
 test: setup k8s-bins
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m "not argocd" $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# A real Argo CD (built from the Go module proxy, cached outside the clone) syncs jobs from a git repository
+# into the dev control plane; not part of `test` (its cold build alone is longer than CI's budget allows).
+e2e-gitops: setup k8s-bins argocd-bins
+	$(PY) -m pytest tests/e2e/test_gitops_argocd.py -m argocd -s $(PYTEST_ARGS)
 
 demo: setup
 	bash hack/demo.sh

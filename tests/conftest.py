@@ -8,4 +8,5 @@ pytest_plugins = [
     "fixtures.cluster",
     "fixtures.hostile_taskapp",
     "fixtures.operator_env",
+    "fixtures.argocd",
 ]

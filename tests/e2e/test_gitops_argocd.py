@@ -1,0 +1,421 @@
+"""GitOps for real (`make e2e-gitops`): a real Argo CD (application-controller + repo-server, redis, a git
+repository served over git://; tests/fixtures/argocd.py) syncs a git folder of posttrain custom resources
+into the real control plane, where the real operator runs them and kwok plays the pods.
+
+The folder holds what a user commits: a TaskApp and two RLJobs written by `posttrain convert`. The
+Application, its AppProject and the argocd-cm settings are the ones manifests/argocd ships (only the
+repository URL, path and namespace edited, as a user does). The job phases are driven the way the operator
+tests drive them (the trainer's result written into status, the trainer pod ended through kwok), and every
+health verdict below is Argo CD's own: its Lua runtime running manifests/argocd/health/*.lua on the live
+objects, read from Application.status. Checked:
+- Argo CD applies the TaskApp first (sync wave) and the jobs once it is Healthy, i.e. verified;
+- a job shows Progressing while it runs and Healthy with its fine-tuned model at Succeeded;
+- a job whose trainer fails shows Degraded with the operator's message;
+- the Application stays Synced (one sync per commit, never OutOfSync) while the operator writes status and
+  finalizers and the API server fills CRD defaults;
+- deleting a job's file from git prunes the job, and the garbage collector its children.
+The last line sums it up in a fixed format."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fixtures.argocd import ARGOCD_NAMESPACE, ArgoCDHandle, apply, kubectl, shipped_argocd_manifests
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from posttrain.controller.testing import (
+    GROUP,
+    VERSION,
+    OperatorProcess,
+    api_client_of,
+    complete_trainer,
+    ensure_crds,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.argocd]
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "math-taskapp-key"
+GOOD, BAD = "math-gspo", "math-gspo-fails"
+FOLDER = "jobs"
+OPERATOR_ENV = {
+    "POSTTRAIN_VERIFY_TIMEOUT_SECONDS": "20",
+    "POSTTRAIN_VERIFY_BACKOFF_INITIAL": "0.5",
+    "POSTTRAIN_VERIFY_BACKOFF_MAX": "2",
+    "POSTTRAIN_VERIFY_REQUEST_TIMEOUT": "2",
+    "POSTTRAIN_RESYNC_SECONDS": "5",
+    "POSTTRAIN_S3_ENDPOINT": "http://127.0.0.1:9",
+}
+
+
+def wait_for(fn: Callable[[], Any], timeout: float, what: str, on_timeout: Callable[[], str] = str) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last={last!r}\n{on_timeout()}")
+
+
+def converted_rljob(name: str, workdir: Path) -> str:
+    """`posttrain convert` of the demo GSPO TOML (on GPUs, for the kwok nodes), naming the TaskApp `math`."""
+    toml = workdir / f"{name}.toml"
+    toml.write_text(
+        (REPO / "examples/demo/rl.toml").read_text().replace('gpu_type = "CPU"', 'gpu_type = "H100"')
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", "convert", "-c", str(toml), "--name", name,
+         "--task-app", "math", "--api-key-secret", SECRET],
+        capture_output=True, text=True, cwd=REPO, check=True,
+    )  # fmt: skip
+    return proc.stdout
+
+
+def taskapp_yaml(url: str) -> str:
+    """The TaskApp a user writes for a task app that runs outside the cluster. It leaves out what the CRD
+    defaults (port, replicas, the Secret key, the other verification timings): the API server fills those
+    in, and Argo CD must still call the object Synced. Wave -1: applied, and Healthy, before the jobs."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "TaskApp",
+            "metadata": {"name": "math", "annotations": {"argocd.argoproj.io/sync-wave": "-1"}},
+            "spec": {
+                "url": url,
+                "apiKeySecretRef": {"name": SECRET},
+                "verification": {"timeoutSeconds": 120},
+            },
+        },
+        sort_keys=False,
+    )
+
+
+class ApplicationWatch:
+    """Polls the Application in a thread and keeps every observation: sync status per revision, health,
+    sync history, and Argo CD's health of each resource."""
+
+    def __init__(self, co: client.CustomObjectsApi, name: str):
+        self.co = co
+        self.name = name
+        self.seen: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def get(self) -> dict[str, Any]:
+        return self.co.get_namespaced_custom_object(
+            "argoproj.io", "v1alpha1", ARGOCD_NAMESPACE, "applications", self.name
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        status = self.get().get("status") or {}
+        resources = {
+            (r["kind"], r["name"]): {
+                "sync": r.get("status"),
+                "health": (r.get("health") or {}).get("status"),
+                "message": (r.get("health") or {}).get("message"),
+            }
+            for r in status.get("resources") or []
+        }
+        return {
+            "t": time.monotonic(),
+            "revision": (status.get("sync") or {}).get("revision"),
+            "sync": (status.get("sync") or {}).get("status"),
+            "health": (status.get("health") or {}).get("status"),
+            "operation": (status.get("operationState") or {}).get("phase"),
+            "history": [h.get("revision") for h in status.get("history") or []],
+            "conditions": [(c.get("type"), c.get("message")) for c in status.get("conditions") or []],
+            "resources": resources,
+        }
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.seen.append(self.snapshot())
+            except Exception as exc:  # noqa: BLE001 - recorded, the assertions read them
+                self.errors.append(repr(exc))
+            self._stop.wait(0.5)
+
+    def __enter__(self) -> ApplicationWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def latest(self) -> dict[str, Any]:
+        return self.seen[-1] if self.seen else {}
+
+    def until(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float, what: str, logs: Callable[[], str]
+    ):
+        def check() -> dict[str, Any] | None:
+            snap = self.latest()
+            return snap if snap and predicate(snap) else None
+
+        return wait_for(check, timeout, f"Application {what}", lambda: f"{self.latest()}\n{logs()}")
+
+    def out_of_sync_after_synced(self) -> list[dict[str, Any]]:
+        """Observations where a revision that had been Synced was no longer Synced."""
+        synced: set[str] = set()
+        bad = []
+        for snap in self.seen:
+            if snap["sync"] == "Synced":
+                synced.add(snap["revision"])
+            elif snap["revision"] in synced:
+                bad.append(snap)
+        return bad
+
+
+def resource(snap: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
+    return snap["resources"].get((kind, name)) or {}
+
+
+def test_argocd_syncs_jobs_from_git(
+    cluster: Any, namespace: str, math_taskapp: Any, argocd: ArgoCDHandle, tmp_path: Path
+):
+    began = time.monotonic()
+    kcfg = Path(cluster.kubeconfig)
+    api = api_client_of(cluster)
+    ensure_crds(api)
+    co, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    git, server = argocd.git, argocd.argocd
+    logs = server.logs
+
+    # Secrets never go to git: the key is created in the namespace, the objects name it.
+    core.create_namespaced_secret(
+        namespace,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name=SECRET),
+            string_data={"ENVIRONMENT_API_KEY": math_taskapp.api_key},
+        ),
+    )
+    operator = OperatorProcess(kcfg, tmp_path / "operator.log", namespace=namespace, env=OPERATOR_ENV).start()
+
+    # The Application and AppProject as shipped, pointed at this repository and namespace.
+    shipped = shipped_argocd_manifests()
+    project = next(d for d in shipped if d["kind"] == "AppProject")
+    app = next(d for d in shipped if d["kind"] == "Application" and d["metadata"]["name"] == "posttrain-jobs")
+    assert app["spec"]["project"] == project["metadata"]["name"]
+    project["spec"]["sourceRepos"] = [git.url]
+    for dest in project["spec"]["destinations"]:
+        dest["namespace"] = namespace
+    app["spec"]["source"].update(repoURL=git.url, path=FOLDER)
+    app["spec"]["destination"]["namespace"] = namespace
+    assert app["spec"]["syncPolicy"]["automated"]["prune"] is True, "the shipped Application must prune"
+
+    first = git.commit(
+        {
+            f"{FOLDER}/taskapp-math.yaml": taskapp_yaml(math_taskapp.url),
+            f"{FOLDER}/{GOOD}.yaml": converted_rljob(GOOD, tmp_path),
+            f"{FOLDER}/{BAD}.yaml": converted_rljob(BAD, tmp_path),
+        },
+        "a task app and two GSPO jobs",
+    )
+    names = {("TaskApp", "math"), ("RLJob", GOOD), ("RLJob", BAD)}
+
+    def rljob(name: str) -> dict[str, Any] | None:
+        try:
+            return co.get_namespaced_custom_object(GROUP, VERSION, namespace, "rljobs", name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def phase(name: str) -> str | None:
+        return ((rljob(name) or {}).get("status") or {}).get("phase")
+
+    def everything() -> str:
+        return f"{logs()}\n--- operator:\n{operator.log_tail()}"
+
+    try:
+        apply(kcfg, [project], "posttrain")
+        synced_at = time.monotonic()
+        apply(kcfg, [app], "posttrain")
+        with ApplicationWatch(co, app["metadata"]["name"]) as watch:
+            # 1. The first sync: all three objects from git, Synced.
+            snap = watch.until(
+                lambda s: (
+                    s["revision"] == first
+                    and s["sync"] == "Synced"
+                    and s["operation"] == "Succeeded"
+                    and names <= {k for k, r in s["resources"].items() if r["sync"] == "Synced"}
+                ),
+                240,
+                f"Synced at {first[:8]}",
+                everything,
+            )
+            sync_seconds = time.monotonic() - synced_at
+            synced_objects = len(snap["resources"])
+            assert set(snap["resources"]) == names, snap["resources"]
+            # Wave -1 first: Argo CD created the jobs only after the TaskApp was verified (Healthy).
+            taskapp = co.get_namespaced_custom_object(GROUP, VERSION, namespace, "taskapps", "math")
+            verified = next(c for c in taskapp["status"]["conditions"] if c["type"] == "Verified")
+            assert verified["status"] == "True", taskapp["status"]
+            for name in (GOOD, BAD):
+                created = (rljob(name) or {})["metadata"]["creationTimestamp"]
+                assert created >= verified["lastTransitionTime"], (name, created, verified)
+            # The API server filled the CRD's defaults that git leaves out; Argo CD still says Synced.
+            spec = taskapp["spec"]
+            assert spec["port"] == 8000 and spec["apiKeySecretRef"]["key"] == "ENVIRONMENT_API_KEY", spec
+            assert spec["verification"]["periodSeconds"] == 60, spec
+
+            # 2. Both jobs run (kwok pods): Argo CD says Progressing, with the operator's phase.
+            for name in (GOOD, BAD):
+                wait_for(lambda n=name: phase(n) == "Running", 120, f"{name} Running", everything)
+            watch.until(
+                lambda s: (
+                    all(
+                        resource(s, "RLJob", n).get("health") == "Progressing"
+                        and (resource(s, "RLJob", n).get("message") or "").startswith("Running")
+                        for n in (GOOD, BAD)
+                    )
+                    and resource(s, "TaskApp", "math").get("health") == "Healthy"
+                    and s["health"] == "Progressing"
+                ),
+                90,
+                "jobs Progressing (Running)",
+                everything,
+            )
+
+            # 3. The trainer of the first job reports its model and exits 0: Healthy, with the model.
+            uid = rljob(GOOD)["metadata"]["uid"]
+            model = f"rl:HuggingFaceTB/SmolLM2-135M-Instruct:{namespace}.{GOOD}.{uid.replace('-', '')[:8]}"
+            result = {"fineTunedModel": model, "artifacts": {"model": f"s3://posttrain/jobs/{GOOD}/final/"}}
+            co.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, "rljobs", GOOD, {"status": {"result": result}}
+            )
+            assert complete_trainer(api, namespace, f"{GOOD}-trainer", succeed=True) >= 1
+            wait_for(lambda: phase(GOOD) == "Succeeded", 90, f"{GOOD} Succeeded", everything)
+            watch.until(
+                lambda s: resource(s, "RLJob", GOOD).get("health") == "Healthy",
+                90,
+                f"{GOOD} Healthy",
+                everything,
+            )
+            assert resource(watch.latest(), "RLJob", GOOD)["message"] == f"Succeeded: {model}"
+
+            # 4. The second job's trainer fails: Degraded, with the operator's message.
+            assert complete_trainer(api, namespace, f"{BAD}-trainer", succeed=False) >= 1
+            wait_for(lambda: phase(BAD) == "Failed", 120, f"{BAD} Failed", everything)
+            failed_message = rljob(BAD)["status"]["message"]
+            assert failed_message, rljob(BAD)["status"]
+            snap = watch.until(
+                lambda s: resource(s, "RLJob", BAD).get("health") == "Degraded" and s["health"] == "Degraded",
+                90,
+                f"{BAD} Degraded",
+                everything,
+            )
+            assert resource(snap, "RLJob", BAD)["message"] == failed_message, (snap, failed_message)
+            assert resource(snap, "RLJob", GOOD)["health"] == "Healthy", snap
+
+            # Until now one commit, one sync, and Synced throughout: status writes, finalizers and
+            # defaults never made Argo CD see a difference (and self-heal never had to re-apply).
+            assert watch.latest()["history"] == [first], watch.latest()
+            assert not watch.out_of_sync_after_synced(), watch.out_of_sync_after_synced()[:3]
+
+            # 5. The failed job's file leaves git: Argo CD prunes the job, the garbage collector its children.
+            children_before = children(api, namespace, BAD)
+            assert children_before, "the failed job had no children to prune"
+            second = git.commit({f"{FOLDER}/{BAD}.yaml": None}, "drop the failed job")
+            snap = watch.until(
+                lambda s: (
+                    s["revision"] == second
+                    and s["sync"] == "Synced"
+                    and s["operation"] == "Succeeded"
+                    and ("RLJob", BAD) not in s["resources"]
+                    and s["health"] == "Healthy"
+                ),
+                180,
+                f"Synced at {second[:8]} without {BAD}, Healthy",
+                everything,
+            )
+            wait_for(lambda: rljob(BAD) is None, 60, f"{BAD} deleted", everything)
+            wait_for(lambda: not children(api, namespace, BAD), 90, f"{BAD}'s children deleted", everything)
+            assert rljob(GOOD) is not None and phase(GOOD) == "Succeeded"
+            assert resource(snap, "RLJob", GOOD)["health"] == "Healthy", snap
+            time.sleep(15)  # at least one more full reconciliation (10 s) over the final state
+
+        history = watch.latest()["history"]
+        assert history == [first, second], history
+        drifted = watch.out_of_sync_after_synced()
+        assert not drifted, drifted[:3]
+        assert not watch.errors, watch.errors[:3]
+        pruned = sorted({k for k, _ in children_before})
+        print(
+            f"\n{len(watch.seen)} observations of the Application; pruned RLJob {BAD} and its {', '.join(pruned)}"
+        )
+        print(f"e2e total {time.monotonic() - began:.0f} s")
+        print(
+            f"e2e-gitops: synced {synced_objects} objects from git in {sync_seconds:.0f} s; health "
+            "Progressing>Healthy for the job, Degraded for the failed one; pruned on delete; stayed Synced"
+        )
+    finally:
+        kubectl(
+            kcfg,
+            "delete",
+            "application",
+            "-n",
+            ARGOCD_NAMESPACE,
+            app["metadata"]["name"],
+            "--ignore-not-found",
+            "--wait=true",
+            check=False,
+        )
+        kubectl(
+            kcfg,
+            "delete",
+            "appproject",
+            "-n",
+            ARGOCD_NAMESPACE,
+            project["metadata"]["name"],
+            "--ignore-not-found",
+            check=False,
+        )
+        # Delete the jobs while the operator runs, so that it removes its finalizer.
+        for plural in ("rljobs", "taskapps"):
+            with contextlib.suppress(ApiException):
+                co.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, plural)
+        with contextlib.suppress(AssertionError):
+            wait_for(
+                lambda: (
+                    not any(
+                        co.list_namespaced_custom_object(GROUP, VERSION, namespace, p)["items"]
+                        for p in ("rljobs", "taskapps")
+                    )
+                ),
+                30,
+                "jobs deleted",
+            )
+        operator.stop()
+
+
+def children(api: client.ApiClient, namespace: str, job: str) -> list[tuple[str, str]]:
+    """(kind, name) of every object labelled as the job's child."""
+    found = []
+    lists = {
+        "deployments": client.AppsV1Api(api).list_namespaced_deployment,
+        "jobs": client.BatchV1Api(api).list_namespaced_job,
+        "services": client.CoreV1Api(api).list_namespaced_service,
+        "configmaps": client.CoreV1Api(api).list_namespaced_config_map,
+        "pods": client.CoreV1Api(api).list_namespaced_pod,
+        "serviceaccounts": client.CoreV1Api(api).list_namespaced_service_account,
+        "roles": client.RbacAuthorizationV1Api(api).list_namespaced_role,
+        "rolebindings": client.RbacAuthorizationV1Api(api).list_namespaced_role_binding,
+    }
+    for kind, fn in lists.items():
+        for item in fn(namespace, label_selector=f"posttrain.dev/job={job}").items:
+            found.append((kind, item.metadata.name))
+    return found
