@@ -19,6 +19,7 @@ The last line sums it up in a fixed format."""
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 import sys
 import threading
@@ -29,7 +30,14 @@ from typing import Any
 
 import pytest
 import yaml
-from fixtures.argocd import ARGOCD_NAMESPACE, ArgoCDHandle, apply, kubectl, shipped_argocd_manifests
+from fixtures.argocd import (
+    ARGOCD_NAMESPACE,
+    ArgoCDHandle,
+    GitOpsResult,
+    apply,
+    kubectl,
+    shipped_argocd_manifests,
+)
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from posttrain.controller.testing import (
@@ -46,7 +54,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.argocd]
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "math-taskapp-key"
 GOOD, BAD = "math-gspo", "math-gspo-fails"
-FOLDER = "jobs"
+# How Argo CD applies and diffs: as shipped (server-side apply, so its structured-merge diff), its default
+# (client-side apply and the three-way diff against last-applied-configuration), and server-side diff
+# (a dry-run apply on the API server, so admission and CRD defaulting are in the comparison).
+MODES = ["shipped", "client-side-apply", "server-side-diff"]
 OPERATOR_ENV = {
     "POSTTRAIN_VERIFY_TIMEOUT_SECONDS": "20",
     "POSTTRAIN_VERIFY_BACKOFF_INITIAL": "0.5",
@@ -134,6 +145,7 @@ class ApplicationWatch:
             "sync": (status.get("sync") or {}).get("status"),
             "health": (status.get("health") or {}).get("status"),
             "operation": (status.get("operationState") or {}).get("phase"),
+            "operation_message": (status.get("operationState") or {}).get("message") or "",
             "history": [h.get("revision") for h in status.get("history") or []],
             "conditions": [(c.get("type"), c.get("message")) for c in status.get("conditions") or []],
             "resources": resources,
@@ -183,10 +195,29 @@ def resource(snap: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
     return snap["resources"].get((kind, name)) or {}
 
 
+def configure(app: dict[str, Any], mode: str) -> None:
+    options = app["spec"]["syncPolicy"]["syncOptions"]
+    assert "ServerSideApply=true" in options
+    if mode == "client-side-apply":
+        options.remove("ServerSideApply=true")
+    elif mode == "server-side-diff":
+        app["metadata"].setdefault("annotations", {})["argocd.argoproj.io/compare-options"] = (
+            "ServerSideDiff=true"
+        )
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_argocd_syncs_jobs_from_git(
-    cluster: Any, namespace: str, math_taskapp: Any, argocd: ArgoCDHandle, tmp_path: Path
+    cluster: Any,
+    namespace: str,
+    math_taskapp: Any,
+    argocd: ArgoCDHandle,
+    gitops_results: list[GitOpsResult],
+    tmp_path: Path,
+    mode: str,
 ):
     began = time.monotonic()
+    FOLDER = namespace  # noqa: N806 - one folder of the repository per test
     kcfg = Path(cluster.kubeconfig)
     api = api_client_of(cluster)
     ensure_crds(api)
@@ -213,6 +244,7 @@ def test_argocd_syncs_jobs_from_git(
     for dest in project["spec"]["destinations"]:
         dest["namespace"] = namespace
     app["spec"]["source"].update(repoURL=git.url, path=FOLDER)
+    configure(app, mode)
     app["spec"]["destination"]["namespace"] = namespace
     assert app["spec"]["syncPolicy"]["automated"]["prune"] is True, "the shipped Application must prune"
 
@@ -258,6 +290,7 @@ def test_argocd_syncs_jobs_from_git(
                 everything,
             )
             sync_seconds = time.monotonic() - synced_at
+            compared_before = server.comparisons()
             synced_objects = len(snap["resources"])
             assert set(snap["resources"]) == names, snap["resources"]
             # Wave -1 first: Argo CD created the jobs only after the TaskApp was verified (Healthy).
@@ -322,8 +355,16 @@ def test_argocd_syncs_jobs_from_git(
             assert resource(snap, "RLJob", GOOD)["health"] == "Healthy", snap
 
             # Until now one commit, one sync, and Synced throughout: status writes, finalizers and
-            # defaults never made Argo CD see a difference (and self-heal never had to re-apply).
+            # defaults never made Argo CD see a difference (and self-heal never had to re-apply),
+            # over several full comparisons while the operator was writing.
             assert watch.latest()["history"] == [first], watch.latest()
+            assert not watch.out_of_sync_after_synced(), watch.out_of_sync_after_synced()[:3]
+            compared = wait_for(
+                lambda: (n := server.comparisons() - compared_before) >= 3 and n,
+                60,
+                "3 comparisons",
+                everything,
+            )
             assert not watch.out_of_sync_after_synced(), watch.out_of_sync_after_synced()[:3]
 
             # 5. The failed job's file leaves git: Argo CD prunes the job, the garbage collector its children.
@@ -346,21 +387,87 @@ def test_argocd_syncs_jobs_from_git(
             wait_for(lambda: not children(api, namespace, BAD), 90, f"{BAD}'s children deleted", everything)
             assert rljob(GOOD) is not None and phase(GOOD) == "Succeeded"
             assert resource(snap, "RLJob", GOOD)["health"] == "Healthy", snap
-            time.sleep(15)  # at least one more full reconciliation (10 s) over the final state
+
+            # 6. Editing a job in git in place (same name, new learning rate) is refused by the CRD's
+            # immutability rule; the job is untouched. (A new TOML is a new job: convert without --name
+            # names it from its content.)
+            converted = (git.work / FOLDER / f"{GOOD}.yaml").read_text()
+            assert "learningRate: 0.0002" in converted
+            edited = git.commit(
+                {f"{FOLDER}/{GOOD}.yaml": converted.replace("learningRate: 0.0002", "learningRate: 0.0003")},
+                "edit a running job in place",
+            )
+            if mode == "server-side-diff":
+                # The diff is a dry-run apply, which the API server refuses: the comparison fails (sync
+                # Unknown, the refusal as a ComparisonError). At the next comparison Argo CD reuses the
+                # diff it cached for the previous commit (server-side diff keeps its cache past the
+                # reconciliation timeout) and reports Synced although git and the cluster differ. This is
+                # why the shipped Application sets ServerSideDiff=false.
+                errored = watch.until(
+                    lambda s: (
+                        s["revision"] == edited
+                        and s["sync"] == "Unknown"
+                        and any("spec.training is immutable" in (m or "") for _, m in s["conditions"])
+                    ),
+                    120,
+                    f"the comparison at {edited[:8]} failing",
+                    everything,
+                )
+                refused = next(m for _, m in errored["conditions"] if "immutable" in (m or ""))
+                watch.until(
+                    lambda s: s["revision"] == edited and s["sync"] == "Synced",
+                    60,
+                    "a stale Synced",
+                    everything,
+                )
+                outcome = "reported Synced after a failed comparison (stale server-side diff cache)"
+            else:
+                # The sync fails and Argo CD retries, saying why; back to the converted YAML in git, the
+                # next retry takes that commit (retry.refresh) and the Application is Synced again.
+                snap = watch.until(
+                    lambda s: (
+                        s["revision"] == edited
+                        and s["sync"] == "OutOfSync"
+                        and "spec.training is immutable" in s["operation_message"]
+                    ),
+                    120,
+                    f"the in-place edit at {edited[:8]} refused",
+                    everything,
+                )
+                refused = snap["operation_message"]
+                outcome = "OutOfSync, sync refused"
+            assert rljob(GOOD)["spec"]["training"]["learningRate"] == 0.0002
+            restored = git.commit({f"{FOLDER}/{GOOD}.yaml": converted}, "back to the converted job")
+            watch.until(
+                lambda s: (
+                    s["revision"] == restored and s["sync"] == "Synced" and s["operation"] == "Succeeded"
+                ),
+                90,  # the refused commit's remaining retries alone would take 150 s
+                f"Synced at {restored[:8]}",
+                everything,
+            )
+            time.sleep(15)  # at least one more full comparison (10 s) over the final state
 
         history = watch.latest()["history"]
-        assert history == [first, second], history
+        # One sync per commit that changed what the cluster should hold (the server-side diff never saw
+        # the edit, so nothing had to be synced back).
+        want = [first, second] if mode == "server-side-diff" else [first, second, restored]
+        assert history == want, history
         drifted = watch.out_of_sync_after_synced()
         assert not drifted, drifted[:3]
         assert not watch.errors, watch.errors[:3]
         pruned = sorted({k for k, _ in children_before})
-        print(
-            f"\n{len(watch.seen)} observations of the Application; pruned RLJob {BAD} and its {', '.join(pruned)}"
-        )
-        print(f"e2e total {time.monotonic() - began:.0f} s")
-        print(
-            f"e2e-gitops: synced {synced_objects} objects from git in {sync_seconds:.0f} s; health "
-            "Progressing>Healthy for the job, Degraded for the failed one; pruned on delete; stayed Synced"
+        gitops_results.append(
+            GitOpsResult(
+                mode=mode,
+                objects=synced_objects,
+                sync_seconds=sync_seconds,
+                comparisons=compared,
+                observations=len(watch.seen),
+                pruned=pruned,
+                edit=f"{outcome}: {re.search(r'spec[.]training is immutable[^(]*', refused)[0].strip()}",
+                seconds=time.monotonic() - began,
+            )
         )
     finally:
         kubectl(

@@ -259,6 +259,10 @@ def test_argocd_applications():
     # TaskApps go first; converted jobs need no annotation (wave 0).
     assert waves["TaskApp"] < waves["RLJob"] == 0, waves
     assert jobs["spec"]["syncPolicy"]["automated"]["prune"] is True
+    # Server-side diff would call a refused in-place edit Synced (stale diff cache): kept off.
+    assert jobs["metadata"]["annotations"]["argocd.argoproj.io/compare-options"] == "ServerSideDiff=false"
+    # Retries of a refused sync move on to the newest commit (the fix), instead of holding the Application.
+    assert jobs["spec"]["syncPolicy"]["retry"]["refresh"] is True
     assert "RespectIgnoreDifferences=true" in jobs["spec"]["syncPolicy"]["syncOptions"]
     ignored = {(d["kind"], p) for d in jobs["spec"]["ignoreDifferences"] for p in d.get("jsonPointers", [])}
     assert ("RLJob", "/spec/suspend") in ignored
