@@ -13,8 +13,10 @@ objects, read from Application.status. Checked:
 - a job whose trainer fails shows Degraded with the operator's message;
 - the Application stays Synced (one sync per commit, never OutOfSync) while the operator writes status and
   finalizers and the API server fills CRD defaults;
-- deleting a job's file from git prunes the job, and the garbage collector its children.
-The last line sums it up in a fixed format."""
+- deleting a job's file from git prunes the job, and the garbage collector its children;
+- a job edited in place in git is refused (its spec is immutable) and Argo CD says so; reverted, Synced.
+Each of it in three apply/diff modes (MODES). tests/fixtures/argocd.py prints the summary as the session's
+last line, in a fixed format."""
 
 from __future__ import annotations
 
@@ -217,7 +219,7 @@ def test_argocd_syncs_jobs_from_git(
     mode: str,
 ):
     began = time.monotonic()
-    FOLDER = namespace  # noqa: N806 - one folder of the repository per test
+    folder = namespace  # one folder of the repository per test
     kcfg = Path(cluster.kubeconfig)
     api = api_client_of(cluster)
     ensure_crds(api)
@@ -243,16 +245,16 @@ def test_argocd_syncs_jobs_from_git(
     project["spec"]["sourceRepos"] = [git.url]
     for dest in project["spec"]["destinations"]:
         dest["namespace"] = namespace
-    app["spec"]["source"].update(repoURL=git.url, path=FOLDER)
+    app["spec"]["source"].update(repoURL=git.url, path=folder)
     configure(app, mode)
     app["spec"]["destination"]["namespace"] = namespace
     assert app["spec"]["syncPolicy"]["automated"]["prune"] is True, "the shipped Application must prune"
 
     first = git.commit(
         {
-            f"{FOLDER}/taskapp-math.yaml": taskapp_yaml(math_taskapp.url),
-            f"{FOLDER}/{GOOD}.yaml": converted_rljob(GOOD, tmp_path),
-            f"{FOLDER}/{BAD}.yaml": converted_rljob(BAD, tmp_path),
+            f"{folder}/taskapp-math.yaml": taskapp_yaml(math_taskapp.url),
+            f"{folder}/{GOOD}.yaml": converted_rljob(GOOD, tmp_path),
+            f"{folder}/{BAD}.yaml": converted_rljob(BAD, tmp_path),
         },
         "a task app and two GSPO jobs",
     )
@@ -370,7 +372,7 @@ def test_argocd_syncs_jobs_from_git(
             # 5. The failed job's file leaves git: Argo CD prunes the job, the garbage collector its children.
             children_before = children(api, namespace, BAD)
             assert children_before, "the failed job had no children to prune"
-            second = git.commit({f"{FOLDER}/{BAD}.yaml": None}, "drop the failed job")
+            second = git.commit({f"{folder}/{BAD}.yaml": None}, "drop the failed job")
             snap = watch.until(
                 lambda s: (
                     s["revision"] == second
@@ -391,10 +393,10 @@ def test_argocd_syncs_jobs_from_git(
             # 6. Editing a job in git in place (same name, new learning rate) is refused by the CRD's
             # immutability rule; the job is untouched. (A new TOML is a new job: convert without --name
             # names it from its content.)
-            converted = (git.work / FOLDER / f"{GOOD}.yaml").read_text()
+            converted = (git.work / folder / f"{GOOD}.yaml").read_text()
             assert "learningRate: 0.0002" in converted
             edited = git.commit(
-                {f"{FOLDER}/{GOOD}.yaml": converted.replace("learningRate: 0.0002", "learningRate: 0.0003")},
+                {f"{folder}/{GOOD}.yaml": converted.replace("learningRate: 0.0002", "learningRate: 0.0003")},
                 "edit a running job in place",
             )
             if mode == "server-side-diff":
@@ -437,7 +439,7 @@ def test_argocd_syncs_jobs_from_git(
                 refused = snap["operation_message"]
                 outcome = "OutOfSync, sync refused"
             assert rljob(GOOD)["spec"]["training"]["learningRate"] == 0.0002
-            restored = git.commit({f"{FOLDER}/{GOOD}.yaml": converted}, "back to the converted job")
+            restored = git.commit({f"{folder}/{GOOD}.yaml": converted}, "back to the converted job")
             watch.until(
                 lambda s: (
                     s["revision"] == restored and s["sync"] == "Synced" and s["operation"] == "Succeeded"
