@@ -6,7 +6,7 @@ POSTTRAIN := $(VENV)/bin/posttrain
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup k8s-bins node-bins test test-unit demo bench bench-demo cluster-up cluster-down crds lint images e2e clean
+.PHONY: setup k8s-bins node-bins argocd-bins test test-unit demo bench bench-demo cluster-up cluster-down crds lint images e2e e2e-gitops clean
 
 setup:
 	bash hack/setup.sh
@@ -18,12 +18,20 @@ k8s-bins:
 node-bins:
 	bash hack/build-node.sh
 
+argocd-bins:
+	bash hack/build-argocd.sh
+
 # The whole suite: unit tests, integration tests on the real control plane, real S3 and real vLLM.
 test: setup k8s-bins
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m "not argocd" $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# A real Argo CD (built from the Go module proxy, cached outside the clone) syncs jobs from a git repository
+# into the dev control plane; not part of `test` (its cold build alone is longer than CI's budget allows).
+e2e-gitops: setup k8s-bins argocd-bins
+	$(PY) -m pytest tests/e2e/test_gitops_argocd.py -m argocd -s $(PYTEST_ARGS)
 
 # DEMO_ARGS: options of `python -m posttrain.local.demo` (--help), e.g. DEMO_ARGS=--sft-warmup
 demo: setup

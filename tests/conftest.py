@@ -9,4 +9,5 @@ pytest_plugins = [
     "fixtures.hostile_taskapp",
     "fixtures.operator_env",
     "fixtures.signals",
+    "fixtures.argocd",
 ]

@@ -395,7 +395,8 @@ def test_no_diff_after_the_operator_reconciled(platform, namespace, math_taskapp
         for obj in objs:
             lua = lua51.LuaRuntime(unpack_returned_tuples=True, register_eval=False)
             lua.globals().obj = lua.table_from(obj, recursive=True)
-            hs = dict(lua.execute((MANIFESTS / "argocd" / "health" / f"{obj['kind']}.lua").read_text()))
+            script = "TaskApp.lua" if obj["kind"] == "TaskApp" else "job.lua"
+            hs = dict(lua.execute((MANIFESTS / "argocd" / "health" / script).read_text()))
             print(obj["kind"], obj["metadata"]["name"], "Argo CD health:", hs)
             want = "Healthy" if obj["kind"] == "TaskApp" else "Progressing"
             assert hs["status"] == want, (obj.get("status"), hs)

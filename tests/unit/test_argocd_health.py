@@ -1,6 +1,7 @@
-"""The Argo CD health checks (manifests/argocd/health/*.lua) executed by a real Lua 5.1 runtime (lupa), the
-dialect Argo CD's gopher-lua speaks, over status samples of each phase; and the argocd-cm that kustomize
-builds from them carries them byte for byte."""
+"""The Argo CD health checks (manifests/argocd/health/*.lua: job.lua for RLJob and SFTJob, TaskApp.lua)
+executed by a real Lua 5.1 runtime (lupa), the dialect Argo CD's gopher-lua speaks, over status samples of
+each phase; and the argocd-cm that kustomize builds from them carries them byte for byte. These are the fast
+checks; tests/e2e/test_gitops_argocd.py (`make e2e-gitops`) has a real Argo CD judge live jobs."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ lupa = pytest.importorskip("lupa.lua51")
 ROOT = Path(__file__).resolve().parents[2]
 HEALTH = ROOT / "manifests" / "argocd" / "health"
 JOB_KINDS = ["RLJob", "SFTJob"]
+# argocd-cm key suffix (group_kind) -> the one script for that kind
+SCRIPTS = {"RLJob": "job.lua", "SFTJob": "job.lua", "TaskApp": "TaskApp.lua"}
 
 
 def run_health(kind: str, obj: dict) -> dict:
-    """Evaluate health/<kind>.lua with `obj` as the global Argo CD passes in; returns {status, message}."""
+    """Evaluate the kind's script with `obj` as the global Argo CD passes in; returns {status, message}."""
     lua = lupa.LuaRuntime(unpack_returned_tuples=True, register_eval=False)
     lua.globals().obj = lua.table_from(obj, recursive=True)
-    script = (HEALTH / f"{kind}.lua").read_text()
+    script = (HEALTH / SCRIPTS[kind]).read_text()
     hs = lua.execute(script)
     assert hs is not None, f"{kind}.lua returned nothing"
     out = dict(hs)
@@ -180,12 +183,8 @@ def test_taskapp_suspended():
     assert run_health("TaskApp", taskapp({"phase": "Suspended"}))["status"] == "Suspended"
 
 
-def test_rljob_and_sftjob_scripts_differ_only_in_their_header():
-    rl = (HEALTH / "RLJob.lua").read_text().splitlines()
-    sft = (HEALTH / "SFTJob.lua").read_text().splitlines()
-    assert len(rl) == len(sft)
-    differing = [i for i, (a, b) in enumerate(zip(rl, sft, strict=True)) if a != b]
-    assert all(rl[i].startswith("--") for i in differing), differing
+def test_every_script_is_installed_and_no_other():
+    assert sorted(p.name for p in HEALTH.glob("*.lua")) == sorted(set(SCRIPTS.values()))
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) not installed")
@@ -200,7 +199,13 @@ def test_argocd_cm_is_built_from_the_lua_files():
     (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
     assert cm["metadata"]["name"] == "argocd-cm" and cm["metadata"]["namespace"] == "argocd"
     want = {
-        f"resource.customizations.health.posttrain.dev_{kind}": (HEALTH / f"{kind}.lua").read_text()
-        for kind in ["RLJob", "SFTJob", "TaskApp"]
+        f"resource.customizations.health.posttrain.dev_{kind}": (HEALTH / script).read_text()
+        for kind, script in SCRIPTS.items()
     }
-    assert cm["data"] == want
+    health = {k: v for k, v in cm["data"].items() if k.startswith("resource.customizations.health.")}
+    assert health == want
+    # One script for both job kinds: the two keys carry the same text.
+    assert (
+        want["resource.customizations.health.posttrain.dev_RLJob"]
+        == want["resource.customizations.health.posttrain.dev_SFTJob"]
+    )

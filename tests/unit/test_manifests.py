@@ -254,11 +254,26 @@ def test_argocd_applications():
     for path in sorted(folder.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
-                waves[doc["kind"]] = int(doc["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"])
-    assert waves["TaskApp"] < waves["RLJob"], waves
+                annotations = doc["metadata"].get("annotations") or {}
+                waves[doc["kind"]] = int(annotations.get("argocd.argoproj.io/sync-wave", 0))
+    # TaskApps go first; converted jobs need no annotation (wave 0).
+    assert waves["TaskApp"] < waves["RLJob"] == 0, waves
+    assert jobs["spec"]["syncPolicy"]["automated"]["prune"] is True
+    # Server-side diff would call a refused in-place edit Synced (stale diff cache): kept off.
+    assert jobs["metadata"]["annotations"]["argocd.argoproj.io/compare-options"] == "ServerSideDiff=false"
+    # Retries of a refused sync move on to the newest commit (the fix), instead of holding the Application.
+    assert jobs["spec"]["syncPolicy"]["retry"]["refresh"] is True
     assert "RespectIgnoreDifferences=true" in jobs["spec"]["syncPolicy"]["syncOptions"]
     ignored = {(d["kind"], p) for d in jobs["spec"]["ignoreDifferences"] for p in d.get("jsonPointers", [])}
     assert ("RLJob", "/spec/suspend") in ignored
+    # Its project admits the one repository and namespace, and posttrain kinds only.
+    project = find(docs, "AppProject", jobs["spec"]["project"])
+    assert project["spec"]["sourceRepos"] == [jobs["spec"]["source"]["repoURL"]]
+    assert [d["namespace"] for d in project["spec"]["destinations"]] == [
+        jobs["spec"]["destination"]["namespace"]
+    ]
+    kinds = {(r["group"], r["kind"]) for r in project["spec"]["namespaceResourceWhitelist"]}
+    assert kinds == {("posttrain.dev", k) for k in ("TaskApp", "RLJob", "SFTJob")}
 
 
 @needs_kubectl

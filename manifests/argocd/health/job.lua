@@ -1,10 +1,11 @@
--- Argo CD health check for posttrain.dev/SFTJob (Lua 5.1, as Argo CD runs it; `obj` is the resource).
+-- Argo CD health check for posttrain.dev/RLJob and posttrain.dev/SFTJob: one script, installed under both
+-- kinds' keys in argocd-cm (Lua 5.1, as Argo CD runs it; `obj` is the resource).
 -- Progressing: no status yet, Pending, Verifying, Provisioning, Running (or a generation not yet observed)
 -- Healthy:     Succeeded (message: the fine-tuned model id)
 -- Degraded:    Failed (message: status.message, else the Failed condition's message, else the reason)
 -- Suspended:   phase Suspended, or spec.suspend set on a job that has not finished
 -- Unknown:     a phase this script does not know
--- Kept in sync with RLJob.lua; tested by tests/unit/test_argocd_health.py.
+-- Tested by tests/unit/test_argocd_health.py (lupa) and judged by a real Argo CD in tests/e2e/test_gitops_argocd.py.
 local hs = {}
 
 local function condition(status, ctype)
