@@ -50,6 +50,7 @@ from fixtures.operator_process import (
 )
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from posttrain.api.exitcodes import EXIT_CONFIG_ERROR
 
 pytestmark = [pytest.mark.cluster, pytest.mark.argocd]
 
@@ -377,8 +378,9 @@ def test_argocd_syncs_jobs_from_git(
             )
             assert resource(watch.latest(), "RLJob", GOOD)["message"] == f"Succeeded: {model}"
 
-            # 4. The second job's trainer fails: Degraded, with the operator's message.
-            assert complete_trainer(api, namespace, f"{BAD}-trainer", succeed=False) >= 1
+            # 4. The second job's trainer fails with a config error (a retryable exit is retried by the Job's
+            # backoffLimit first): Degraded, with the operator's message.
+            assert complete_trainer(api, namespace, f"{BAD}-trainer", exit_code=EXIT_CONFIG_ERROR) >= 1
             wait_for(lambda: phase(BAD) == "Failed", 120, f"{BAD} Failed", everything)
             failed_message = rljob(BAD)["status"]["message"]
             assert failed_message, rljob(BAD)["status"]
