@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m posttrain.local.demo", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    parser.add_argument("--runs-dir", type=Path, default=REPO_ROOT / ".runs" / "demo")
+    parser.add_argument("--runs-dir", type=Path, default=REPO_ROOT / ".runs",
+                        help="the local runs folder (default .runs/: `posttrain status`, `logs`, `plot` and `eval` "
+                        "find the demo's runs and its S3 there); the curve and summary go to <runs-dir>/demo/")  # fmt: skip
     parser.add_argument("--config", type=Path, default=DEMO_DIR / "rl.toml", help="the RL job's TOML")
     parser.add_argument("--nproc-per-node", type=int, default=None,
                         help="trainer processes (default: posttrain.local.demo.trainer_processes())")  # fmt: skip
@@ -166,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-path", help="weights for the config's base model (as for train --local)")
     args = parser.parse_args(argv)
     runs_dir = args.runs_dir.resolve()
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = runs_dir / "demo"
+    out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
 
     from posttrain import hardware, modelzoo
@@ -192,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         sft = train("sft", DEMO_DIR / "sft.toml", runs_dir, "demo-sft", 1, [])
         timings["sft_s"] = round(time.monotonic() - t0, 1)
-        rl_toml = chained_config(rl_toml, sft["fine_tuned_model"], runs_dir / "rl-from-sft.toml")
+        rl_toml = chained_config(rl_toml, sft["fine_tuned_model"], out_dir / "rl-from-sft.toml")
         print(f"== RL config {rl_toml}: [model].source = {sft['fine_tuned_model']}", flush=True)
 
     print("== GSPO on the math task app (held-out evaluation before the first and after the last iteration)",
@@ -205,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     detail = iterations_of(run_dir)
     timings.update(_phase_seconds(run_dir, detail))
     curve = plot(
-        progress, runs_dir / "reward_curve.png", f"GSPO on the math task app\n{rl['fine_tuned_model']}"
+        progress, out_dir / "reward_curve.png", f"GSPO on the math task app\n{rl['fine_tuned_model']}"
     )
     returns = [p["meanReturn"] for p in progress]
     print(f"reward curve: {curve}", flush=True)
@@ -249,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         "independent_eval": independent or None,
         "reward_curve": str(curve),
     }
-    (runs_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("== summary", flush=True)
     print(f"  machine:               {summary['machine']}; {summary['dtypes']}")
     print(f"  total time:            {total / 60:.1f} min ({json.dumps(timings)})")
@@ -270,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  SFT model:             {sft['fine_tuned_model']}")
     print(f"  RL model:              {rl['fine_tuned_model']} ({rl['s3_uri']})")
     print(f"  reward curve:          {curve}")
-    print(f"  summary:               {runs_dir / 'summary.json'}", flush=True)
+    print(f"  summary:               {out_dir / 'summary.json'}", flush=True)
     if eval_final is None or eval_final < args.min_accuracy:
         print(f"  WARNING: the final model's held-out accuracy is below {args.min_accuracy}", flush=True)
         return 1
