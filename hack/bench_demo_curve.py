@@ -276,12 +276,13 @@ def reference(args, workdir: Path) -> dict[str, Any]:
 # -- ours ----------------------------------------------------------------------------------------------
 
 
-def ours(args, workdir: Path) -> dict[str, Any]:
+def ours(args) -> dict[str, Any]:
     """`posttrain train --local` on the demo's RL config from the base model (no SFT), its per-iteration
-    events, and its first and final evaluation (the config's [evaluation]: the held-out seeds, greedy)."""
+    events, and its first and final evaluation (the config's [evaluation]: the held-out seeds, greedy).
+    The run stays in --runs-dir (default .runs/): `posttrain status`, `plot` and `eval --model rl:...` find it."""
     started = time.monotonic()
     argv = [sys.executable, "-m", "posttrain.cli", "train", "--local", "--type", "rl", "--config", str(args.config),
-            "--runs-dir", str(workdir / "runs"), "--name", "bench-ours"]  # fmt: skip
+            "--runs-dir", str(args.runs_dir), "--name", "bench-ours"]  # fmt: skip
     print(f"[ours] $ posttrain {' '.join(argv[3:])}", flush=True)
     run_dir = None
     with subprocess.Popen(
@@ -333,6 +334,7 @@ def summarize(name: str, result: dict[str, Any], target: float) -> dict[str, Any
         "eval_after": result["eval_after"],
         "server_start_s": result["server_start_s"],
         "wall_s": round(result["wall_s"], 1),
+        "run_dir": result.get("run_dir"),
     }
 
 
@@ -345,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--stop-at-target", action="store_true", help="end the reference once it reaches it")
     parser.add_argument("--config", type=Path, default=DEMO_RL, help="our RL config (default: the demo's)")
+    parser.add_argument("--runs-dir", type=Path, default=REPO / ".runs",
+                        help="where our run's folder and its embedded S3 stay (default .runs/)")
     parser.add_argument("--json-out", type=Path, default=REPO / "bench-results" / "demo_curve.json")
     args = parser.parse_args(argv)
     from posttrain import hardware, modelzoo
@@ -356,8 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.which in ("both", "reference"):
             results.append(summarize("reference", reference(args, Path(tmp) / "reference"), args.target))
         if args.which in ("both", "ours"):
-            (Path(tmp) / "ours").mkdir()
-            results.append(summarize("ours (posttrain)", ours(args, Path(tmp) / "ours"), args.target))
+            results.append(summarize("ours (posttrain)", ours(args), args.target))
     print(f"\n== side by side ({hardware.probe().describe()}; {uptime()})")
     print(f"{'':18} {'iters to ' + str(args.target):>14} {'train s to it':>14} {'held-out before':>16} "
           f"{'after':>7} {'vLLM start s':>13} {'wall s':>8}")  # fmt: skip
@@ -370,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt(r['eval_before'], '.3f'):>16} {fmt(r['eval_after'], '.3f'):>7} "
               f"{fmt(r['server_start_s'], '.0f'):>13} {fmt(r['wall_s'], '.0f'):>8}")  # fmt: skip
         print(f"{'':18} mean_return: {', '.join(f'{v:.2f}' for v in r['mean_return'])}")
+        if r["run_dir"]:
+            print(f"{'':18} run folder: {r['run_dir']}")
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps({"machine": hardware.probe().describe(), "uptime": uptime(),
                                          "results": results}, indent=2))  # fmt: skip
