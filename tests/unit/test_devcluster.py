@@ -79,9 +79,14 @@ def test_down_stops_the_control_plane_a_kept_run_left(tmp_path):
     workdir = tmp_path / "cluster"
     workdir.mkdir()
     # Ignores SIGTERM, like a control-plane process slow to shut down: SIGKILL after the grace period.
-    ours = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done", str(workdir)])
+    ours = subprocess.Popen(
+        ["sh", "-c", "trap '' TERM; echo trapped; while :; do sleep 0.1; done", str(workdir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     other = subprocess.Popen(["sleep", "60"])
     try:
+        assert ours.stdout is not None and ours.stdout.readline() == "trapped\n"  # SIGTERM only after the trap
         (workdir / devcluster.PIDS_FILE).write_text(json.dumps({"etcd": ours.pid, "kwok": other.pid}))
         assert devcluster.stop_recorded_processes(workdir, grace=1.0) == ["etcd"]
         assert ours.wait(timeout=10) == -9
