@@ -41,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM --dtype (default: what this machine computes natively, posttrain.hardware: bfloat16 where "
         "bf16 is native, float32 on other CPUs, float16 on other GPUs)",
     )
+    s.add_argument(
+        "--lora-policy",
+        action="store_true",
+        help="the served weights are a base plus a trained LoRA merged at every weight sync: on a CPU vLLM "
+        "runs in float32, where bf16 would round the adapter's per-step change away (posttrain.hardware)",
+    )
     s.add_argument("--limit-mm-per-prompt", default=None, help='JSON, e.g. {"image": 1}')
     s.add_argument("--enable-lora", action="store_true")
     s.add_argument("--max-lora-rank", type=int, default=None)
@@ -118,7 +124,7 @@ def serve(args: argparse.Namespace) -> int:
     from posttrain import hardware
 
     capability = hardware.probe()
-    dtype = args.dtype or hardware.vllm_dtype(capability)
+    dtype = args.dtype or hardware.vllm_dtype(capability, args.lora_policy)
     log.info(
         "%s; vLLM --dtype %s (%s)", capability.describe(), dtype, "given" if args.dtype else "chosen for it"
     )

@@ -48,6 +48,25 @@ def test_decision_table(cap, request_, compute, vllm, warns):
     assert request_ in precision.describe() and compute in precision.describe()
 
 
+@pytest.mark.parametrize(("cap", "request_"), [(c, r) for c, r, *_ in TABLE])
+def test_a_lora_policy_is_synced_and_served_in_float32_on_a_cpu(cap, request_):
+    """The adapter's per-step change is below bf16's resolution once merged into bf16 weights (measured:
+    98 % of a step's delta rounded away), so on a CPU a LoRA policy is synced and served in float32; the
+    trainer's compute dtype and the frozen base's dtype do not change. GPUs keep their vLLM dtype."""
+    plain, lora = decide(cap, request_), decide(cap, request_, lora_policy=True)
+    assert (lora.compute, lora.load, lora.warning) == (plain.compute, plain.load, plain.warning)
+    if cap.device == "cpu":
+        assert lora.sync == lora.vllm == "float32"
+        assert hardware.vllm_dtype(cap, lora_policy=True) == "float32"
+    else:
+        assert (lora.sync, lora.vllm) == (plain.sync, plain.vllm)
+
+
+def test_lora_modes():
+    assert hardware.is_lora_mode("lora") and hardware.is_lora_mode("QLoRA")
+    assert not hardware.is_lora_mode("full") and not hardware.is_lora_mode(None)
+
+
 def test_requested_precision_from_config_knobs():
     assert requested_precision() == "auto"
     assert requested_precision(bf16=None, force_bf16=False) == "auto"

@@ -214,3 +214,18 @@ def test_train_local_prints_the_machine_and_the_dtypes_it_will_use(monkeypatch):
     sft_forced = {"hyperparameters": {"parallelism": {"force_bf16": True}}}
     assert "compute bf16 autocast" in _precision_line(sft_forced)
     assert "dtypes (auto): compute fp32" in _precision_line({}) and "WARNING" not in _precision_line({})
+
+
+def test_a_lora_rl_policy_is_served_and_synced_in_float32_on_a_bf16_cpu(monkeypatch):
+    """On a CPU with native bf16 the trainer computes in bf16, but a LoRA policy's weight sync and vLLM run
+    in float32 (posttrain.hardware): the line the run prints says so."""
+    from posttrain import hardware
+    from posttrain.local.runner import _lora_policy, _precision_line
+
+    zen4 = hardware.Capability(device="cpu", cpu_model="AMD EPYC", cpu_capability="AVX512", cpu_bf16=True)
+    monkeypatch.setattr(hardware, "probe", lambda: zen4)
+    lora = {"model": {"trainer_mode": "lora"}}
+    assert _lora_policy(lora) and not _lora_policy({"model": {"trainer_mode": "full"}}) and not _lora_policy({})
+    line = _precision_line(lora)
+    assert "compute bf16 autocast" in line and "weight sync float32, vLLM --dtype float32" in line
+    assert "weight sync bfloat16, vLLM --dtype bfloat16" in _precision_line({"model": {"trainer_mode": "full"}})

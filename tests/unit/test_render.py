@@ -104,6 +104,17 @@ def test_rollout_role_is_policy() -> None:
     assert cmd[cmd.index("--role") + 1] == "policy"
 
 
+def test_a_lora_policy_is_served_with_lora_policy_and_a_full_one_without() -> None:
+    """--lora-policy lets the rollout server serve a merged LoRA policy in float32 on a CPU node."""
+    for mode, flagged in (("lora", True), ("qlora", True), ("full", False)):
+        job = rljob(model={"base": "Qwen/Qwen3-0.6B", "trainerMode": mode})
+        out = render.render_rljob(job, SETTINGS, TARGET)
+        cmd = by(out.children, "Deployment", "rollout")["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert ("--lora-policy" in cmd) == flagged, mode
+        reference = by(out.children, "Deployment", "reference")["spec"]["template"]["spec"]["containers"][0]
+        assert "--lora-policy" not in reference["command"]
+
+
 def test_trainer_indexed_job_torchrun_env() -> None:
     compute = {
         "gpuType": "H100",

@@ -145,19 +145,19 @@ class ParallelConfig:
         cfg.extras = raw
         return cfg
 
-    def precision(self) -> hardware.Precision:
+    def precision(self, lora_policy: bool = False) -> hardware.Precision:
         """The dtypes of this run on this machine (posttrain.hardware's decision table)."""
-        return hardware.plan(self.bf16, self.force_bf16)
+        return hardware.plan(self.bf16, self.force_bf16, lora_policy)
 
 
 def use_bf16(cfg: ParallelConfig) -> bool:
     return cfg.precision().bf16
 
 
-def announce_precision(cfg: ParallelConfig) -> hardware.Precision:
+def announce_precision(cfg: ParallelConfig, lora_policy: bool = False) -> hardware.Precision:
     """The capability and the dtypes chosen, printed once (rank 0), with the warning when a bf16 request
-    was turned down; returns the decision."""
-    precision = cfg.precision()
+    was turned down; returns the decision. `lora_policy`: an RL LoRA policy that vLLM serves merged."""
+    precision = cfg.precision(lora_policy)
     if is_main():
         print(f"[posttrain] {hardware.probe().describe()}", flush=True)
         print(f"[posttrain] {precision.describe()}", flush=True)

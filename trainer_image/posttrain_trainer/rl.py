@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from posttrain import hardware
 from posttrain.api.exitcodes import EXIT_CONFIG_ERROR, EXIT_RETRYABLE
 from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
@@ -509,7 +510,7 @@ def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    precision = D.announce_precision(cfg.parallel)
+    precision = D.announce_precision(cfg.parallel, lora_policy=hardware.is_lora_mode(cfg.trainer_mode))
 
     model, tokenizer = load_model_and_tokenizer(
         job.model_path,

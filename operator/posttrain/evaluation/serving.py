@@ -34,7 +34,7 @@ class Served:
 def materialize(model_path: str, out_dir: Path, s3: Any) -> Path:
     """A plain local HF folder for a model path: itself when it is one; else (an s3:// final/ folder, full
     weights or a LoRA adapter on a chain of bases) loaded with the trainer's loader, merged in fp32, saved in
-    the dtype vLLM serves in here (posttrain.hardware)."""
+    the dtype vLLM serves a LoRA policy in here (posttrain.hardware: float32 on a CPU)."""
     local = Path(model_path)
     if not model_path.startswith("s3://") and (local / "config.json").exists():
         return local
@@ -50,7 +50,8 @@ def materialize(model_path: str, out_dir: Path, s3: Any) -> Path:
     os.environ.update(s3.env())
     try:
         model, tokenizer = load_model_and_tokenizer(model_path, storage=storage, dtype=torch.float32)
-        save_merged(model, tokenizer, out_dir, dtype=hardware.torch_dtype(hardware.plan().sync))
+        # a LoRA result merged into bf16 weights would lose most of its change: float32 on a CPU (hardware)
+        save_merged(model, tokenizer, out_dir, dtype=hardware.torch_dtype(hardware.plan(lora_policy=True).sync))
     finally:
         for key, value in saved.items():
             if value is None:
@@ -68,10 +69,12 @@ def server_argv(folder: Path, port: int, served_name: str, max_model_len: int) -
     from posttrain.local.runner import _rollout_argv
 
     if importlib.util.find_spec("posttrain_rollout.__main__") is not None:
-        return _rollout_argv("policy", str(folder), port, served_name, max_model_len)
+        # served as a LoRA policy is during training (float32 on a CPU), so before/after scores compare
+        return [*_rollout_argv("policy", str(folder), port, served_name, max_model_len), "--lora-policy"]
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
             "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", hardware.vllm_dtype(hardware.probe()), "--max-model-len", str(max_model_len)]  # fmt: skip
+            "--dtype", hardware.vllm_dtype(hardware.probe(), lora_policy=True),
+            "--max-model-len", str(max_model_len)]  # fmt: skip
 
 
 class _S3FromEnv:

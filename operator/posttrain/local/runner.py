@@ -107,6 +107,13 @@ def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _lora_policy(config: dict[str, Any]) -> bool:
+    """An RL policy trained as a LoRA, which the policy rollout server serves merged."""
+    from posttrain import hardware
+
+    return hardware.is_lora_mode(_section(config, "model").get("trainer_mode"))
+
+
 def _precision_line(config: dict[str, Any]) -> str:
     """This machine and the dtypes the trainer will pick for the config's parallelism (where the trainer
     reads it: hyperparameters.parallelism, else training.parallelism), as the trainer's log will say."""
@@ -115,7 +122,7 @@ def _precision_line(config: dict[str, Any]) -> str:
     parallelism = _section(_section(config, "hyperparameters"), "parallelism") or _section(
         _section(config, "training"), "parallelism"
     )
-    precision = hardware.plan(parallelism.get("bf16"), parallelism.get("force_bf16"))
+    precision = hardware.plan(parallelism.get("bf16"), parallelism.get("force_bf16"), _lora_policy(config))
     warning = f"; WARNING: {precision.warning}" if precision.warning else ""
     return f"machine: {hardware.probe().describe()}; {precision.describe()}{warning}"
 
@@ -363,6 +370,8 @@ def run_local(opts: LocalOptions) -> LocalResult:
                 for role in roles:
                     port = free_port()
                     argv = _rollout_argv(role, resolved.model_path, port, resolved.base_model, max_len)
+                    if role == "policy" and _lora_policy(config):
+                        argv.append("--lora-policy")  # float32 on a CPU: see posttrain.hardware
                     role_env = {**vllm_env, "POSTTRAIN_RUN_DIR": str(run_dir / f"rollout-{role}")}
                     proc = procs.start(f"rollout-{role}", argv, logs / f"rollout-{role}.log", env=role_env)
                     servers.append((role, proc, f"http://127.0.0.1:{port}"))

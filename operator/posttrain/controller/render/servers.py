@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain import hardware
 from posttrain.api.resources import RLJobSpec
 from posttrain.api.topology import Topology
 from posttrain.controller.objects import Job
@@ -112,6 +113,8 @@ def rollout_server(spec: RLJobSpec, name: str, topo: Topology, model: ModelLocat
     args = _model_args(model.path, model.base, topo.tensor_parallel)
     if spec.vllm and spec.vllm.max_model_len:
         args += ["--max-model-len", str(spec.vllm.max_model_len)]
+    if hardware.is_lora_mode(spec.model.trainer_mode):
+        args.append("--lora-policy")  # float32 vLLM on a CPU node (posttrain.hardware); no effect on a GPU
     gpus = topo.gpus(topo.tensor_parallel if topo.gpus_for_vllm > 0 else 0)
     return Server(ROLE_ROLLOUT, rollout_name(name), topo.rollout_replicas, gpus, args)
 
