@@ -104,7 +104,8 @@ def _first(*values: Any, default: Any = None) -> Any:
     return default
 
 
-def _eval_seeds(evaluation: dict[str, Any]) -> list[int]:
+def parse_eval_seeds(evaluation: dict[str, Any]) -> list[int]:
+    """evaluation.seeds: a list, or a "lo-hi" range string."""
     seeds = evaluation.get("seeds") or []
     if isinstance(seeds, str):  # "100-199"
         lo, _, hi = seeds.partition("-")
@@ -158,7 +159,7 @@ def parse_rl_config(config: dict[str, Any]) -> RLTrainerConfig:
         seed=int(pick("seed", default=0)),
         seed_start=int(_first(data.get("seed_start"), training.get("seed_start"), default=0)),
         eval_every=int(evaluation.get("every_n_iters") or 0),
-        eval_seeds=_eval_seeds(evaluation),
+        eval_seeds=parse_eval_seeds(evaluation),
         eval_instances=int(evaluation.get("instances") or 0),
         eval_temperature=float(evaluation.get("temperature") or 0.0),
         overlong=str(training.get("overlong") or "keep"),
