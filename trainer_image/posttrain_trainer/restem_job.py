@@ -26,7 +26,6 @@ that iteration's weights; a restarted job resumes after the latest one."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import random
@@ -45,11 +44,12 @@ from posttrain_trainer.report import Reporter
 from posttrain_trainer.restem import VARIETY
 from posttrain_trainer.restem_config import RestemConfigError, RestemTrainerConfig, parse_restem_config
 from posttrain_trainer.resume import CheckpointStore
-from posttrain_trainer.rl import iteration_seeds
+from posttrain_trainer.rl import iteration_seeds, run_evaluation
 from posttrain_trainer.rollouts import (
     ErrorBudget,
     RolloutBudgetExceeded,
     RolloutClient,
+    RolloutLoop,
     RolloutResult,
     plan_rollouts,
     run_tag,
@@ -196,22 +196,18 @@ def _write_samples(path: Path, samples: list[KeptSample], tokenizer, iteration: 
     return path
 
 
-def _collect(client: RolloutClient, specs, **kwargs) -> list[RolloutResult]:
-    return asyncio.run(client.collect(specs, **kwargs))
-
-
 class RestemRun:
     """One ReST-EM job on this rank: resume, then per iteration e_step (rank 0 samples and keeps) ->
     m_step (every rank fine-tunes the base model) -> sync -> evaluate -> checkpoint -> report, then finish."""
 
-    def __init__(self, job: JobFile):
+    def __init__(self, job: JobFile, loop: RolloutLoop):
         D.init_distributed()
         self.cfg = parse_restem_config(job.config)
         if job.task_app is None:
             raise RestemConfigError("a ReST-EM job file needs task_app.url")
         if not job.endpoints.policy:
             raise RestemConfigError("a ReST-EM job file needs endpoints.policy (the rollout servers)")
-        self.job = job
+        self.job, self.loop = job, loop
         self.reporter = Reporter(job, enabled=D.is_main())
         self.workdir = Path(job.workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -319,7 +315,7 @@ class RestemRun:
             specs = plan_rollouts(
                 self.run_tag, self.iteration, seeds, cfg.samples_per_prompt, self.job.endpoints.policy
             )
-            results = _collect(self.rollouts, specs)
+            results = self.loop.collect(self.rollouts, specs)
             errors = [r.error for r in results if not r.ok]
             try:
                 self.budget.check(len(results), errors)
@@ -370,21 +366,8 @@ class RestemRun:
             specs = plan_rollouts(
                 self.run_tag, at, cfg.eval_seeds, repeats, self.job.endpoints.policy, kind="ev"
             )
-            results = _collect(
-                self.rollouts,
-                specs,
-                mode="eval",
-                want_tokens=False,
-                policy_overrides={"temperature": cfg.eval_temperature},
-            )
-            ok = [r.reward for r in results if r.ok]
-            score = _mean(ok)
-            line = {
-                "step": at,
-                "eval_score": score,
-                "eval_rollouts": len(results),
-                "eval_failed": len(results) - len(ok),
-            }
+            line = run_evaluation(self.loop, self.rollouts, specs, at, cfg.eval_temperature)
+            score = line["eval_score"]
             self.history.append(line)
             self.reporter.event("evaluation", **line)
         return D.broadcast_object(score)
@@ -430,23 +413,22 @@ class RestemRun:
                     client=self.store.client,
                 )
         if D.is_main():
-            model_id, artifacts = saved
-            self.reporter.progress(
+            final = self.reporter.final(
+                *saved,
                 step=self.iteration,
                 total=self.cfg.iterations,
                 mean_return=metrics["final_mean_return"],
                 eval_score=metrics["final_eval_score"],
                 last_checkpoint=self.store.last_uri,
             )
-            self.reporter.result(model_id, artifacts)
-            metrics["fine_tuned_model"] = model_id
-            metrics["artifacts"] = artifacts
+            metrics.update(final)
         D.barrier()
         return metrics
 
 
 def train(job: JobFile) -> dict[str, Any]:
-    return RestemRun(job).run()
+    with RolloutLoop() as loop:  # one event loop for every rollout of the job, as in rl.train
+        return RestemRun(job, loop).run()
 
 
 def main(job: JobFile) -> int:

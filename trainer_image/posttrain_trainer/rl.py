@@ -387,6 +387,27 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def evaluation_record(at: int, results: list[RolloutResult]) -> dict[str, Any]:
+    """The "evaluation" event and metrics line of one evaluation: mean reward of the rollouts that ran."""
+    ok = [r.reward for r in results if r.ok]
+    return {
+        "step": at,
+        "eval_score": _mean(ok),
+        "eval_rollouts": len(results),
+        "eval_failed": len(results) - len(ok),
+    }
+
+
+def run_evaluation(
+    loop: RolloutLoop, client: RolloutClient, specs: list[Any], at: int, temperature: float
+) -> dict[str, Any]:
+    """Evaluation rollouts (mode eval, no tokens captured, the evaluation's temperature) -> their record."""
+    results = loop.collect(
+        client, specs, mode="eval", want_tokens=False, policy_overrides={"temperature": temperature}
+    )
+    return evaluation_record(at, results)
+
+
 def build_policy(
     job: JobFile, cfg: RLTrainerConfig, precision: Any
 ) -> tuple[D.TrainEngine, Any, torch.nn.Module | None]:
@@ -668,21 +689,8 @@ class RLRun:
             if len(set(seeds)) < len(seeds):  # repeated seeds (sampled eval): keep the cids unique
                 for n, spec in enumerate(specs):
                     spec.cid = f"{spec.cid}-{n}"
-            results = self.loop.collect(
-                self.rollouts,
-                specs,
-                mode="eval",
-                want_tokens=False,
-                policy_overrides={"temperature": cfg.eval_temperature},
-            )
-            ok = [r.reward for r in results if r.ok]
-            score = _mean(ok)
-            line = {
-                "step": at,
-                "eval_score": score,
-                "eval_rollouts": len(results),
-                "eval_failed": len(results) - len(ok),
-            }
+            line = run_evaluation(self.loop, self.rollouts, specs, at, cfg.eval_temperature)
+            score = line["eval_score"]
             self.history.append(line)
             self.reporter.event("evaluation", **line)
         return D.broadcast_object(score)
@@ -734,16 +742,16 @@ class RLRun:
                 extra_files={"reward_curve": curve} if curve else None,
                 client=self.store.client,
             )
-            self.reporter.progress(
+            final = self.reporter.final(
+                model_id,
+                artifacts,
                 step=self.iteration,
                 total=self.total,
                 mean_return=metrics["final_mean_return"],
                 eval_score=final_eval,
                 last_checkpoint=self.store.last_uri,
             )
-            self.reporter.result(model_id, artifacts)
-            metrics["fine_tuned_model"] = model_id
-            metrics["artifacts"] = artifacts
+            metrics.update(final)
         D.barrier()
         return metrics
 

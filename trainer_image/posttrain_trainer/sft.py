@@ -454,17 +454,15 @@ class SFTRun:
                 else None
             )
         if D.is_main():
-            model_id, artifacts = saved
-            self.reporter.progress(
+            final = self.reporter.final(
+                *saved,
                 step=self.step,
                 total=self.total,
                 loss=metrics["final_train_loss"],
                 eval_score=metrics["final_eval_loss"],
                 last_checkpoint=self.store.last_uri,
             )
-            self.reporter.result(model_id, artifacts)
-            metrics["fine_tuned_model"] = model_id
-            metrics["artifacts"] = artifacts
+            metrics.update(final)
         D.barrier()
         return metrics
 
