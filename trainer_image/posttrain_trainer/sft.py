@@ -176,8 +176,8 @@ def total_steps(cfg: SFTTrainerConfig, steps_per_epoch: int) -> int:
 
 
 class SFTRun:
-    """One SFT job on this rank: load the model and data, resume, then train step by step with evaluation,
-    early stopping and checkpoints, then finish (final model and result)."""
+    """One SFT job on this rank: load the model and data, resume, then epochs of optimizer steps, each with
+    its validation, early stopping and checkpoint, then finish (final model and result)."""
 
     def __init__(self, job: JobFile):
         from posttrain_trainer.modeling import load_dtype, load_model_and_tokenizer, load_processor
@@ -271,8 +271,8 @@ class SFTRun:
             return done
         self.resume()
         if self.do_eval and self.step == 0:
-            self.evaluate(0)
-        self.train()
+            self.validate(0)
+        self.train_epochs()
         return self.finish()
 
     def resume(self) -> None:
@@ -285,7 +285,7 @@ class SFTRun:
         self.best = dict(state.get("best", self.best))
         self.store.report_resumed(self.step, state)
 
-    def train(self) -> None:
+    def train_epochs(self) -> None:
         """Epochs of optimizer steps until total_steps, the epoch limit or early stopping."""
         cfg = self.cfg
         debug_sleep = float(
@@ -299,12 +299,12 @@ class SFTRun:
                 len(self.train_data), self.plan.global_batch, seed=cfg.seed, epoch=self.epoch
             )
             while self.batch_in_epoch < len(batches) and self.step < self.total:
-                if self.train_step(batches, debug_sleep):
+                if self.optimizer_step(batches, debug_sleep):
                     return
             if self.batch_in_epoch >= len(batches):
                 self.epoch, self.batch_in_epoch = self.epoch + 1, 0
 
-    def train_step(self, batches: list[list[int]], debug_sleep: float) -> bool:
+    def optimizer_step(self, batches: list[list[int]], debug_sleep: float) -> bool:
         """One optimizer step with its record, evaluation and checkpoint; True when early stopping says stop."""
         started = time.perf_counter()
         indices = batches[self.batch_in_epoch]
@@ -345,7 +345,7 @@ class SFTRun:
             tokens_per_second=tokens_per_s,
             last_checkpoint=self.store.last_uri,
         )
-        should_stop = self.evaluate(self.step) if self.eval_due(len(batches)) else False
+        should_stop = self.validate(self.step) if self.eval_due(len(batches)) else False
         self.checkpoint()
         if should_stop:
             self.stopped_early = True
@@ -362,7 +362,7 @@ class SFTRun:
             return bool(validation.eval_steps) and self.step % validation.eval_steps == 0
         return validation.strategy == "epoch" and self.batch_in_epoch == batches_in_epoch
 
-    def evaluate(self, at_step: int) -> bool:
+    def validate(self, at_step: int) -> bool:
         """Evaluate, track the best, return True when early stopping says stop (collective)."""
         validation = self.cfg.validation
         metrics = evaluate(self.engine, self.val_data, self.pad_id, self.plan.micro_batch, self.collate_fn)
