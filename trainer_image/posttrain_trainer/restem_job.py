@@ -44,7 +44,7 @@ from posttrain_trainer.report import Reporter
 from posttrain_trainer.restem import VARIETY
 from posttrain_trainer.restem_config import RestemConfigError, RestemTrainerConfig, parse_restem_config
 from posttrain_trainer.resume import CheckpointStore
-from posttrain_trainer.rl import iteration_seeds, run_evaluation
+from posttrain_trainer.rl import iteration_seeds, require_rollout_endpoints, run_evaluation
 from posttrain_trainer.rollouts import (
     ErrorBudget,
     RolloutBudgetExceeded,
@@ -203,10 +203,7 @@ class RestemRun:
     def __init__(self, job: JobFile, loop: RolloutLoop):
         D.init_distributed()
         self.cfg = parse_restem_config(job.config)
-        if job.task_app is None:
-            raise RestemConfigError("a ReST-EM job file needs task_app.url")
-        if not job.endpoints.policy:
-            raise RestemConfigError("a ReST-EM job file needs endpoints.policy (the rollout servers)")
+        require_rollout_endpoints(job, RestemConfigError, "a ReST-EM")
         self.job, self.loop = job, loop
         self.reporter = Reporter(job, enabled=D.is_main())
         self.workdir = Path(job.workdir)

@@ -398,6 +398,14 @@ def evaluation_record(at: int, results: list[RolloutResult]) -> dict[str, Any]:
     }
 
 
+def require_rollout_endpoints(job: JobFile, error: type[Exception], article_and_kind: str) -> None:
+    """A job that samples needs the task app and the policy's rollout servers in its job file."""
+    if job.task_app is None:
+        raise error(f"{article_and_kind} job file needs task_app.url")
+    if not job.endpoints.policy:
+        raise error(f"{article_and_kind} job file needs endpoints.policy (the rollout servers)")
+
+
 def run_evaluation(
     loop: RolloutLoop, client: RolloutClient, specs: list[Any], at: int, temperature: float
 ) -> dict[str, Any]:
@@ -488,10 +496,7 @@ class RLRun:
     def __init__(self, job: JobFile, loop: RolloutLoop):
         D.init_distributed()
         self.cfg = cfg = parse_rl_config(job.config)
-        if job.task_app is None:
-            raise RLConfigError("an RL job file needs task_app.url")
-        if not job.endpoints.policy:
-            raise RLConfigError("an RL job file needs endpoints.policy (the rollout servers)")
+        require_rollout_endpoints(job, RLConfigError, "an RL")
         self.job, self.loop = job, loop
         self.reporter = Reporter(job, enabled=D.is_main())
         self.workdir = Path(job.workdir)
