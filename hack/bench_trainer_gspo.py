@@ -98,12 +98,13 @@ def bench_posttrain(path: Path, batches: list[list[dict[str, Any]]], args) -> di
     from posttrain_trainer import gspo
     from posttrain_trainer.modeling import load_model_and_tokenizer
     from posttrain_trainer.optim import build_optimizer, build_scheduler
-    from posttrain_trainer.rl import RLConfig, TrainSeq, gspo_update
+    from posttrain_trainer.rl import TrainSeq, gspo_update
+    from posttrain_trainer.rl_config import RLTrainerConfig
 
     torch.manual_seed(0)
     model, tokenizer = load_model_and_tokenizer(path, trainer_mode="full", seed=0)
     sequences_per_batch = args.prompts * args.group
-    cfg = RLConfig(
+    cfg = RLTrainerConfig(
         batch_size=args.prompts,
         group_size=args.group,
         learning_rate=args.lr,

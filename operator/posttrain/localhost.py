@@ -6,7 +6,8 @@ Every such server runs in its own process group (`start_new_session=True`), so t
 with all its descendants (torchrun's workers, vLLM's engine core) and a terminal's Ctrl-C to the caller's
 group does not hit it half-way. `stop_group` sends SIGTERM to the group, waits a grace period for the
 leader, then SIGKILLs whatever is left of the group: a group may outlive its leader (vLLM's engine core
-does), and a leader that ignores SIGTERM must not hold the caller up."""
+does), and a leader that ignores SIGTERM must not hold the caller up. `stop_pids` is the same rule for
+processes known only by pid or group id (pid files, the reaper's groups)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import os
 import signal
 import socket
 import subprocess
+import time
+from collections.abc import Callable, Collection
 
 LOOPBACK = "127.0.0.1"
 KILL_WAIT_SECONDS = 5.0
@@ -52,3 +55,48 @@ def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(KILL_WAIT_SECONDS)
+
+
+def signalable(pid: int) -> bool:
+    """Whether signal 0 reaches `pid` (a zombie still counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def group_signalable(pgid: int) -> bool:
+    """Whether signal 0 reaches any process of group `pgid`."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_pids(
+    ids: Collection[int],
+    *,
+    group: bool = False,
+    grace: float = 10.0,
+    alive: Callable[[int], bool] | None = None,
+) -> None:
+    """SIGTERM every pid (every process group, when `group`), wait up to `grace` seconds while any is
+    `alive`, then SIGKILL: every group, or each pid that is still alive."""
+    send = os.killpg if group else os.kill
+    alive = alive or (group_signalable if group else signalable)
+    for pid in ids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            send(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(alive(pid) for pid in ids):
+        time.sleep(0.2)
+    for pid in ids:
+        if group or alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                send(pid, signal.SIGKILL)

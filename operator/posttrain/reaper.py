@@ -19,13 +19,13 @@ left and exits. The pipe's write end is close-on-exec, so no other child holds i
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
+
+from posttrain.localhost import stop_pids
 
 GRACE_SECONDS = 10.0
 
@@ -86,27 +86,9 @@ def unwatch(pgid: int) -> None:
     _send(f"-{int(pgid)}")
 
 
-def _alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reap(groups: set[int], grace: float = GRACE_SECONDS) -> None:
     """SIGTERM every group, wait up to `grace` seconds for them to go, SIGKILL the rest."""
-    for pgid in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_alive(g) for g in groups):
-        time.sleep(0.2)
-    for pgid in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+    stop_pids(groups, group=True, grace=grace)
 
 
 def main() -> int:

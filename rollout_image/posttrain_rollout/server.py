@@ -359,6 +359,136 @@ class VersionHeaderMiddleware:
         return await self.app(scope, receive, send_with_version)
 
 
+# -- routes: each handler finds the server's Proxy on the app (create_app puts it there) --------------------
+
+
+def _proxy(request: Request) -> Proxy:
+    return request.app.state.proxy
+
+
+def _refused() -> JSONResponse:
+    return _err(401, "this route needs the job's rollout token (Authorization: Bearer)", "unauthorized")
+
+
+async def health(request: Request) -> Response:
+    proxy = _proxy(request)
+    if not proxy.upstream_alive():
+        return JSONResponse({"status": "vllm exited"}, status_code=503)
+    try:
+        r = await proxy.http().get("/health", timeout=5.0)
+    except httpx.HTTPError:
+        return JSONResponse({"status": "starting"}, status_code=503)
+    if r.status_code != 200:
+        return JSONResponse({"status": "starting"}, status_code=503)
+    return JSONResponse({"status": "ok", "role": proxy.role, "weight_version": proxy.gate.version})
+
+
+async def models(request: Request) -> Response:
+    try:
+        r = await _proxy(request).http().get("/v1/models")
+    except httpx.HTTPError as err:
+        return _err(502, f"vLLM upstream error: {err}", "upstream_error")
+    return Response(r.content, status_code=r.status_code, media_type="application/json")
+
+
+async def chat(request: Request) -> Response:
+    return await _proxy(request).generate(request, "/v1/chat/completions", chat=True)
+
+
+async def completions(request: Request) -> Response:
+    return await _proxy(request).generate(request, "/v1/completions", chat=False)
+
+
+async def get_captures(cid: str, request: Request, pop: bool = False) -> Response:
+    """?pop=true also removes them (one call instead of GET + DELETE)."""
+    proxy = _proxy(request)
+    if not proxy.authorized(request):
+        return _refused()
+    entries = proxy.captures.pop(cid) if pop else proxy.captures.get(cid)
+    if entries is None:
+        return _err(404, f"no captures for cid {cid!r} (never seen, deleted or expired)", "not_found")
+    return JSONResponse(entries)
+
+
+async def delete_captures(cid: str, request: Request) -> Response:
+    proxy = _proxy(request)
+    if not proxy.authorized(request):
+        return _refused()
+    entries = proxy.captures.pop(cid)
+    if entries is None:
+        return _err(404, f"no captures for cid {cid!r}", "not_found")
+    return JSONResponse({"deleted": cid, "entries": len(entries)})
+
+
+async def capture_stats(request: Request) -> Response:
+    proxy = _proxy(request)
+    if not proxy.authorized(request):
+        return _refused()
+    return JSONResponse(proxy.captures.stats())
+
+
+async def get_weights(request: Request) -> Response:
+    proxy = _proxy(request)
+    return JSONResponse(
+        {"weight_version": proxy.gate.version, "syncing": proxy.gate.paused, "lora": proxy.lora_name}
+    )
+
+
+async def post_weights(request: Request) -> Response:
+    proxy = _proxy(request)
+    if not proxy.authorized(request):
+        return _refused()
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        return _err(400, "body must be JSON {path, format, version}")
+    if not isinstance(body, dict) or not body.get("path"):
+        return _err(400, "body must be {path, format: full|lora, version}")
+    fmt = str(body.get("format") or "full").lower()
+    if fmt not in ("full", "lora"):
+        return _err(400, f"format must be full or lora, not {fmt!r}")
+    version = body.get("version")
+    if version is None:
+        version = (proxy.gate.version + 1) if isinstance(proxy.gate.version, int) else proxy.syncs + 1
+    try:
+        result = await proxy.sync_weights(str(body["path"]), fmt, version)
+    except FileNotFoundError as err:
+        return _err(400, str(err))
+    except Exception as err:  # noqa: BLE001 - reported to the trainer, old weights keep serving
+        log.exception("weight sync failed")
+        return _err(500, f"weight sync failed: {type(err).__name__}: {err}", "weight_sync_error")
+    log.info("weights v%s (%s) loaded in %.3f s", result["weight_version"], fmt, result["seconds"])
+    return JSONResponse(result, headers={VERSION_HEADER: str(result["weight_version"])})
+
+
+async def score(request: Request) -> Response:
+    try:
+        seqs = reference.parse_sequences(await request.json())
+    except (ValueError, UnicodeDecodeError) as err:
+        return _err(400, str(err))
+    try:
+        values = await _proxy(request).score(seqs)
+    except reference.ScoreError as err:
+        return _err(502, str(err), "upstream_error")
+    except httpx.HTTPError as err:
+        return _err(502, f"vLLM upstream error: {err}", "upstream_error")
+    return JSONResponse({"logprobs": values})
+
+
+ROUTES = (
+    ("GET", "/health", health),
+    ("GET", "/v1/models", models),
+    ("POST", "/v1/chat/completions", chat),
+    ("POST", "/v1/completions", completions),
+    ("GET", "/v1/captures/{cid}", get_captures),
+    ("DELETE", "/v1/captures/{cid}", delete_captures),
+    ("GET", "/v1/captures", capture_stats),
+    ("GET", "/v1/weights", get_weights),
+    ("POST", "/v1/weights", post_weights),
+    ("POST", "/v1/score", score),
+)
+
+
 def create_app(proxy: Proxy) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -369,111 +499,9 @@ def create_app(proxy: Proxy) -> FastAPI:
         title=f"posttrain rollout server ({proxy.role})", docs_url=None, redoc_url=None, lifespan=lifespan
     )
     app.state.proxy = proxy
-
     app.add_middleware(VersionHeaderMiddleware, proxy=proxy)
-
-    def refused() -> JSONResponse:
-        return _err(401, "this route needs the job's rollout token (Authorization: Bearer)", "unauthorized")
-
-    @app.get("/health")
-    async def health() -> Response:
-        if not proxy.upstream_alive():
-            return JSONResponse({"status": "vllm exited"}, status_code=503)
-        try:
-            r = await proxy.http().get("/health", timeout=5.0)
-        except httpx.HTTPError:
-            return JSONResponse({"status": "starting"}, status_code=503)
-        if r.status_code != 200:
-            return JSONResponse({"status": "starting"}, status_code=503)
-        return JSONResponse({"status": "ok", "role": proxy.role, "weight_version": proxy.gate.version})
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        try:
-            r = await proxy.http().get("/v1/models")
-        except httpx.HTTPError as err:
-            return _err(502, f"vLLM upstream error: {err}", "upstream_error")
-        return Response(r.content, status_code=r.status_code, media_type="application/json")
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await proxy.generate(request, "/v1/chat/completions", chat=True)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await proxy.generate(request, "/v1/completions", chat=False)
-
-    @app.get("/v1/captures/{cid}")
-    async def get_captures(cid: str, request: Request, pop: bool = False) -> Response:
-        """?pop=true also removes them (one call instead of GET + DELETE)."""
-        if not proxy.authorized(request):
-            return refused()
-        entries = proxy.captures.pop(cid) if pop else proxy.captures.get(cid)
-        if entries is None:
-            return _err(404, f"no captures for cid {cid!r} (never seen, deleted or expired)", "not_found")
-        return JSONResponse(entries)
-
-    @app.delete("/v1/captures/{cid}")
-    async def delete_captures(cid: str, request: Request) -> Response:
-        if not proxy.authorized(request):
-            return refused()
-        entries = proxy.captures.pop(cid)
-        if entries is None:
-            return _err(404, f"no captures for cid {cid!r}", "not_found")
-        return JSONResponse({"deleted": cid, "entries": len(entries)})
-
-    @app.get("/v1/captures")
-    async def capture_stats(request: Request) -> Response:
-        if not proxy.authorized(request):
-            return refused()
-        return JSONResponse(proxy.captures.stats())
-
-    @app.get("/v1/weights")
-    async def get_weights() -> Response:
-        return JSONResponse(
-            {"weight_version": proxy.gate.version, "syncing": proxy.gate.paused, "lora": proxy.lora_name}
-        )
-
-    @app.post("/v1/weights")
-    async def post_weights(request: Request) -> Response:
-        if not proxy.authorized(request):
-            return refused()
-        try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            return _err(400, "body must be JSON {path, format, version}")
-        if not isinstance(body, dict) or not body.get("path"):
-            return _err(400, "body must be {path, format: full|lora, version}")
-        fmt = str(body.get("format") or "full").lower()
-        if fmt not in ("full", "lora"):
-            return _err(400, f"format must be full or lora, not {fmt!r}")
-        version = body.get("version")
-        if version is None:
-            version = (proxy.gate.version + 1) if isinstance(proxy.gate.version, int) else proxy.syncs + 1
-        try:
-            result = await proxy.sync_weights(str(body["path"]), fmt, version)
-        except FileNotFoundError as err:
-            return _err(400, str(err))
-        except Exception as err:  # noqa: BLE001 - reported to the trainer, old weights keep serving
-            log.exception("weight sync failed")
-            return _err(500, f"weight sync failed: {type(err).__name__}: {err}", "weight_sync_error")
-        log.info("weights v%s (%s) loaded in %.3f s", result["weight_version"], fmt, result["seconds"])
-        return JSONResponse(result, headers={VERSION_HEADER: str(result["weight_version"])})
-
-    @app.post("/v1/score")
-    async def score(request: Request) -> Response:
-        try:
-            seqs = reference.parse_sequences(await request.json())
-        except (ValueError, UnicodeDecodeError) as err:
-            return _err(400, str(err))
-        try:
-            values = await proxy.score(seqs)
-        except reference.ScoreError as err:
-            return _err(502, str(err), "upstream_error")
-        except httpx.HTTPError as err:
-            return _err(502, f"vLLM upstream error: {err}", "upstream_error")
-        return JSONResponse({"logprobs": values})
-
+    for method, path, endpoint in ROUTES:
+        app.add_api_route(path, endpoint, methods=[method])
     return app
 
 

@@ -22,7 +22,8 @@ import torch
 from posttrain_trainer import distributed as D
 from posttrain_trainer.modeling import load_model_and_tokenizer
 from posttrain_trainer.optim import build_optimizer, build_scheduler
-from posttrain_trainer.rl import RLConfig, gspo_update, iteration_seeds, sequences_from_results
+from posttrain_trainer.rl import gspo_update, iteration_seeds, sequences_from_results
+from posttrain_trainer.rl_config import RLTrainerConfig
 from posttrain_trainer.rollouts import EpisodeSequence, RolloutResult, plan_rollouts
 
 ITERATIONS = 20
@@ -65,7 +66,7 @@ def run_toy_gspo(model_dir, *, iterations=ITERATIONS, seed=0, cfg_overrides=None
     model, tokenizer = load_model_and_tokenizer(model_dir, trainer_mode="full", seed=seed)
     model.config.use_cache = True
     vocab = model.config.vocab_size
-    cfg = RLConfig(batch_size=BATCH, group_size=GROUP, learning_rate=LR, seed=seed, **(cfg_overrides or {}))
+    cfg = RLTrainerConfig(batch_size=BATCH, group_size=GROUP, learning_rate=LR, seed=seed, **(cfg_overrides or {}))
     optimizer = build_optimizer(model, lr=cfg.learning_rate)
     scheduler = build_scheduler(optimizer, total_steps=iterations * 4, name="constant")
     engine = D.build_engine(model, optimizer, scheduler, cfg.parallel, max_grad_norm=cfg.max_grad_norm)

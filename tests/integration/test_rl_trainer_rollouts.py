@@ -9,7 +9,8 @@ What must hold:
     rollout the judge rejects fails and is counted (judge_failed in the iteration event and in progress);
   - truncated and empty responses are counted per iteration; overlong = "mask" trains only the right answers;
   - keep_checkpoints = 1 and keep_weight_versions = 1 leave one checkpoint and one weight version in S3, the
-    served one."""
+    served one;
+  - the same job as ReST-EM keeps each group's right answer, trains on it, and honours keep_checkpoints."""
 
 from __future__ import annotations
 
@@ -231,3 +232,44 @@ def test_trainer_judges_every_iteration_counts_truncation_and_prunes(
     assert versions == {f"v{ITERATIONS - 1}"} and proxy.gate.version == ITERATIONS - 1
     assert scripted.reloads == ["v1", "v2"]
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == [f"v{ITERATIONS - 1}"]
+
+
+def test_restem_trainer_keeps_the_right_answers_and_prunes_checkpoints(
+    s3_env, tiny_model_dir, math_taskapp, tmp_path
+):
+    """The same job as ReST-EM ([algorithm] variety = "restem"): each iteration keeps the one right answer
+    of each group, fine-tunes on it and syncs; keep_checkpoints = 1 leaves only the newest checkpoint."""
+    scripted = Scripted()
+    model, model_thread, model_url = _serve(scripted.model)
+    proxy = Proxy(model_url, served_model_name="tiny", run_dir=tmp_path / "rollout")
+    rollout, rollout_thread, rollout_url = _serve(create_app(proxy))
+    try:
+        job_path = _job(
+            tmp_path, tiny_model_dir, math_taskapp, rollout_url, "http://127.0.0.1:9", s3_env.storage()
+        )
+        job = json.loads(job_path.read_text())
+        for key in ("rubric", "judge"):
+            del job["config"][key]
+        job["config"]["algorithm"] = {"variety": "restem"}
+        job["config"]["training"].update(sft_epochs=1, sft_batch_size=2, micro_batch=2)
+        job_path.write_text(json.dumps(job))
+        env = {**os.environ, "ENVIRONMENT_API_KEY": math_taskapp.api_key, "OMP_NUM_THREADS": "1"}
+        out = subprocess.run(
+            [sys.executable, "-m", "posttrain_trainer", "rl", "--config", str(job_path)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    finally:
+        for server, thread in ((rollout, rollout_thread), (model, model_thread)):
+            server.should_exit = True
+            thread.join(10)
+
+    lines = [json.loads(line) for line in (tmp_path / "report.jsonl").read_text().splitlines()]
+    iterations = [line for line in lines if line.get("event") == "restem_iteration"]
+    assert [e["kept"] for e in iterations] == [SEEDS] * ITERATIONS  # one distinct right answer per prompt
+    assert all(e["sft_steps"] == 1 for e in iterations)
+    assert [e["step"] for e in lines if e.get("event") == "checkpoint"] == [1, 2]
+    prefix = job["storage"]["prefix"]
+    client = s3.client_from_env(s3_env.storage())
+    assert ckpt.list_checkpoints(client, s3_env.bucket, prefix) == [ITERATIONS - 1]
+    assert scripted.reloads == ["v1", "v2", "v3"]

@@ -91,11 +91,12 @@ def test_qlora_gspo_update_and_weight_sync_folder(tiny_model_dir, tmp_path):
     from posttrain_trainer import distributed as D
     from posttrain_trainer.modeling import load_model_and_tokenizer, save_merged
     from posttrain_trainer.optim import build_optimizer, build_scheduler
-    from posttrain_trainer.rl import RLConfig, TrainSeq, gspo_update
+    from posttrain_trainer.rl import TrainSeq, gspo_update
+    from posttrain_trainer.rl_config import RLTrainerConfig
     from transformers import AutoModelForCausalLM
 
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir, trainer_mode="qlora", lora={"r": 8}, seed=0)
-    cfg = RLConfig(batch_size=2, group_size=2, learning_rate=1e-2, num_minibatches=2, trainer_mode="qlora")
+    cfg = RLTrainerConfig(batch_size=2, group_size=2, learning_rate=1e-2, num_minibatches=2, trainer_mode="qlora")
     optimizer = build_optimizer(model, lr=cfg.learning_rate)
     engine = D.build_engine(
         model, optimizer, build_scheduler(optimizer, total_steps=4, name="constant"), cfg.parallel

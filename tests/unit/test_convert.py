@@ -243,7 +243,7 @@ def test_a_synth_backend_id_is_refused_by_validate_and_convert(capsys, tmp_path)
 
 def test_overlong_and_retention_keys_travel_to_the_trainer():
     from posttrain_trainer.checkpoint import keep_checkpoints
-    from posttrain_trainer.rl import parse_rl_config
+    from posttrain_trainer.rl_config import parse_rl_config
     from posttrain_trainer.weightsync import keep_weight_versions
 
     text = (REPO / "examples" / "rl_qwen3_4b.toml").read_text()

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from posttrain.localhost import free_ports, stop_group
+from posttrain.localhost import free_ports, stop_group, stop_pids
 
 
 def _gone(pid: int) -> bool:
@@ -76,3 +76,20 @@ def test_what_outlives_its_leader_goes_with_the_group(tmp_path):
         while not _gone(survivor) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _gone(survivor), f"pid {survivor} outlived stop_group (leader ran {leader_seconds} s)"
+
+
+def test_stop_pids_terms_then_kills_what_ignores_sigterm(tmp_path):
+    """By pid (a pid file's processes): one exits on SIGTERM at once, the other ignores it and is killed
+    after the grace; by group (the reaper's way): the same for a whole group."""
+    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(60)\n"
+    polite = "import time\nprint('up', flush=True)\ntime.sleep(60)\n"
+    procs = [_start(stubborn, tmp_path / "a.log"), _start(polite, tmp_path / "b.log")]
+    for name in ("a.log", "b.log"):
+        _first_line(tmp_path / name)
+    started = time.monotonic()
+    stop_pids([p.pid for p in procs], grace=0.5, alive=lambda pid: not _gone(pid))
+    assert [p.wait(10) for p in procs] == [-9, -15] and time.monotonic() - started < 10
+    group = _start(stubborn, tmp_path / "c.log")
+    _first_line(tmp_path / "c.log")
+    stop_pids([group.pid], group=True, grace=0.5)
+    assert group.wait(10) == -9

@@ -11,14 +11,8 @@ from posttrain.api.convert import toml_to_cr
 from posttrain.api.resources import parse_spec
 from posttrain.api.topology import rl_topology
 from posttrain_trainer.restem import is_restem, to_sft_records
-from posttrain_trainer.restem_job import (
-    RestemConfig,
-    RestemConfigError,
-    keep_samples,
-    micro_batch_for,
-    parse_restem_config,
-    to_encoded,
-)
+from posttrain_trainer.restem_config import RestemConfigError, RestemTrainerConfig, parse_restem_config
+from posttrain_trainer.restem_job import keep_samples, micro_batch_for, to_encoded
 from posttrain_trainer.rollouts import EpisodeSequence, RolloutResult, RolloutSpec
 from posttrain_trainer.sft_data import IGNORE_INDEX
 
@@ -69,10 +63,10 @@ def test_config_and_batch_split():
     assert (cfg.iterations, cfg.prompts, cfg.samples_per_prompt) == (2, 24, 6)
     assert (cfg.reward_threshold, cfg.max_per_prompt, cfg.sft_epochs) == (1.0, 3, 2)
     assert len(cfg.eval_seeds) == 48 and min(cfg.eval_seeds) >= 1_000_000
-    assert micro_batch_for(RestemConfig(sft_batch_size=8, micro_batch=3), 1) == 2
-    assert micro_batch_for(RestemConfig(sft_batch_size=8, micro_batch=4), 2) == 4
+    assert micro_batch_for(RestemTrainerConfig(sft_batch_size=8, micro_batch=3), 1) == 2
+    assert micro_batch_for(RestemTrainerConfig(sft_batch_size=8, micro_batch=4), 2) == 4
     with pytest.raises(RestemConfigError):
-        micro_batch_for(RestemConfig(sft_batch_size=7), 2)
+        micro_batch_for(RestemTrainerConfig(sft_batch_size=7), 2)
 
 
 def test_a_restem_rljob_gets_no_reference_server():

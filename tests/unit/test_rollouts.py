@@ -212,7 +212,7 @@ def test_overlong_treatments_and_empty_response_in_group():
 
 
 def test_overlong_config_is_checked():
-    from posttrain_trainer.rl import RLConfigError, parse_rl_config
+    from posttrain_trainer.rl_config import RLConfigError, parse_rl_config
 
     assert parse_rl_config({}).overlong == "keep"
     cfg = parse_rl_config({"training": {"overlong": "penalty", "overlong_penalty": -0.25}})

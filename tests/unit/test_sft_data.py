@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from posttrain_trainer.sft import parse_sft_config
+from posttrain_trainer.sft_config import parse_sft_config
 from posttrain_trainer.sft_data import (
     IGNORE_INDEX,
     DataError,

@@ -96,3 +96,22 @@ def test_batch_plan():
     with pytest.raises(ValueError):
         BatchPlan.from_hyperparameters({"global_batch": 7, "per_device_batch": 2}, 2)
     assert [len(g) for g in accumulation_groups(range(5), 2)] == [2, 2, 1]
+
+
+def test_trainer_settings_document_every_field_and_are_named_apart_from_the_api():
+    import dataclasses
+    import importlib
+
+    from posttrain_trainer.restem_config import RestemTrainerConfig
+    from posttrain_trainer.rl_config import RLTrainerConfig
+    from posttrain_trainer.sft_config import SFTTrainerConfig, ValidationSettings
+
+    api_names = {
+        name
+        for module in ("config", "sections", "resources")
+        for name in vars(importlib.import_module(f"posttrain.api.{module}"))
+    }
+    for settings in (RLTrainerConfig, SFTTrainerConfig, ValidationSettings, RestemTrainerConfig):
+        assert settings.__name__ not in api_names
+        undocumented = [f.name for f in dataclasses.fields(settings) if not f.metadata.get("help")]
+        assert undocumented == [], settings.__name__

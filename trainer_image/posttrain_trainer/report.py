@@ -165,3 +165,9 @@ class Reporter:
             self._file({"result": snake})
         elif self.mode == "kubernetes":
             self._patch_status({"result": camel_result(fine_tuned_model, artifacts)})
+
+    def final(self, fine_tuned_model: str, artifacts: dict[str, str], **progress: Any) -> dict[str, Any]:
+        """The job's last progress line and its result; returns the result as metrics fields."""
+        self.progress(**progress)
+        self.result(fine_tuned_model, artifacts)
+        return {"fine_tuned_model": fine_tuned_model, "artifacts": artifacts}

@@ -26,12 +26,11 @@ that iteration's weights; a restarted job resumes after the latest one."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,97 +39,24 @@ from posttrain.api.exitcodes import EXIT_CONFIG_ERROR, EXIT_RETRYABLE
 from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
 
-from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
-from posttrain_trainer import storage as s3
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.restem import VARIETY
+from posttrain_trainer.restem_config import RestemConfigError, RestemTrainerConfig, parse_restem_config
+from posttrain_trainer.resume import CheckpointStore
+from posttrain_trainer.rl import iteration_seeds, require_rollout_endpoints, run_evaluation
 from posttrain_trainer.rollouts import (
     ErrorBudget,
     RolloutBudgetExceeded,
     RolloutClient,
+    RolloutLoop,
     RolloutResult,
     plan_rollouts,
     run_tag,
-    section,
 )
 from posttrain_trainer.sft_data import IGNORE_INDEX, Encoded, epoch_batches
 
 ITERATION_EVENT = "restem_iteration"
-
-
-class RestemConfigError(ValueError):
-    pass
-
-
-@dataclass
-class RestemConfig:
-    iterations: int = 1
-    prompts: int = 8  # training.batch_size: prompts (seeds) per E-step
-    samples_per_prompt: int = 4  # training.group_size: K
-    reward_threshold: float = 1.0
-    max_per_prompt: int | None = None
-    learning_rate: float = 1e-5
-    sft_epochs: int = 2
-    sft_batch_size: int = 8
-    micro_batch: int = 4
-    warmup_ratio: float = 0.0
-    lr_scheduler: str = "linear"
-    max_grad_norm: float | None = 1.0
-    seed: int = 0
-    seed_start: int = 0
-    eval_every: int = 1
-    eval_seeds: list[int] = field(default_factory=list)
-    eval_instances: int = 0
-    eval_temperature: float = 0.0
-    trainer_mode: str = "full"
-    lora: dict[str, Any] = field(default_factory=dict)
-    parallel: D.ParallelConfig = field(default_factory=D.ParallelConfig)
-
-
-def parse_restem_config(config: dict[str, Any]) -> RestemConfig:
-    training = section(config, "training")
-    evaluation = section(config, "evaluation")
-    model = section(config, "model") or section(config, "policy")
-    data = section(config, "data")
-
-    def get(key: str, default: Any) -> Any:
-        value = training.get(key)
-        return default if value is None else value
-
-    seeds = evaluation.get("seeds") or []
-    if isinstance(seeds, str):  # "100-199"
-        lo, _, hi = seeds.partition("-")
-        seeds = list(range(int(lo), int(hi or lo) + 1))
-    lora = training.get("lora") if isinstance(training.get("lora"), dict) else section(config, "lora")
-    cfg = RestemConfig(
-        iterations=int(get("num_epochs", 1)) * int(get("iterations_per_epoch", 1)),
-        prompts=int(get("batch_size", 8)),
-        samples_per_prompt=int(get("group_size", 4)),
-        reward_threshold=float(get("reward_threshold", 1.0)),
-        max_per_prompt=int(training["max_per_prompt"]) if training.get("max_per_prompt") else None,
-        learning_rate=float(get("learning_rate", 1e-5)),
-        sft_epochs=int(get("sft_epochs", 2)),
-        sft_batch_size=int(get("sft_batch_size", 8)),
-        micro_batch=int(get("micro_batch", 4)),
-        warmup_ratio=float(get("warmup_ratio", 0.0)),
-        lr_scheduler=str(get("lr_scheduler", "linear")),
-        max_grad_norm=get("max_grad_norm", 1.0),
-        seed=int(get("seed", 0)),
-        seed_start=int(data.get("seed_start") or training.get("seed_start") or 0),
-        eval_every=int(evaluation.get("every_n_iters") or 1),
-        eval_seeds=[int(s) for s in seeds],
-        eval_instances=int(evaluation.get("instances") or 0),
-        eval_temperature=float(evaluation.get("temperature") or 0.0),
-        trainer_mode=str(model.get("trainer_mode") or "full"),
-        lora=dict(lora or {}),
-        parallel=D.ParallelConfig.from_config(training.get("parallelism")),
-    )
-    if cfg.iterations < 1 or cfg.prompts < 1 or cfg.samples_per_prompt < 1:
-        raise RestemConfigError("ReST-EM needs iterations, batch_size and group_size >= 1")
-    if cfg.sft_epochs < 1 or cfg.sft_batch_size < 1 or cfg.micro_batch < 1:
-        raise RestemConfigError("training.sft_epochs, sft_batch_size and micro_batch must be >= 1")
-    return cfg
 
 
 # -- E-step: keep the good samples (pure) -----------------------------------------------------------------
@@ -188,7 +114,7 @@ def to_encoded(samples: list[KeptSample]) -> list[Encoded]:
     return [e for e in out if e.n_target > 0]
 
 
-def micro_batch_for(cfg: RestemConfig, world_size: int) -> int:
+def micro_batch_for(cfg: RestemTrainerConfig, world_size: int) -> int:
     """The largest micro-batch <= training.micro_batch that divides a rank's share of sft_batch_size."""
     if cfg.sft_batch_size % world_size:
         raise RestemConfigError(
@@ -201,7 +127,9 @@ def micro_batch_for(cfg: RestemConfig, world_size: int) -> int:
 # -- M-step -----------------------------------------------------------------------------------------------
 
 
-def m_step(job: JobFile, cfg: RestemConfig, data: list[Encoded], iteration: int) -> tuple[Any, Any, dict]:
+def m_step(
+    job: JobFile, cfg: RestemTrainerConfig, data: list[Encoded], iteration: int
+) -> tuple[Any, Any, dict]:
     """Fine-tune a fresh copy of the base model on `data` (collective). Returns (engine, tokenizer, stats)."""
     from posttrain_trainer.modeling import load_model_and_tokenizer
     from posttrain_trainer.optim import BatchPlan, build_optimizer, build_scheduler
@@ -253,10 +181,6 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _collect(client: RolloutClient, specs, **kwargs) -> list[RolloutResult]:
-    return asyncio.run(client.collect(specs, **kwargs))
-
-
 def _write_samples(path: Path, samples: list[KeptSample], tokenizer, iteration: int) -> Path:
     """The kept samples as readable JSONL (decoded text), for people: what the M-step trained on."""
     with path.open("w", encoding="utf-8") as handle:
@@ -272,113 +196,134 @@ def _write_samples(path: Path, samples: list[KeptSample], tokenizer, iteration: 
     return path
 
 
-def train(job: JobFile) -> dict[str, Any]:
-    from posttrain_trainer.artifacts import finalize, reported_artifacts
-    from posttrain_trainer.modeling import is_peft
-    from posttrain_trainer.weightsync import WeightSyncer, sync_format
+class RestemRun:
+    """One ReST-EM job on this rank: resume, then per iteration e_step (rank 0 samples and keeps) ->
+    m_step (every rank fine-tunes the base model) -> sync -> evaluate -> checkpoint -> report, then finish."""
 
-    D.init_distributed()
-    cfg = parse_restem_config(job.config)
-    if job.task_app is None:
-        raise RestemConfigError("a ReST-EM job file needs task_app.url")
-    if not job.endpoints.policy:
-        raise RestemConfigError("a ReST-EM job file needs endpoints.policy (the rollout servers)")
-    reporter = Reporter(job, enabled=D.is_main())
-    workdir = Path(job.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    random.seed(cfg.seed)
-    client = s3.client_from_env(job.storage) if job.storage is not None else None
-    if client is not None and s3.exists(client, job.storage.bucket, job.storage.prefix + "manifest.json"):
-        manifest = s3.get_json(client, job.storage.bucket, job.storage.prefix + "manifest.json")
-        reporter.event("already_complete", steps=manifest.get("steps"))
-        reporter.result(
-            manifest["fine_tuned_model"],
-            reported_artifacts(manifest["artifacts"]),
+    def __init__(self, job: JobFile, loop: RolloutLoop):
+        D.init_distributed()
+        self.cfg = parse_restem_config(job.config)
+        require_rollout_endpoints(job, RestemConfigError, "a ReST-EM")
+        self.job, self.loop = job, loop
+        self.reporter = Reporter(job, enabled=D.is_main())
+        self.workdir = Path(job.workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        random.seed(self.cfg.seed)
+        self.store = CheckpointStore(job, self.reporter)
+        self.run_tag = run_tag(job.job.name, job.job.uid)
+        self.history: list[dict[str, Any]] = []
+        self.sample_files: dict[str, Path] = {}
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.iteration = 0
+        self.last_eval: float | None = None
+
+    def run(self) -> dict[str, Any]:
+        done = self.store.completed_result()
+        if done is not None:
+            return done
+        self.connect()
+        self.resume()
+        if self.iteration > 0:
+            self.sync(self.iteration)
+        first_eval = self.evaluate(0) if self.iteration == 0 else None
+        self.last_eval = first_eval
+        while self.iteration < self.cfg.iterations:
+            self.step()
+        return self.finish()
+
+    def connect(self) -> None:
+        from posttrain_trainer.weightsync import WeightSyncer
+
+        job = self.job
+        self.rollouts = RolloutClient(
+            task_url=job.task_app.url,
+            config=job.config,
+            model=job.base_model,
+            api_key_env=job.task_app.api_key_env,
         )
-        D.barrier()
-        return dict(manifest.get("metrics", {}), fine_tuned_model=manifest["fine_tuned_model"])
+        self.budget = ErrorBudget.from_config(job.config)
+        self.syncer = WeightSyncer(job, client=self.store.client) if D.is_main() else None
 
-    rollout_client = RolloutClient(
-        task_url=job.task_app.url,
-        config=job.config,
-        model=job.base_model,
-        api_key_env=job.task_app.api_key_env,
-    )
-    budget = ErrorBudget.from_config(job.config)
-    syncer = WeightSyncer(job, client=client) if D.is_main() else None
-    run = run_tag(job.job.name, job.job.uid)
-    history: list[dict[str, Any]] = []
-    sample_files: dict[str, Path] = {}
-    engine, tokenizer = None, None
-    iteration, last_checkpoint = 0, None
+    def resume(self) -> None:
+        """The weights of the latest checkpointed iteration: rebuild the engine and restore them."""
+        latest = self.store.latest()
+        if latest is None:
+            return
+        self.engine, self.tokenizer, _ = m_step(self.job, self.cfg, [], latest)
+        state = self.store.restore(self.engine, latest)
+        self.iteration = int(state["data"].get("iteration", latest))
+        self.history = list(state.get("history", []))
+        self.reporter.event("resumed", step=self.iteration, checkpoint=self.store.last_uri)
 
-    latest = ckpt.find_latest(client, job.storage.bucket, job.storage.prefix) if client is not None else None
-    if latest is not None:  # the weights of iteration `latest`: rebuild the engine, restore, push to vLLM
-        engine, tokenizer, _ = m_step(job, cfg, [], latest)
-        state = ckpt.load_checkpoint(
-            engine, client=client, bucket=job.storage.bucket, prefix=job.storage.prefix, step=latest,
-            workdir=workdir,
-        )  # fmt: skip
-        iteration = int(state["data"].get("iteration", latest))
-        history = list(state.get("history", []))
-        last_checkpoint = s3.s3_uri(job.storage.bucket, ckpt.step_prefix(job.storage.prefix, latest))
-        reporter.event("resumed", step=iteration, checkpoint=last_checkpoint)
-
-    def sync(version: int) -> float:
-        seconds = 0.0
-        if D.is_main():
-            result = syncer.sync(
-                engine.module, tokenizer, version, sync_format(job.config, is_peft(engine.module))
-            )
-            seconds = result.total_seconds
-            reporter.event("weight_sync", **result.as_metrics(), path=result.path)
-        D.barrier()
-        return seconds
-
-    def evaluate(at: int) -> float | None:
-        score = None
-        if D.is_main() and cfg.eval_seeds:
-            # a sampled evaluation (evaluation.temperature > 0) runs `instances` episodes over the seeds, so
-            # that each seed is scored several times (greedy answers would repeat themselves)
-            repeats = max(1, -(-cfg.eval_instances // len(cfg.eval_seeds))) if cfg.eval_temperature > 0 else 1
-            specs = plan_rollouts(run, at, cfg.eval_seeds, repeats, job.endpoints.policy, kind="ev")
-            results = _collect(rollout_client, specs, mode="eval", want_tokens=False,
-                               policy_overrides={"temperature": cfg.eval_temperature})  # fmt: skip
-            ok = [r.reward for r in results if r.ok]
-            score = _mean(ok)
-            line = {
-                "step": at,
-                "eval_score": score,
-                "eval_rollouts": len(results),
-                "eval_failed": len(results) - len(ok),
-            }
-            history.append(line)
-            reporter.event("evaluation", **line)
-        return D.broadcast_object(score)
-
-    if iteration > 0:
-        sync(iteration)
-    first_eval = evaluate(0) if iteration == 0 else None
-    last_eval = first_eval
-    while iteration < cfg.iterations:
+    def step(self) -> None:
+        """One iteration."""
+        cfg = self.cfg
         started = time.perf_counter()
-        seeds = [cfg.seed_start + iteration * cfg.prompts + j for j in range(cfg.prompts)]
+        payload = self.e_step(started)
+        stats = payload["stats"]
+        self.iteration += 1
+        self.engine = None  # free the previous model before loading the next
+        gc.collect()
+        sft_started = time.perf_counter()
+        self.engine, self.tokenizer, sft = m_step(self.job, cfg, payload["data"], self.iteration)
+        stats.update(sft, sft_seconds=time.perf_counter() - sft_started)
+        if D.is_main():
+            path = self.workdir / f"restem-iteration-{self.iteration}.jsonl"
+            self.sample_files[f"restem_iteration_{self.iteration}"] = _write_samples(
+                path, payload["kept"], self.tokenizer, self.iteration
+            )
+        stats["weight_sync_seconds"] = self.sync(self.iteration)
+        eval_score = None
+        if cfg.eval_seeds and (self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations):
+            eval_score = self.last_eval = self.evaluate(self.iteration)
+        record = {
+            "step": self.iteration,
+            "total": cfg.iterations,
+            "loss": stats["last_loss"],
+            **stats,
+            "iteration_seconds": time.perf_counter() - started,
+        }
+        self.history.append(record)
+        self.reporter.event(ITERATION_EVENT, **record)
+        if self.store.due(self.iteration, cfg.iterations):
+            self.store.save(
+                self.engine,
+                self.iteration,
+                data_state={"iteration": self.iteration},
+                extra={"history": self.history},
+            )
+        self.reporter.progress(
+            step=self.iteration,
+            total=cfg.iterations,
+            loss=stats["last_loss"],
+            mean_return=stats["mean_return"],
+            eval_score=eval_score if eval_score is not None else self.last_eval,
+            last_checkpoint=self.store.last_uri,
+        )
+
+    def e_step(self, started: float) -> dict[str, Any]:
+        """Rank 0 samples and keeps the good samples; every rank gets {"data", "kept", "stats"} (collective).
+        Raises RolloutBudgetExceeded on every rank."""
+        cfg = self.cfg
         payload: Any = None
         if D.is_main():
-            specs = plan_rollouts(run, iteration, seeds, cfg.samples_per_prompt, job.endpoints.policy)
-            results = _collect(rollout_client, specs)
+            seeds = iteration_seeds(self.iteration, cfg.prompts, cfg.seed_start)
+            specs = plan_rollouts(
+                self.run_tag, self.iteration, seeds, cfg.samples_per_prompt, self.job.endpoints.policy
+            )
+            results = self.loop.collect(self.rollouts, specs)
             errors = [r.error for r in results if not r.ok]
             try:
-                budget.check(len(results), errors)
+                self.budget.check(len(results), errors)
                 kept = keep_samples(results, cfg.reward_threshold, cfg.max_per_prompt)
-                rewards = [r.reward for r in results if r.ok]
                 payload = {
                     "data": to_encoded(kept),
                     "kept": kept,
                     "stats": {
                         "rollouts": len(results),
                         "failed_rollouts": len(errors),
-                        "mean_return": _mean(rewards),
+                        "mean_return": _mean([r.reward for r in results if r.ok]),
                         "kept": len(kept),
                         "prompts_with_kept": len({s.seed for s in kept}),
                         "sampling_seconds": time.perf_counter() - started,
@@ -389,73 +334,98 @@ def train(job: JobFile) -> dict[str, Any]:
         payload = D.broadcast_object(payload)
         if "error" in payload:
             raise RolloutBudgetExceeded(payload["error"])
-        stats = payload["stats"]
-        iteration += 1
-        del engine
-        gc.collect()
-        sft_started = time.perf_counter()
-        engine, tokenizer, sft = m_step(job, cfg, payload["data"], iteration)
-        stats.update(sft, sft_seconds=time.perf_counter() - sft_started)
-        if D.is_main():
-            path = workdir / f"restem-iteration-{iteration}.jsonl"
-            sample_files[f"restem_iteration_{iteration}"] = _write_samples(
-                path, payload["kept"], tokenizer, iteration
-            )
-        stats["weight_sync_seconds"] = sync(iteration)
-        eval_score = None
-        if cfg.eval_seeds and (iteration % cfg.eval_every == 0 or iteration == cfg.iterations):
-            eval_score = last_eval = evaluate(iteration)
-        record = {"step": iteration, "total": cfg.iterations, "loss": stats["last_loss"], **stats,
-                  "iteration_seconds": time.perf_counter() - started}  # fmt: skip
-        history.append(record)
-        reporter.event(ITERATION_EVENT, **record)
-        checkpoint_due = job.checkpoint_every and iteration % job.checkpoint_every == 0
-        if client is not None and checkpoint_due and iteration < cfg.iterations:
-            last_checkpoint = ckpt.save_checkpoint(
-                engine, client=client, bucket=job.storage.bucket, prefix=job.storage.prefix,
-                step=iteration, workdir=workdir, data_state={"iteration": iteration},
-                extra={"history": history},
-            )  # fmt: skip
-            reporter.event("checkpoint", step=iteration, uri=last_checkpoint)
-        reporter.progress(
-            step=iteration, total=cfg.iterations, loss=stats["last_loss"], mean_return=stats["mean_return"],
-            eval_score=eval_score if eval_score is not None else last_eval, last_checkpoint=last_checkpoint,
-        )  # fmt: skip
+        return payload
 
-    evals = [h["eval_score"] for h in history if h.get("eval_score") is not None]
-    returns = [h["mean_return"] for h in history if h.get("mean_return") is not None]
-    metrics = {
-        "algorithm": VARIETY,
-        "iterations": iteration,
-        "first_mean_return": returns[0] if returns else None,
-        "final_mean_return": returns[-1] if returns else None,
-        "first_eval_score": evals[0] if evals else None,
-        "final_eval_score": evals[-1] if evals else None,
-        "eval_scores": evals,
-        "kept_per_iteration": [h.get("kept") for h in history if "kept" in h],
-        "world_size": D.world_size(),
-        "trainer_mode": cfg.trainer_mode,
-    }
-    with D.gathered_parameters(engine):
-        saved = None
+    def sync(self, version: int) -> float:
+        """Push the current weights to the rollout servers (collective); returns rank 0's seconds."""
+        from posttrain_trainer.modeling import is_peft
+        from posttrain_trainer.weightsync import sync_format
+
+        seconds = 0.0
         if D.is_main():
-            curve = plot_curves(history, workdir / "reward_curve.png", title=f"ReST-EM: {job.job.name}")
-            extra = dict(sample_files)
-            if curve is not None:
-                extra["reward_curve"] = curve
-            saved = finalize(
-                job, engine.module, tokenizer, metrics=metrics, steps=iteration, metrics_lines=history,
-                extra_files=extra, client=client,
-            )  # fmt: skip
-    if D.is_main():
-        model_id, artifacts = saved
-        reporter.progress(step=iteration, total=cfg.iterations, mean_return=metrics["final_mean_return"],
-                          eval_score=metrics["final_eval_score"], last_checkpoint=last_checkpoint)  # fmt: skip
-        reporter.result(model_id, artifacts)
-        metrics["fine_tuned_model"] = model_id
-        metrics["artifacts"] = artifacts
-    D.barrier()
-    return metrics
+            module = self.engine.module
+            result = self.syncer.sync(
+                module, self.tokenizer, version, sync_format(self.job.config, is_peft(module))
+            )
+            seconds = result.total_seconds
+            self.reporter.event("weight_sync", **result.as_metrics(), path=result.path)
+        D.barrier()
+        return seconds
+
+    def evaluate(self, at: int) -> float | None:
+        """Mean reward on evaluation.seeds with the served weights (collective)."""
+        cfg = self.cfg
+        score = None
+        if D.is_main() and cfg.eval_seeds:
+            # a sampled evaluation (evaluation.temperature > 0) runs `instances` episodes over the seeds, so
+            # that each seed is scored several times (greedy answers would repeat themselves)
+            repeats = max(1, -(-cfg.eval_instances // len(cfg.eval_seeds))) if cfg.eval_temperature > 0 else 1
+            specs = plan_rollouts(
+                self.run_tag, at, cfg.eval_seeds, repeats, self.job.endpoints.policy, kind="ev"
+            )
+            line = run_evaluation(self.loop, self.rollouts, specs, at, cfg.eval_temperature)
+            score = line["eval_score"]
+            self.history.append(line)
+            self.reporter.event("evaluation", **line)
+        return D.broadcast_object(score)
+
+    def summary(self) -> dict[str, Any]:
+        evals = [h["eval_score"] for h in self.history if h.get("eval_score") is not None]
+        returns = [h["mean_return"] for h in self.history if h.get("mean_return") is not None]
+        return {
+            "algorithm": VARIETY,
+            "iterations": self.iteration,
+            "first_mean_return": returns[0] if returns else None,
+            "final_mean_return": returns[-1] if returns else None,
+            "first_eval_score": evals[0] if evals else None,
+            "final_eval_score": evals[-1] if evals else None,
+            "eval_scores": evals,
+            "kept_per_iteration": [h.get("kept") for h in self.history if "kept" in h],
+            "world_size": D.world_size(),
+            "trainer_mode": self.cfg.trainer_mode,
+        }
+
+    def finish(self) -> dict[str, Any]:
+        """On rank 0: the last M-step's model, the curve and the kept samples as artifacts; the result."""
+        from posttrain_trainer.artifacts import finalize
+
+        metrics = self.summary()
+        with D.gathered_parameters(self.engine):
+            saved = None
+            if D.is_main():
+                curve = plot_curves(
+                    self.history, self.workdir / "reward_curve.png", title=f"ReST-EM: {self.job.job.name}"
+                )
+                extra = dict(self.sample_files)
+                if curve is not None:
+                    extra["reward_curve"] = curve
+                saved = finalize(
+                    self.job,
+                    self.engine.module,
+                    self.tokenizer,
+                    metrics=metrics,
+                    steps=self.iteration,
+                    metrics_lines=self.history,
+                    extra_files=extra,
+                    client=self.store.client,
+                )
+        if D.is_main():
+            final = self.reporter.final(
+                *saved,
+                step=self.iteration,
+                total=self.cfg.iterations,
+                mean_return=metrics["final_mean_return"],
+                eval_score=metrics["final_eval_score"],
+                last_checkpoint=self.store.last_uri,
+            )
+            metrics.update(final)
+        D.barrier()
+        return metrics
+
+
+def train(job: JobFile) -> dict[str, Any]:
+    with RolloutLoop() as loop:  # one event loop for every rollout of the job, as in rl.train
+        return RestemRun(job, loop).run()
 
 
 def main(job: JobFile) -> int:

@@ -38,7 +38,7 @@ import copy
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +48,17 @@ from posttrain.api.exitcodes import EXIT_CONFIG_ERROR, EXIT_RETRYABLE
 from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
 
-from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
 from posttrain_trainer import gspo
-from posttrain_trainer import storage as s3
 from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.report import Reporter
+from posttrain_trainer.resume import CheckpointStore
+from posttrain_trainer.rl_config import (
+    DEFAULT_OVERLONG_PENALTY,
+    RLConfigError,
+    RLTrainerConfig,
+    parse_rl_config,
+)
 from posttrain_trainer.rollouts import (
     ErrorBudget,
     RolloutBudgetExceeded,
@@ -63,7 +68,6 @@ from posttrain_trainer.rollouts import (
     plan_rollouts,
     rubric_weights,
     run_tag,
-    section,
 )
 
 # The per-iteration "iteration" event: why the reward moves (or does not): how many groups carried signal,
@@ -73,134 +77,6 @@ ITERATION_EVENT_FIELDS = (
     "rollout_seconds", "update_seconds", "weight_sync_seconds", "iteration_seconds", "judged", "judge_failed",
     "truncated", "empty_responses",
 )  # fmt: skip
-
-
-class RLConfigError(ValueError):
-    pass
-
-
-# [training].overlong: what happens to a rollout whose response stopped at max_tokens (finish_reason "length").
-#   keep    - trained like any other on the task's reward (the default: see sequences_from_results)
-#   mask    - its reward still counts in its group's advantages, its tokens carry no loss (DAPO's overlong
-#             filtering)
-#   penalty - [training].overlong_penalty is added to its reward before the group advantages (DAPO's overlong
-#             punishment, as a constant rather than DAPO's length ramp)
-OVERLONG_TREATMENTS = ("keep", "mask", "penalty")
-DEFAULT_OVERLONG_PENALTY = -1.0
-
-
-@dataclass
-class RLConfig:
-    num_epochs: int = 1
-    iterations_per_epoch: int = 1
-    batch_size: int = 1
-    group_size: int = 2
-    learning_rate: float = 1e-5
-    num_minibatches: int = 4
-    eps_low: float = gspo.EPS_LOW
-    eps_high: float = gspo.EPS_HIGH
-    beta: float = 0.0
-    micro_batch: int = 4
-    max_grad_norm: float | None = 1.0
-    warmup_ratio: float = 0.0
-    lr_scheduler: str = "constant_with_warmup"
-    weight_sync_interval: int = 1
-    skip_zero_advantage: bool = True
-    temperature: float = 1.0
-    seed: int = 0
-    seed_start: int = 0
-    eval_every: int = 0
-    eval_seeds: list[int] = field(default_factory=list)
-    eval_instances: int = 0
-    eval_temperature: float = 0.0
-    overlong: str = "keep"
-    overlong_penalty: float = DEFAULT_OVERLONG_PENALTY
-    trainer_mode: str = "full"
-    lora: dict[str, Any] = field(default_factory=dict)
-    parallel: D.ParallelConfig = field(default_factory=D.ParallelConfig)
-
-    @property
-    def iterations(self) -> int:
-        return self.num_epochs * self.iterations_per_epoch
-
-
-def _first(*values: Any, default: Any = None) -> Any:
-    for value in values:
-        if value is not None:
-            return value
-    return default
-
-
-def parse_rl_config(config: dict[str, Any]) -> RLConfig:
-    training = section(config, "training")
-    algorithm = section(config, "algorithm")
-    rollout = section(config, "rollout")
-    evaluation = section(config, "evaluation")
-    model = section(config, "model") or section(config, "policy")
-    data = section(config, "data")
-
-    def pick(*keys: str, default: Any = None) -> Any:
-        return _first(*(training.get(k) for k in keys), *(algorithm.get(k) for k in keys), default=default)
-
-    group_size = int(pick("group_size", default=2))
-    if group_size < 2:
-        raise RLConfigError("training.group_size must be >= 2 (GSPO normalises rewards within a group)")
-    policy_config = dict(rollout.get("policy_config") or {})
-    temperature = float(
-        _first(policy_config.get("temperature"), section(config, "policy").get("temperature"), default=1.0)
-    )
-    mode = str(model.get("trainer_mode") or ("lora" if training.get("mode") == "lora" else "full"))
-    lora = training.get("lora") if isinstance(training.get("lora"), dict) else section(config, "lora")
-    seeds = evaluation.get("seeds") or []
-    if isinstance(seeds, str):  # "100-199"
-        lo, _, hi = seeds.partition("-")
-        seeds = list(range(int(lo), int(hi or lo) + 1))
-    cfg = RLConfig(
-        num_epochs=int(pick("num_epochs", default=1)),
-        iterations_per_epoch=int(pick("iterations_per_epoch", default=1)),
-        batch_size=int(pick("batch_size", default=1)),
-        group_size=group_size,
-        learning_rate=float(pick("learning_rate", default=1e-5)),
-        num_minibatches=int(pick("num_minibatches", "minibatches", default=4)),
-        eps_low=float(pick("eps_low", "clip_eps_low", default=gspo.EPS_LOW)),
-        eps_high=float(pick("eps_high", "clip_eps_high", default=gspo.EPS_HIGH)),
-        beta=float(pick("beta", "kl_beta", "kl_coef", default=0.0)),
-        micro_batch=int(pick("micro_batch", "per_device_batch", default=4)),
-        max_grad_norm=pick("max_grad_norm", default=1.0),
-        warmup_ratio=float(pick("warmup_ratio", default=0.0)),
-        lr_scheduler=str(pick("lr_scheduler", default="constant_with_warmup")),
-        weight_sync_interval=int(
-            _first(
-                training.get("weight_sync_interval"),
-                section(training, "weight_sync").get("weight_sync_interval"),
-                default=1,
-            )
-        ),
-        skip_zero_advantage=bool(pick("skip_zero_advantage", default=True)),
-        temperature=temperature if temperature > 0 else 1.0,
-        seed=int(pick("seed", default=0)),
-        seed_start=int(_first(data.get("seed_start"), training.get("seed_start"), default=0)),
-        eval_every=int(evaluation.get("every_n_iters") or 0),
-        eval_seeds=[int(s) for s in seeds],
-        eval_instances=int(evaluation.get("instances") or 0),
-        eval_temperature=float(evaluation.get("temperature") or 0.0),
-        overlong=str(training.get("overlong") or "keep"),
-        overlong_penalty=float(_first(training.get("overlong_penalty"), default=DEFAULT_OVERLONG_PENALTY)),
-        trainer_mode=mode,
-        lora=dict(lora or {}),
-        parallel=D.ParallelConfig.from_config(
-            section(section(config, "hyperparameters"), "parallelism") or training.get("parallelism")
-        ),
-    )
-    if cfg.iterations < 1 or cfg.batch_size < 1:
-        raise RLConfigError("num_epochs x iterations_per_epoch and batch_size must be >= 1")
-    if cfg.overlong not in OVERLONG_TREATMENTS:
-        raise RLConfigError(
-            f"training.overlong = {cfg.overlong!r}: use one of {', '.join(OVERLONG_TREATMENTS)}"
-        )
-    if not math.isfinite(cfg.overlong_penalty) or cfg.overlong_penalty > 0:
-        raise RLConfigError(f"training.overlong_penalty = {cfg.overlong_penalty}: use a number <= 0")
-    return cfg
 
 
 def iteration_seeds(iteration: int, batch_size: int, seed_start: int = 0) -> list[int]:
@@ -295,10 +171,132 @@ def _collate(seqs: list[TrainSeq], pad_id: int) -> gspo.TokenBatch:
 RefFn = Any  # callable(list[TrainSeq], TokenBatch) -> Tensor [B, T-1] of reference logprobs
 
 
+@dataclass
+class PreparedMicro:
+    """One micro-batch of this rank, ready for the update: old logprobs (None: the pre-update weights are
+    the current ones, see _prepare) and reference logprobs (beta > 0) computed before any optimizer step."""
+
+    batch: gspo.TokenBatch
+    old: torch.Tensor | None
+    ref: torch.Tensor | None
+    seqs: list[TrainSeq]
+
+
+@dataclass
+class UpdateTotals:
+    """Sums over this rank's micro-batches (all ranks after all_ranks())."""
+
+    loss: float = 0.0
+    clipped: float = 0.0
+    ratio: float = 0.0
+    kl: float = 0.0
+    counted: float = 0
+    policy_tokens: float = 0
+    tokens: float = 0
+
+    def add(self, terms: Any, micro: PreparedMicro, mask: torch.Tensor) -> None:
+        self.loss += float(terms.loss.detach())
+        self.clipped += float(terms.clipped.float().sum())
+        self.ratio += float(terms.ratio.sum())
+        if terms.kl is not None:
+            self.kl += float(terms.kl.sum())
+        self.counted += len(micro.seqs)
+        self.policy_tokens += int(mask.sum())
+        self.tokens += int(micro.batch.attention_mask.sum())
+
+    def all_ranks(self) -> UpdateTotals:
+        values = [self.loss, self.clipped, self.ratio, self.kl, self.counted, self.policy_tokens, self.tokens]
+        return UpdateTotals(*D.all_reduce_sum(torch.tensor(values, dtype=torch.float64)).tolist())
+
+
+def _shuffled_minibatches(seqs: list[TrainSeq], cfg: RLTrainerConfig, iteration: int) -> list[list[TrainSeq]]:
+    order = list(range(len(seqs)))
+    random.Random(cfg.seed * 1_000_003 + iteration).shuffle(order)
+    shuffled = [seqs[i] for i in order]
+    # Within a mini-batch the order changes no gradient (the loss sums over its sequences): by length, so
+    # that micro-batches hold sequences of similar length (less padding) and ranks get similar work.
+    return [
+        sorted(mb, key=lambda s: s.tokens) for mb in gspo.split_minibatches(shuffled, cfg.num_minibatches)
+    ]
+
+
+def _logprobs(module: torch.nn.Module, engine: D.TrainEngine, batch: gspo.TokenBatch, temperature: float):
+    dev = D.device()
+    return gspo.token_logprobs(
+        module,
+        batch.input_ids.to(dev),
+        batch.attention_mask.to(dev),
+        temperature=temperature,
+        autocast=engine.autocast(),
+        first_target=batch.first_target,
+    )
+
+
+@torch.no_grad()
+def _prepare(
+    engine: D.TrainEngine,
+    plans: list[list[list[TrainSeq]]],
+    cfg: RLTrainerConfig,
+    pad_id: int,
+    ref_fn: RefFn | None,
+) -> list[list[PreparedMicro | None]]:
+    """Old (and reference) logprobs with the pre-update weights, same micro-batch composition as the update.
+    The first mini-batch runs on the pre-update weights, so its old logprobs are its own logprobs, detached
+    (ratio exactly 1): no extra forward pass for it; with one mini-batch per iteration (on-policy GSPO)
+    that is the whole batch."""
+    prepared: list[list[PreparedMicro | None]] = []
+    for index, plan in enumerate(plans):
+        row: list[PreparedMicro | None] = []
+        for micro in plan:
+            if not micro:
+                row.append(None)
+                continue
+            batch = _collate(micro, pad_id)
+            old = _logprobs(engine.module, engine, batch, cfg.temperature) if index > 0 else None
+            ref = ref_fn(micro, batch).to(D.device()) if (ref_fn is not None and cfg.beta) else None
+            row.append(PreparedMicro(batch, old, ref, micro))
+        prepared.append(row)
+    return prepared
+
+
+def _micro_step(
+    engine: D.TrainEngine,
+    item: PreparedMicro | None,
+    minibatch: list[TrainSeq],
+    cfg: RLTrainerConfig,
+    pad_id: int,
+    *,
+    boundary: bool,
+    totals: UpdateTotals,
+) -> None:
+    """Forward and backward of one micro-batch (the GSPO loss normalised by the mini-batch's size)."""
+    if item is None:  # this rank has nothing here: a zero-loss pass keeps DDP in step
+        lp = _logprobs(engine.model, engine, _collate(minibatch[:1], pad_id), cfg.temperature)
+        engine.backward(lp.sum() * 0.0, boundary=boundary)
+        return
+    dev = D.device()
+    mask = item.batch.loss_mask.to(dev)
+    lp = _logprobs(engine.model, engine, item.batch, cfg.temperature)
+    adv = torch.tensor([s.advantage for s in item.seqs], dtype=torch.float32, device=dev)
+    terms = gspo.gspo_terms(
+        lp,
+        lp.detach() if item.old is None else item.old,
+        adv,
+        mask,
+        cfg.eps_low,
+        cfg.eps_high,
+        ref_logprobs=item.ref,
+        beta=cfg.beta,
+        num_sequences=len(minibatch),
+    )
+    engine.backward(terms.loss, boundary=boundary)
+    totals.add(terms, item, mask)
+
+
 def gspo_update(
     engine: D.TrainEngine,
     seqs: list[TrainSeq],
-    cfg: RLConfig,
+    cfg: RLTrainerConfig,
     pad_id: int,
     *,
     iteration: int = 0,
@@ -311,128 +309,33 @@ def gspo_update(
     started = time.perf_counter()
     if not seqs:
         return {"loss": 0.0, "optimizer_steps": 0, "policy_tokens": 0, "tokens": 0, "seconds": 0.0}
-    order = list(range(len(seqs)))
-    random.Random(cfg.seed * 1_000_003 + iteration).shuffle(order)
-    shuffled = [seqs[i] for i in order]
-    # Within a mini-batch the order changes no gradient (the loss sums over its sequences): by length, so
-    # that micro-batches hold sequences of similar length (less padding) and ranks get similar work.
-    minibatches = [
-        sorted(mb, key=lambda s: s.tokens) for mb in gspo.split_minibatches(shuffled, cfg.num_minibatches)
-    ]
-    plans = [_micro_plan(mb, cfg.micro_batch) for mb in minibatches]
-    model = engine.model
-    temperature = cfg.temperature
-
-    # Old (and reference) logprobs with the pre-update weights, same micro-batch composition as the update.
-    # The first mini-batch runs on the pre-update weights, so its old logprobs are its own logprobs,
-    # detached (ratio exactly 1): no extra forward pass for it; with one mini-batch per iteration (on-policy
-    # GSPO) that is the whole batch.
-    prepared: list[
-        list[tuple[gspo.TokenBatch, torch.Tensor | None, torch.Tensor | None, list[TrainSeq]] | None]
-    ] = []
-    dev = D.device()
-    with torch.no_grad():
-        for index, plan in enumerate(plans):
-            row = []
-            for micro in plan:
-                if not micro:
-                    row.append(None)
-                    continue
-                batch = _collate(micro, pad_id)
-                old = None
-                if index > 0:
-                    old = gspo.token_logprobs(
-                        engine.module,
-                        batch.input_ids.to(dev),
-                        batch.attention_mask.to(dev),
-                        temperature=temperature,
-                        autocast=engine.autocast(),
-                        first_target=batch.first_target,
-                    )
-                ref = ref_fn(micro, batch).to(dev) if (ref_fn is not None and cfg.beta) else None
-                row.append((batch, old, ref, micro))
-            prepared.append(row)
-
-    loss_total, steps, clip_sum, ratio_sum, kl_sum, counted, policy_tokens, tokens = (
-        0.0,
-        0,
-        0.0,
-        0.0,
-        0.0,
-        0,
-        0,
-        0,
-    )
-    grad_norms = []
+    minibatches = _shuffled_minibatches(seqs, cfg, iteration)
+    prepared = _prepare(engine, [_micro_plan(mb, cfg.micro_batch) for mb in minibatches], cfg, pad_id, ref_fn)
+    totals, grad_norms = UpdateTotals(), []
     for mb, row in zip(minibatches, prepared, strict=True):
-        n = len(mb)
         for k, item in enumerate(row):
-            boundary = k == len(row) - 1
-            if item is None:  # this rank has nothing here: a zero-loss pass keeps DDP in step
-                batch = _collate(mb[:1], pad_id)
-                lp = gspo.token_logprobs(
-                    model,
-                    batch.input_ids.to(dev),
-                    batch.attention_mask.to(dev),
-                    temperature=temperature,
-                    autocast=engine.autocast(),
-                    first_target=batch.first_target,
-                )
-                engine.backward(lp.sum() * 0.0, boundary=boundary)
-                continue
-            batch, old, ref, micro = item
-            mask = batch.loss_mask.to(dev)
-            lp = gspo.token_logprobs(
-                model,
-                batch.input_ids.to(dev),
-                batch.attention_mask.to(dev),
-                temperature=temperature,
-                autocast=engine.autocast(),
-                first_target=batch.first_target,
-            )
-            adv = torch.tensor([s.advantage for s in micro], dtype=torch.float32, device=dev)
-            terms = gspo.gspo_terms(
-                lp,
-                lp.detach() if old is None else old,
-                adv,
-                mask,
-                cfg.eps_low,
-                cfg.eps_high,
-                ref_logprobs=ref,
-                beta=cfg.beta,
-                num_sequences=n,
-            )
-            engine.backward(terms.loss, boundary=boundary)
-            loss_total += float(terms.loss.detach())
-            clip_sum += float(terms.clipped.float().sum())
-            ratio_sum += float(terms.ratio.sum())
-            if terms.kl is not None:
-                kl_sum += float(terms.kl.sum())
-            counted += len(micro)
-            policy_tokens += int(mask.sum())
-            tokens += int(batch.attention_mask.sum())
+            _micro_step(engine, item, mb, cfg, pad_id, boundary=k == len(row) - 1, totals=totals)
         grad_norms.append(engine.step())
-        steps += 1
     seconds = time.perf_counter() - started
-    totals = D.all_reduce_sum(
-        torch.tensor(
-            [loss_total, clip_sum, ratio_sum, kl_sum, counted, policy_tokens, tokens], dtype=torch.float64
-        )
-    )
-    loss_total, clip_sum, ratio_sum, kl_sum, counted, policy_tokens, tokens = totals.tolist()
-    counted = max(counted, 1.0)
+    return _update_metrics(totals.all_ranks(), grad_norms, len(minibatches), seconds, cfg.beta)
+
+
+def _update_metrics(
+    totals: UpdateTotals, grad_norms: list[float | None], steps: int, seconds: float, beta: float
+) -> dict[str, Any]:
+    counted = max(totals.counted, 1.0)
     norms = [g for g in grad_norms if g is not None]
     return {
-        "loss": loss_total,
+        "loss": totals.loss,
         "optimizer_steps": steps,
-        "clip_fraction": clip_sum / counted,
-        "ratio_mean": ratio_sum / counted,
-        "kl": kl_sum / counted if cfg.beta else None,
-        "policy_tokens": int(policy_tokens),
-        "tokens": int(tokens),
+        "clip_fraction": totals.clipped / counted,
+        "ratio_mean": totals.ratio / counted,
+        "kl": totals.kl / counted if beta else None,
+        "policy_tokens": int(totals.policy_tokens),
+        "tokens": int(totals.tokens),
         "grad_norm": sum(norms) / len(norms) if norms else None,
         "seconds": seconds,
-        "tokens_per_second": tokens / max(seconds, 1e-9),
+        "tokens_per_second": totals.tokens / max(seconds, 1e-9),
     }
 
 
@@ -485,32 +388,42 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def train(job: JobFile) -> dict[str, Any]:
-    # one event loop for every rollout of the job (rollouts.RolloutLoop: the judge client outlives iterations)
-    with RolloutLoop() as loop:
-        return _train(job, loop)
+def evaluation_record(at: int, results: list[RolloutResult]) -> dict[str, Any]:
+    """The "evaluation" event and metrics line of one evaluation: mean reward of the rollouts that ran."""
+    ok = [r.reward for r in results if r.ok]
+    return {
+        "step": at,
+        "eval_score": _mean(ok),
+        "eval_rollouts": len(results),
+        "eval_failed": len(results) - len(ok),
+    }
 
 
-def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
-    from posttrain.hardware import torch_dtype
+def require_rollout_endpoints(job: JobFile, error: type[Exception], article_and_kind: str) -> None:
+    """A job that samples needs the task app and the policy's rollout servers in its job file."""
+    if job.task_app is None:
+        raise error(f"{article_and_kind} job file needs task_app.url")
+    if not job.endpoints.policy:
+        raise error(f"{article_and_kind} job file needs endpoints.policy (the rollout servers)")
 
-    from posttrain_trainer.artifacts import finalize, reported_artifacts
+
+def run_evaluation(
+    loop: RolloutLoop, client: RolloutClient, specs: list[Any], at: int, temperature: float
+) -> dict[str, Any]:
+    """Evaluation rollouts (mode eval, no tokens captured, the evaluation's temperature) -> their record."""
+    results = loop.collect(
+        client, specs, mode="eval", want_tokens=False, policy_overrides={"temperature": temperature}
+    )
+    return evaluation_record(at, results)
+
+
+def build_policy(
+    job: JobFile, cfg: RLTrainerConfig, precision: Any
+) -> tuple[D.TrainEngine, Any, torch.nn.Module | None]:
+    """The policy's engine (collective), its tokenizer, and a frozen copy of the initial weights where the
+    KL term needs a local full-model reference."""
     from posttrain_trainer.modeling import is_peft, load_dtype, load_model_and_tokenizer
     from posttrain_trainer.optim import build_optimizer, build_scheduler
-    from posttrain_trainer.weightsync import WeightSyncer, sync_format
-
-    D.init_distributed()
-    cfg = parse_rl_config(job.config)
-    if job.task_app is None:
-        raise RLConfigError("an RL job file needs task_app.url")
-    if not job.endpoints.policy:
-        raise RLConfigError("an RL job file needs endpoints.policy (the rollout servers)")
-    reporter = Reporter(job, enabled=D.is_main())
-    workdir = Path(job.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    precision = D.announce_precision(cfg.parallel, lora_policy=hardware.is_lora_mode(cfg.trainer_mode))
 
     model, tokenizer = load_model_and_tokenizer(
         job.model_path,
@@ -526,10 +439,12 @@ def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
         frozen = copy.deepcopy(model).eval().to(D.device())
         for p in frozen.parameters():
             p.requires_grad_(False)
-    total_steps = cfg.iterations * cfg.num_minibatches
     optimizer = build_optimizer(model, lr=cfg.learning_rate)
     scheduler = build_scheduler(
-        optimizer, total_steps=total_steps, warmup_ratio=cfg.warmup_ratio, name=cfg.lr_scheduler
+        optimizer,
+        total_steps=cfg.iterations * cfg.num_minibatches,
+        warmup_ratio=cfg.warmup_ratio,
+        name=cfg.lr_scheduler,
     )
     if cfg.parallel.use_deepspeed and D.is_main():
         print(
@@ -539,274 +454,318 @@ def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
     cfg.parallel.use_deepspeed = False
     engine = D.build_engine(model, optimizer, scheduler, cfg.parallel, max_grad_norm=cfg.max_grad_norm)
     engine.module.eval()  # dropout off (see the module docstring); gradients still flow
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    if cfg.beta:
-        ref_fn = (
-            endpoint_reference_fn(job.endpoints.reference)
-            if job.endpoints.reference
-            else local_reference_fn(engine, frozen, cfg.temperature)
-        )
-    else:
-        ref_fn = None
+    return engine, tokenizer, frozen
 
-    client = s3.client_from_env(job.storage) if job.storage is not None else None
-    if client is not None and s3.exists(client, job.storage.bucket, job.storage.prefix + "manifest.json"):
-        manifest = s3.get_json(client, job.storage.bucket, job.storage.prefix + "manifest.json")
-        reporter.event("already_complete", steps=manifest.get("steps"))
-        reporter.result(
-            manifest["fine_tuned_model"],
-            reported_artifacts(manifest["artifacts"]),
-        )
-        D.barrier()
-        return dict(manifest.get("metrics", {}), fine_tuned_model=manifest["fine_tuned_model"])
 
-    iteration, history, last_checkpoint = 0, [], None
-    if client is not None:
-        latest = ckpt.find_latest(client, job.storage.bucket, job.storage.prefix)
-        if latest is not None:
-            state = ckpt.load_checkpoint(
-                engine,
-                client=client,
-                bucket=job.storage.bucket,
-                prefix=job.storage.prefix,
-                step=latest,
-                workdir=workdir,
+def iteration_record(
+    step: int, total: int, update: dict[str, Any], stats: dict[str, Any], lr: float, seconds: float
+) -> dict[str, Any]:
+    """One iteration's line of metrics.jsonl (sync metrics are added by the caller)."""
+    return {
+        "step": step,
+        "total": total,
+        "loss": update["loss"],
+        "mean_return": stats["mean_return"],
+        "mean_env_return": stats["mean_env_return"],
+        "judge_scores": stats["judge_scores"],
+        "rollouts": stats["rollouts"],
+        "failed_rollouts": stats["failed"],
+        "truncated": stats["truncated"],
+        "empty_responses": stats["empty_responses"],
+        "mixed_groups": stats["mixed_groups"],
+        "train_sequences": stats["train_sequences"],
+        "optimizer_steps": update["optimizer_steps"],
+        "clip_fraction": update.get("clip_fraction"),
+        "ratio_mean": update.get("ratio_mean"),
+        "kl": update.get("kl"),
+        "grad_norm": update.get("grad_norm"),
+        "lr": lr,
+        "policy_tokens": update["policy_tokens"],
+        "update_seconds": update["seconds"],
+        "tokens_per_second": update.get("tokens_per_second", 0.0),
+        "rollout_seconds": stats["rollout_seconds"],
+        "iteration_seconds": seconds,
+        **{k: stats[k] for k in ("judged", "judge_failed") if k in stats},
+    }
+
+
+class RLRun:
+    """One GSPO job on this rank. Rank 0 collects and scores the rollouts and talks to the rollout servers;
+    every rank updates (collectives). run() = resume, then per iteration collect -> score -> update ->
+    sync -> evaluate -> checkpoint -> report, then finish."""
+
+    def __init__(self, job: JobFile, loop: RolloutLoop):
+        D.init_distributed()
+        self.cfg = cfg = parse_rl_config(job.config)
+        require_rollout_endpoints(job, RLConfigError, "an RL")
+        self.job, self.loop = job, loop
+        self.reporter = Reporter(job, enabled=D.is_main())
+        self.workdir = Path(job.workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        self.precision = D.announce_precision(cfg.parallel, lora_policy=hardware.is_lora_mode(cfg.trainer_mode))
+        self.engine, self.tokenizer, frozen = build_policy(job, cfg, self.precision)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.ref_fn: RefFn | None = None
+        if cfg.beta:
+            self.ref_fn = (
+                endpoint_reference_fn(job.endpoints.reference)
+                if job.endpoints.reference
+                else local_reference_fn(self.engine, frozen, cfg.temperature)
             )
-            iteration = int(state["data"].get("iteration", state["step"]))
-            history = list(state.get("history", []))
-            last_checkpoint = s3.s3_uri(job.storage.bucket, ckpt.step_prefix(job.storage.prefix, latest))
-            reporter.event(
-                "resumed",
-                step=iteration,
-                checkpoint=last_checkpoint,
-                optimizer_fingerprint=state["resumed_optimizer_fingerprint"],
-                saved_optimizer_fingerprint=state.get("optimizer_fingerprint"),
-            )
-            engine.module.eval()
+        self.store = CheckpointStore(job, self.reporter)
+        self.iteration = 0
+        self.history: list[dict[str, Any]] = []
+        self.synced_at = 0  # the policy servers hold the weights of this iteration
+        self.last_eval: float | None = None
+        self.run_tag = run_tag(job.job.name, job.job.uid)
 
-    judge = EpisodeJudge.from_config(job.config, rubric_weights(job.config), job.endpoints.judges)
-    if judge is not None and D.is_main():
-        print(
-            f"[posttrain] judge {judge.options['provider']}/{judge.options['model']} at {judge.client.base_url} "
-            f"scores {'outcome ' if judge.options['outcome'] else ''}{'events' if judge.options['event'] else ''}",
-            flush=True,
+    @property
+    def total(self) -> int:
+        return self.cfg.iterations
+
+    def run(self) -> dict[str, Any]:
+        done = self.store.completed_result()
+        if done is not None:
+            return done
+        self.resume()
+        self.connect()
+        if self.iteration > 0:  # resumed: the rollout servers restarted from the base weights, or hold newer
+            self.sync(self.iteration)
+        first_eval = self.evaluate(self.iteration) if (self.cfg.eval_every and self.iteration == 0) else None
+        self.last_eval = first_eval
+        while self.iteration < self.total:
+            self.step()
+        return self.finish(first_eval)
+
+    def resume(self) -> None:
+        state = self.store.resume(self.engine)
+        if state is None:
+            return
+        self.iteration = int(state["data"].get("iteration", state["step"]))
+        self.history = list(state.get("history", []))
+        self.store.report_resumed(self.iteration, state)
+        self.engine.module.eval()
+        self.synced_at = self.iteration
+
+    def connect(self) -> None:
+        """The task app client (with the judge, if any), the error budget and rank 0's weight syncer."""
+        from posttrain.hardware import torch_dtype
+
+        from posttrain_trainer.modeling import is_peft
+        from posttrain_trainer.weightsync import WeightSyncer, sync_format
+
+        job = self.job
+        self.judge = EpisodeJudge.from_config(job.config, rubric_weights(job.config), job.endpoints.judges)
+        if self.judge is not None and D.is_main():
+            options = self.judge.options
+            print(
+                f"[posttrain] judge {options['provider']}/{options['model']} at {self.judge.client.base_url} "
+                f"scores {'outcome ' if options['outcome'] else ''}{'events' if options['event'] else ''}",
+                flush=True,
+            )
+        self.rollouts = RolloutClient(
+            task_url=job.task_app.url,
+            config=job.config,
+            model=job.base_model,
+            api_key_env=job.task_app.api_key_env,
+            judge=self.judge,
         )
-    rollout_client = RolloutClient(
-        task_url=job.task_app.url,
-        config=job.config,
-        model=job.base_model,
-        api_key_env=job.task_app.api_key_env,
-        judge=judge,
-    )
-    budget = ErrorBudget.from_config(job.config)
-    syncer = WeightSyncer(job, client=client, dtype=torch_dtype(precision.sync)) if D.is_main() else None
-    fmt = sync_format(job.config, is_peft(engine.module))
-    run = run_tag(job.job.name, job.job.uid)
-    synced_at = iteration  # the policy server holds the weights of this iteration
+        self.budget = ErrorBudget.from_config(job.config)
+        self.syncer = (
+            WeightSyncer(job, client=self.store.client, dtype=torch_dtype(self.precision.sync))
+            if D.is_main()
+            else None
+        )
+        self.sync_format = sync_format(job.config, is_peft(self.engine.module))
 
-    def sync(version: int) -> dict[str, Any]:
-        nonlocal synced_at
-        out: dict[str, Any] = {}
-        if D.is_main():
-            result = syncer.sync(engine.module, tokenizer, version, fmt)
-            out = result.as_metrics()
-            reporter.event("weight_sync", **out, path=result.path, format=fmt, pruned=result.pruned)
-        D.barrier()
-        synced_at = version
-        return out
-
-    def evaluate(at: int) -> float | None:
-        if not cfg.eval_seeds:
-            return None
-        if synced_at != at:
-            sync(at)
-        score = None
-        if D.is_main():
-            seeds = list(cfg.eval_seeds)
-            if cfg.eval_temperature > 0 and cfg.eval_instances > len(seeds):
-                seeds = [seeds[i % len(seeds)] for i in range(cfg.eval_instances)]
-            specs = plan_rollouts(run, at, seeds, 1, job.endpoints.policy, kind="ev")
-            if len(set(seeds)) < len(seeds):  # repeated seeds (sampled eval): keep the cids unique
-                for n, spec in enumerate(specs):
-                    spec.cid = f"{spec.cid}-{n}"
-            results = loop.collect(
-                rollout_client,
-                specs,
-                mode="eval",
-                want_tokens=False,
-                policy_overrides={"temperature": cfg.eval_temperature},
-            )
-            ok = [r.reward for r in results if r.ok]
-            score = _mean(ok)
-            line = {
-                "step": at,
-                "eval_score": score,
-                "eval_rollouts": len(results),
-                "eval_failed": len(results) - len(ok),
-            }
-            history.append(line)
-            reporter.event("evaluation", **line)
-        return D.broadcast_object(score)
-
-    if iteration > 0:  # resumed: the rollout servers restarted from the base weights, or hold newer ones
-        sync(iteration)
-    first_eval = evaluate(iteration) if (cfg.eval_every and iteration == 0) else None
-    last_eval = first_eval
-    total = cfg.iterations
-    while iteration < total:
+    def step(self) -> None:
+        """One iteration."""
         started = time.perf_counter()
-        seeds = iteration_seeds(iteration, cfg.batch_size, cfg.seed_start)
-        payload: Any = None
-        if D.is_main():
-            specs = plan_rollouts(run, iteration, seeds, cfg.group_size, job.endpoints.policy)
-            results = loop.collect(rollout_client, specs)
-            errors = [r.error for r in results if not r.ok]
-            try:
-                budget.check(len(results), errors)
-                seqs, stats = sequences_from_results(
-                    results,
-                    skip_zero_advantage=cfg.skip_zero_advantage and not cfg.beta,
-                    overlong=cfg.overlong,
-                    overlong_penalty=cfg.overlong_penalty,
-                )
-                ok = [r for r in results if r.ok]
-                outcome = [r.outcome_score for r in ok if r.outcome_score is not None]
-                events = [r.events_score for r in ok if r.events_score is not None]
-                stats.update(
-                    mean_return=_mean([r.reward for r in ok]),
-                    mean_env_return=_mean([r.env_return for r in ok]),
-                    judge_scores={
-                        k: v
-                        for k, v in (("outcome", _mean(outcome)), ("events", _mean(events)))
-                        if v is not None
-                    },
-                    sampled_tokens=sum(sum(s.completion_mask) for r in ok for s in r.sequences),
-                    rollout_seconds=time.perf_counter() - started,
-                    errors=sorted(set(errors))[:3],
-                )
-                if judge is not None:
-                    stats["judged"] = len(ok)
-                else:
-                    stats.pop("judge_failed")
-                payload = {"seqs": seqs, "stats": stats}
-            except RolloutBudgetExceeded as err:
-                payload = {"error": str(err)}
-        payload = D.broadcast_object(payload)
-        if "error" in payload:
-            raise RolloutBudgetExceeded(payload["error"])
-        seqs, stats = payload["seqs"], payload["stats"]
-        update = gspo_update(engine, seqs, cfg, pad_id, iteration=iteration, ref_fn=ref_fn)
-        iteration += 1
+        seqs, stats = self.collect(started)
+        update = gspo_update(
+            self.engine, seqs, self.cfg, self.pad_id, iteration=self.iteration, ref_fn=self.ref_fn
+        )
+        self.iteration += 1
         sync_metrics: dict[str, Any] = {}
-        if iteration % max(1, cfg.weight_sync_interval) == 0 and iteration < total:
-            sync_metrics = sync(iteration)
+        if self.iteration % max(1, self.cfg.weight_sync_interval) == 0 and self.iteration < self.total:
+            sync_metrics = self.sync(self.iteration)
         eval_score = None
-        if cfg.eval_every and iteration % cfg.eval_every == 0 and iteration < total:
-            eval_score = last_eval = evaluate(iteration)
+        if self.cfg.eval_every and self.iteration % self.cfg.eval_every == 0 and self.iteration < self.total:
+            eval_score = self.last_eval = self.evaluate(self.iteration)
         elapsed = time.perf_counter() - started
-        record = {
-            "step": iteration,
-            "total": total,
-            "loss": update["loss"],
-            "mean_return": stats["mean_return"],
-            "mean_env_return": stats["mean_env_return"],
-            "judge_scores": stats["judge_scores"],
-            "rollouts": stats["rollouts"],
-            "failed_rollouts": stats["failed"],
-            "truncated": stats["truncated"],
-            "empty_responses": stats["empty_responses"],
-            "mixed_groups": stats["mixed_groups"],
-            "train_sequences": stats["train_sequences"],
-            "optimizer_steps": update["optimizer_steps"],
-            "clip_fraction": update.get("clip_fraction"),
-            "ratio_mean": update.get("ratio_mean"),
-            "kl": update.get("kl"),
-            "grad_norm": update.get("grad_norm"),
-            "lr": engine.current_lr(),
-            "policy_tokens": update["policy_tokens"],
-            "update_seconds": update["seconds"],
-            "tokens_per_second": update.get("tokens_per_second", 0.0),
-            "rollout_seconds": stats["rollout_seconds"],
-            "iteration_seconds": elapsed,
-            **{k: stats[k] for k in ("judged", "judge_failed") if k in stats},
-            **sync_metrics,
-        }
-        history.append(record)
-        reporter.event(
+        record = iteration_record(
+            self.iteration, self.total, update, stats, self.engine.current_lr(), elapsed
+        )
+        record.update(sync_metrics)
+        self.history.append(record)
+        self.reporter.event(
             "iteration", **{k: record.get(k) for k in ITERATION_EVENT_FIELDS}, groups=stats["groups"]
         )
-        if (
-            client is not None
-            and job.checkpoint_every
-            and iteration % job.checkpoint_every == 0
-            and iteration < total
-        ):
-            last_checkpoint = ckpt.save_checkpoint(
-                engine,
-                client=client,
-                bucket=job.storage.bucket,
-                prefix=job.storage.prefix,
-                step=iteration,
-                workdir=workdir,
-                data_state={"iteration": iteration},
-                extra={"history": history, "weight_version": synced_at},
-                keep=ckpt.keep_checkpoints(job.config),
-            )
-            reporter.event("checkpoint", step=iteration, uri=last_checkpoint)
-        reporter.progress(
-            step=iteration,
-            total=total,
+        self.checkpoint()
+        self.reporter.progress(
+            step=self.iteration,
+            total=self.total,
             loss=update["loss"],
             mean_return=stats["mean_return"],
             judge_scores=stats["judge_scores"] or None,
             judge_failed=stats.get("judge_failed"),
             truncated=stats["truncated"],
             tokens_per_second=update.get("tokens_per_second"),
-            eval_score=eval_score if eval_score is not None else last_eval,
-            last_checkpoint=last_checkpoint,
+            eval_score=eval_score if eval_score is not None else self.last_eval,
+            last_checkpoint=self.store.last_uri,
         )
 
-    final_eval = evaluate(iteration) if cfg.eval_seeds else None
-    returns = [
-        h["mean_return"] for h in history if h.get("mean_return") is not None and "eval_score" not in h
-    ]
-    metrics = {
-        "iterations": iteration,
-        "total_iterations": total,
-        "first_mean_return": returns[0] if returns else None,
-        "final_mean_return": returns[-1] if returns else None,
-        "first_eval_score": first_eval,
-        "final_eval_score": final_eval,
-        "world_size": D.world_size(),
-        "engine": engine.kind,
-        "trainer_mode": cfg.trainer_mode,
-        "group_size": cfg.group_size,
-        "batch_size": cfg.batch_size,
-    }
-    if D.is_main():
-        curve = plot_curves(history, workdir / "reward_curve.png", title=f"GSPO: {job.job.name}")
-        model_id, artifacts = finalize(
-            job,
-            engine.module,
-            tokenizer,
-            metrics=metrics,
-            steps=iteration,
-            metrics_lines=history,
-            extra_files={"reward_curve": curve} if curve else None,
-            client=client,
+    def collect(self, started: float) -> tuple[list[TrainSeq], dict[str, Any]]:
+        """This iteration's training sequences and rollout statistics, collected and scored on rank 0 and
+        given to every rank (collective). Raises RolloutBudgetExceeded on every rank."""
+        payload: Any = None
+        if D.is_main():
+            seeds = iteration_seeds(self.iteration, self.cfg.batch_size, self.cfg.seed_start)
+            specs = plan_rollouts(
+                self.run_tag, self.iteration, seeds, self.cfg.group_size, self.job.endpoints.policy
+            )
+            results = self.loop.collect(self.rollouts, specs)
+            try:
+                payload = self.score(results, started)
+            except RolloutBudgetExceeded as err:
+                payload = {"error": str(err)}
+        payload = D.broadcast_object(payload)
+        if "error" in payload:
+            raise RolloutBudgetExceeded(payload["error"])
+        return payload["seqs"], payload["stats"]
+
+    def score(self, results: list[RolloutResult], started: float) -> dict[str, Any]:
+        """Rollouts -> {"seqs", "stats"}: the error budget, group advantages, returns and judge scores."""
+        cfg = self.cfg
+        errors = [r.error for r in results if not r.ok]
+        self.budget.check(len(results), errors)
+        seqs, stats = sequences_from_results(
+            results,
+            skip_zero_advantage=cfg.skip_zero_advantage and not cfg.beta,
+            overlong=cfg.overlong,
+            overlong_penalty=cfg.overlong_penalty,
         )
-        reporter.progress(
-            step=iteration,
-            total=total,
-            mean_return=metrics["final_mean_return"],
-            eval_score=final_eval,
-            last_checkpoint=last_checkpoint,
+        ok = [r for r in results if r.ok]
+        outcome = [r.outcome_score for r in ok if r.outcome_score is not None]
+        events = [r.events_score for r in ok if r.events_score is not None]
+        stats.update(
+            mean_return=_mean([r.reward for r in ok]),
+            mean_env_return=_mean([r.env_return for r in ok]),
+            judge_scores={
+                k: v for k, v in (("outcome", _mean(outcome)), ("events", _mean(events))) if v is not None
+            },
+            sampled_tokens=sum(sum(s.completion_mask) for r in ok for s in r.sequences),
+            rollout_seconds=time.perf_counter() - started,
+            errors=sorted(set(errors))[:3],
         )
-        reporter.result(model_id, artifacts)
-        metrics["fine_tuned_model"] = model_id
-        metrics["artifacts"] = artifacts
-    D.barrier()
-    return metrics
+        if self.judge is not None:
+            stats["judged"] = len(ok)
+        else:
+            stats.pop("judge_failed")
+        return {"seqs": seqs, "stats": stats}
+
+    def sync(self, version: int) -> dict[str, Any]:
+        """Push the weights to the rollout servers (collective); returns rank 0's sync metrics."""
+        out: dict[str, Any] = {}
+        if D.is_main():
+            result = self.syncer.sync(self.engine.module, self.tokenizer, version, self.sync_format)
+            out = result.as_metrics()
+            self.reporter.event(
+                "weight_sync", **out, path=result.path, format=self.sync_format, pruned=result.pruned
+            )
+        D.barrier()
+        self.synced_at = version
+        return out
+
+    def evaluate(self, at: int) -> float | None:
+        """Mean reward on evaluation.seeds with the weights of iteration `at` (collective)."""
+        cfg = self.cfg
+        if not cfg.eval_seeds:
+            return None
+        if self.synced_at != at:
+            self.sync(at)
+        score = None
+        if D.is_main():
+            seeds = list(cfg.eval_seeds)
+            if cfg.eval_temperature > 0 and cfg.eval_instances > len(seeds):
+                seeds = [seeds[i % len(seeds)] for i in range(cfg.eval_instances)]
+            specs = plan_rollouts(self.run_tag, at, seeds, 1, self.job.endpoints.policy, kind="ev")
+            if len(set(seeds)) < len(seeds):  # repeated seeds (sampled eval): keep the cids unique
+                for n, spec in enumerate(specs):
+                    spec.cid = f"{spec.cid}-{n}"
+            line = run_evaluation(self.loop, self.rollouts, specs, at, cfg.eval_temperature)
+            score = line["eval_score"]
+            self.history.append(line)
+            self.reporter.event("evaluation", **line)
+        return D.broadcast_object(score)
+
+    def checkpoint(self) -> None:
+        if self.store.due(self.iteration, self.total):
+            self.store.save(
+                self.engine,
+                self.iteration,
+                data_state={"iteration": self.iteration},
+                extra={"history": self.history, "weight_version": self.synced_at},
+            )
+
+    def finish(self, first_eval: float | None) -> dict[str, Any]:
+        """Final evaluation, metrics, and on rank 0 the final model, curve and result (collective)."""
+        from posttrain_trainer.artifacts import finalize
+
+        final_eval = self.evaluate(self.iteration) if self.cfg.eval_seeds else None
+        returns = [
+            h["mean_return"]
+            for h in self.history
+            if h.get("mean_return") is not None and "eval_score" not in h
+        ]
+        metrics = {
+            "iterations": self.iteration,
+            "total_iterations": self.total,
+            "first_mean_return": returns[0] if returns else None,
+            "final_mean_return": returns[-1] if returns else None,
+            "first_eval_score": first_eval,
+            "final_eval_score": final_eval,
+            "world_size": D.world_size(),
+            "engine": self.engine.kind,
+            "trainer_mode": self.cfg.trainer_mode,
+            "group_size": self.cfg.group_size,
+            "batch_size": self.cfg.batch_size,
+        }
+        if D.is_main():
+            job = self.job
+            curve = plot_curves(
+                self.history, self.workdir / "reward_curve.png", title=f"GSPO: {job.job.name}"
+            )
+            model_id, artifacts = finalize(
+                job,
+                self.engine.module,
+                self.tokenizer,
+                metrics=metrics,
+                steps=self.iteration,
+                metrics_lines=self.history,
+                extra_files={"reward_curve": curve} if curve else None,
+                client=self.store.client,
+            )
+            final = self.reporter.final(
+                model_id,
+                artifacts,
+                step=self.iteration,
+                total=self.total,
+                mean_return=metrics["final_mean_return"],
+                eval_score=final_eval,
+                last_checkpoint=self.store.last_uri,
+            )
+            metrics.update(final)
+        D.barrier()
+        return metrics
+
+
+def train(job: JobFile) -> dict[str, Any]:
+    # one event loop for every rollout of the job (rollouts.RolloutLoop: the judge client outlives iterations)
+    with RolloutLoop() as loop:
+        return RLRun(job, loop).run()
 
 
 def main(job: JobFile) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,8 @@ from posttrain_trainer import distributed as D
 from posttrain_trainer import storage as s3
 from posttrain_trainer.optim import BatchPlan, build_optimizer, build_scheduler
 from posttrain_trainer.report import Reporter
+from posttrain_trainer.resume import CheckpointStore
+from posttrain_trainer.sft_config import SFTTrainerConfig, metric_value, parse_sft_config
 from posttrain_trainer.sft_data import (
     IGNORE_INDEX,
     DataError,
@@ -49,151 +50,6 @@ from posttrain_trainer.sft_data import (
     split_global_batch,
 )
 from posttrain_trainer.sft_vision import collate_vision, encode_all_vision
-
-EVAL_KEYS = (
-    "enabled",
-    "evaluation_strategy",
-    "eval_steps",
-    "save_best_model_at_end",
-    "metric_for_best_model",
-    "greater_is_better",
-    "early_stopping_patience",
-    "early_stopping_threshold",
-)
-LOSS_METRICS = {"val.loss", "val_loss", "eval_loss", "eval.loss", "loss", "validation_loss"}
-
-
-@dataclass
-class ValidationConfig:
-    enabled: bool = False
-    strategy: str = "steps"  # steps | epoch | no
-    eval_steps: int = 0
-    save_best_model_at_end: bool = False
-    metric: str = "val.loss"
-    greater_is_better: bool = False
-    patience: int | None = None
-    threshold: float = 0.0
-
-
-@dataclass
-class SFTConfig:
-    trainer_mode: str = "full"
-    lora: dict[str, Any] = field(default_factory=dict)
-    n_epochs: int = 1
-    max_steps: int | None = None
-    hyperparameters: dict[str, Any] = field(default_factory=dict)
-    sequence_length: int = 2048
-    learning_rate: float = 1e-5
-    warmup_ratio: float = 0.0
-    weight_decay: float = 0.0
-    scheduler: str = "linear"
-    seed: int = 42
-    max_grad_norm: float = 1.0
-    parallel: D.ParallelConfig = field(default_factory=D.ParallelConfig)
-    validation: ValidationConfig = field(default_factory=ValidationConfig)
-    validation_path: str | None = None
-    max_images_per_message: int | None = None
-
-
-def _lora_mode(config: dict[str, Any]) -> bool:
-    training = config.get("training") or {}
-    hp = config.get("hyperparameters") or {}
-    algorithm = config.get("algorithm") or {}
-    model = config.get("model") or config.get("policy") or {}
-    return (
-        str(training.get("mode", "")).lower() in ("lora", "qlora", "peft")
-        or bool(training.get("use_qlora"))
-        or str(hp.get("train_kind", "")).lower() == "peft"
-        or str(algorithm.get("variety", "")).lower() in ("lora", "qlora")
-        or str(model.get("trainer_mode", "")).lower() in ("lora", "qlora")
-    )
-
-
-def _qlora_mode(config: dict[str, Any]) -> bool:
-    training = config.get("training") or {}
-    algorithm = config.get("algorithm") or {}
-    model = config.get("model") or config.get("policy") or {}
-    return (
-        str(training.get("mode", "")).lower() == "qlora"
-        or bool(training.get("use_qlora"))
-        or str(algorithm.get("variety", "")).lower() == "qlora"
-        or str(model.get("trainer_mode", "")).lower() == "qlora"
-    )
-
-
-def parse_sft_config(config: dict[str, Any]) -> SFTConfig:
-    hp = dict(config.get("hyperparameters") or {})
-    training = config.get("training") or {}
-    parallel_raw = dict(hp.get("parallelism") or {})
-    val_raw: dict[str, Any] = {}
-    for source in (parallel_raw, hp, training.get("validation") or {}):  # later wins
-        val_raw.update({k: source[k] for k in EVAL_KEYS if k in source})
-    for key in EVAL_KEYS:
-        parallel_raw.pop(key, None)
-    lora = dict(training.get("lora") or config.get("lora") or {})
-    for key in (
-        "r",
-        "alpha",
-        "dropout",
-        "target_modules",
-    ):  # synth drops hyperparameters.lora_*; we honour them
-        if f"lora_{key}" in hp and key not in lora:
-            lora[key] = hp[f"lora_{key}"]
-    if "lora_rank" in hp and "r" not in lora:
-        lora["r"] = hp["lora_rank"]
-    steps = hp.get("total_steps") or hp.get("train_steps") or hp.get("steps")
-    strategy = str(val_raw.get("evaluation_strategy") or "steps")
-    validation = ValidationConfig(
-        enabled=bool(val_raw.get("enabled", bool(val_raw))),
-        strategy=strategy,
-        eval_steps=int(val_raw.get("eval_steps") or 0),
-        save_best_model_at_end=bool(val_raw.get("save_best_model_at_end", False)),
-        metric=str(val_raw.get("metric_for_best_model") or "val.loss"),
-        greater_is_better=bool(val_raw.get("greater_is_better", False)),
-        patience=int(val_raw["early_stopping_patience"]) if val_raw.get("early_stopping_patience") else None,
-        threshold=float(val_raw.get("early_stopping_threshold") or 0.0),
-    )
-    if validation.metric.lower() not in LOSS_METRICS | {
-        "perplexity",
-        "val.perplexity",
-        "eval_perplexity",
-        "token_accuracy",
-        "val.token_accuracy",
-    }:
-        raise ValueError(
-            f"metric_for_best_model {validation.metric!r} is not one this trainer computes "
-            "(val.loss, perplexity, token_accuracy)"
-        )
-    lora_mode = _lora_mode(config)
-    model_section = config.get("model") or config.get("policy") or {}
-    max_images = model_section.get("max_images_per_message") or hp.get("max_images_per_message")
-    return SFTConfig(
-        trainer_mode=("qlora" if _qlora_mode(config) else "lora") if lora_mode else "full",
-        lora=lora,
-        n_epochs=int(hp.get("n_epochs") or 1),
-        max_steps=int(steps) if steps else None,
-        hyperparameters=hp,
-        sequence_length=int(hp.get("sequence_length") or 2048),
-        learning_rate=float(hp.get("learning_rate") or (1e-4 if lora_mode else 1e-5)),
-        warmup_ratio=float(hp.get("warmup_ratio") or 0.0),
-        weight_decay=float(hp.get("weight_decay") or 0.0),
-        scheduler=str(hp.get("lr_scheduler_type") or hp.get("lr_scheduler") or "linear"),
-        seed=int(hp.get("seed") or 42),
-        max_grad_norm=float(hp.get("max_grad_norm") if hp.get("max_grad_norm") is not None else 1.0),
-        parallel=D.ParallelConfig.from_config(parallel_raw),
-        validation=validation,
-        validation_path=(config.get("data") or {}).get("validation_path"),
-        max_images_per_message=int(max_images) if max_images else None,
-    )
-
-
-def _metric_value(metrics: dict[str, float], name: str) -> float:
-    name = name.lower()
-    if name in LOSS_METRICS:
-        return metrics["loss"]
-    if "perplexity" in name:
-        return metrics["perplexity"]
-    return metrics["token_accuracy"]
 
 
 def _local_path(uri: str | None, job: JobFile, name: str) -> str | None:
@@ -291,75 +147,8 @@ def _is_text_only(model) -> bool:
     return not is_vision_model(D.unwrap(model).config)
 
 
-def train(job: JobFile) -> dict[str, Any]:
-    """Run the SFT job; returns the final metrics (rank 0 also uploads artifacts and reports the result)."""
-    from posttrain_trainer.artifacts import finalize, reported_artifacts
-    from posttrain_trainer.modeling import load_dtype, load_model_and_tokenizer, load_processor
-
-    D.init_distributed()
-    cfg = parse_sft_config(job.config)
-    reporter = Reporter(job, enabled=D.is_main())
-    workdir = Path(job.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    precision = D.announce_precision(cfg.parallel)
-
-    model, tokenizer = load_model_and_tokenizer(
-        job.model_path,
-        trainer_mode=cfg.trainer_mode,
-        lora=cfg.lora,
-        storage=job.storage,
-        dtype=load_dtype(precision, cfg.trainer_mode),
-        gradient_checkpointing=cfg.parallel.activation_checkpointing,
-        seed=cfg.seed,
-    )
-    text_only = _is_text_only(model)
-    processor = None if text_only else load_processor(job.model_path, storage=job.storage)
-    collate_fn = collate if text_only else collate_vision
-
-    def encode(path: str) -> tuple[list[Encoded], int]:
-        if processor is None:
-            return encode_all(
-                tokenizer,
-                parse_jsonl(path),
-                max_length=cfg.sequence_length,
-                text_only=True,
-                source=Path(path).name,
-            )
-        data, dropped, trimmed = encode_all_vision(
-            processor,
-            parse_jsonl(path),
-            max_length=cfg.sequence_length,
-            max_images_per_message=cfg.max_images_per_message,
-            source=Path(path).name,
-            base_dir=Path(path).parent,
-        )
-        if trimmed:
-            reporter.event("images_trimmed", count=trimmed, max_images_per_message=cfg.max_images_per_message)
-        return list(data), dropped
-
-    train_path = _local_path(job.dataset.train, job, "train.jsonl")
-    if not train_path:
-        raise DataError("the job file has no dataset.train")
-    val_path = _local_path(job.dataset.validation or cfg.validation_path, job, "validation.jsonl")
-    train_data, dropped = encode(train_path)
-    val_data: list[Encoded] = []
-    if val_path:
-        val_data, _ = encode(val_path)
-    do_eval = (
-        bool(val_data) and cfg.validation.strategy != "no" and (cfg.validation.enabled or bool(val_path))
-    )
-    if dropped:
-        reason = "no assistant token within sequence_length"
-        if processor is not None:
-            reason += ", or an image cut by sequence_length"
-        reporter.event("examples_dropped", count=dropped, reason=reason)
-
-    plan = BatchPlan.from_hyperparameters(cfg.hyperparameters, D.world_size())
-    steps_per_epoch = len(epoch_batches(len(train_data), plan.global_batch, seed=cfg.seed, epoch=0))
-    total = steps_per_epoch * cfg.n_epochs
-    if cfg.max_steps:  # total_steps caps n_epochs when both are given, and replaces it otherwise
-        total = min(total, cfg.max_steps) if cfg.hyperparameters.get("n_epochs") else cfg.max_steps
+def build_engine(cfg: SFTTrainerConfig, model: torch.nn.Module, plan: BatchPlan, total: int) -> D.TrainEngine:
+    """The training engine for `total` optimizer steps (collective)."""
     optimizer = build_optimizer(model, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     scheduler = build_scheduler(
         optimizer, total_steps=total, warmup_ratio=cfg.warmup_ratio, name=cfg.scheduler
@@ -368,7 +157,7 @@ def train(job: JobFile) -> dict[str, Any]:
         if D.is_main():
             print("[posttrain] QLoRA: DeepSpeed ZeRO cannot shard 4-bit weights; using DDP", flush=True)
         cfg.parallel.use_deepspeed = False
-    engine = D.build_engine(
+    return D.build_engine(
         model,
         optimizer,
         scheduler,
@@ -377,65 +166,218 @@ def train(job: JobFile) -> dict[str, Any]:
         micro_batch=plan.micro_batch,
         max_grad_norm=cfg.max_grad_norm,
     )
-    pad_id = tokenizer.pad_token_id
-    pad_multiple = 8 if torch.cuda.is_available() else 1
-    lengths = [len(e) for e in train_data]
 
-    client = s3.client_from_env(job.storage) if job.storage is not None else None
-    step, epoch, batch_in_epoch = 0, 0, 0
-    history: list[dict[str, Any]] = []
-    best: dict[str, Any] = {"value": None, "step": None, "bad_evals": 0}
-    last_checkpoint = None
-    if client is not None and s3.exists(client, job.storage.bucket, job.storage.prefix + "manifest.json"):
-        # This job already finished (a restarted pod after success): report the stored result, train nothing.
-        manifest = s3.get_json(client, job.storage.bucket, job.storage.prefix + "manifest.json")
-        reporter.event("already_complete", steps=manifest.get("steps"))
-        reporter.result(
-            manifest["fine_tuned_model"],
-            reported_artifacts(manifest["artifacts"]),
+
+def total_steps(cfg: SFTTrainerConfig, steps_per_epoch: int) -> int:
+    total = steps_per_epoch * cfg.n_epochs
+    if cfg.max_steps:  # total_steps caps n_epochs when both are given, and replaces it otherwise
+        total = min(total, cfg.max_steps) if cfg.hyperparameters.get("n_epochs") else cfg.max_steps
+    return total
+
+
+class SFTRun:
+    """One SFT job on this rank: load the model and data, resume, then epochs of optimizer steps, each with
+    its validation, early stopping and checkpoint, then finish (final model and result)."""
+
+    def __init__(self, job: JobFile):
+        from posttrain_trainer.modeling import load_dtype, load_model_and_tokenizer, load_processor
+
+        D.init_distributed()
+        self.job = job
+        self.cfg = cfg = parse_sft_config(job.config)
+        self.reporter = Reporter(job, enabled=D.is_main())
+        self.workdir = Path(job.workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(cfg.seed)
+        precision = D.announce_precision(cfg.parallel)
+        model, self.tokenizer = load_model_and_tokenizer(
+            job.model_path,
+            trainer_mode=cfg.trainer_mode,
+            lora=cfg.lora,
+            storage=job.storage,
+            dtype=load_dtype(precision, cfg.trainer_mode),
+            gradient_checkpointing=cfg.parallel.activation_checkpointing,
+            seed=cfg.seed,
         )
-        D.barrier()
-        return dict(manifest.get("metrics", {}), fine_tuned_model=manifest["fine_tuned_model"])
-    if client is not None:
-        latest = ckpt.find_latest(client, job.storage.bucket, job.storage.prefix)
-        if latest is not None:
-            state = ckpt.load_checkpoint(
-                engine,
-                client=client,
-                bucket=job.storage.bucket,
-                prefix=job.storage.prefix,
-                step=latest,
-                workdir=workdir,
-            )
-            step = int(state["step"])
-            epoch, batch_in_epoch = int(state["data"]["epoch"]), int(state["data"]["next_batch"])
-            history = list(state.get("history", []))
-            best = dict(state.get("best", best))
-            last_checkpoint = s3.s3_uri(job.storage.bucket, ckpt.step_prefix(job.storage.prefix, latest))
-            reporter.event(
-                "resumed",
-                step=step,
-                checkpoint=last_checkpoint,
-                optimizer_fingerprint=state["resumed_optimizer_fingerprint"],
-                saved_optimizer_fingerprint=state.get("optimizer_fingerprint"),
-            )
-    best_weights: dict[str, torch.Tensor] | None = None
+        text_only = _is_text_only(model)
+        self.processor = None if text_only else load_processor(job.model_path, storage=job.storage)
+        self.collate_fn = collate if text_only else collate_vision
+        self.load_data()
+        self.plan = BatchPlan.from_hyperparameters(cfg.hyperparameters, D.world_size())
+        self.total = total_steps(
+            cfg, len(epoch_batches(len(self.train_data), self.plan.global_batch, seed=cfg.seed, epoch=0))
+        )
+        self.engine = build_engine(cfg, model, self.plan, self.total)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.pad_multiple = 8 if torch.cuda.is_available() else 1
+        self.lengths = [len(e) for e in self.train_data]
+        self.store = CheckpointStore(job, self.reporter)
+        self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
+        self.history: list[dict[str, Any]] = []
+        self.best: dict[str, Any] = {"value": None, "step": None, "bad_evals": 0}
+        self.best_weights: dict[str, torch.Tensor] | None = None
+        self.stopped_early = False
 
-    def run_eval(at_step: int) -> bool:
-        """Evaluate, track the best, return True when early stopping says stop."""
-        nonlocal best_weights
-        metrics = evaluate(engine, val_data, pad_id, plan.micro_batch, collate_fn)
-        value = _metric_value(metrics, cfg.validation.metric)
+    def encode(self, path: str) -> tuple[list[Encoded], int]:
+        """A JSONL file -> training rows and the number of examples dropped."""
+        cfg = self.cfg
+        if self.processor is None:
+            return encode_all(
+                self.tokenizer,
+                parse_jsonl(path),
+                max_length=cfg.sequence_length,
+                text_only=True,
+                source=Path(path).name,
+            )
+        data, dropped, trimmed = encode_all_vision(
+            self.processor,
+            parse_jsonl(path),
+            max_length=cfg.sequence_length,
+            max_images_per_message=cfg.max_images_per_message,
+            source=Path(path).name,
+            base_dir=Path(path).parent,
+        )
+        if trimmed:
+            self.reporter.event(
+                "images_trimmed", count=trimmed, max_images_per_message=cfg.max_images_per_message
+            )
+        return list(data), dropped
+
+    def load_data(self) -> None:
+        job, cfg = self.job, self.cfg
+        train_path = _local_path(job.dataset.train, job, "train.jsonl")
+        if not train_path:
+            raise DataError("the job file has no dataset.train")
+        val_path = _local_path(job.dataset.validation or cfg.validation_path, job, "validation.jsonl")
+        self.train_data, dropped = self.encode(train_path)
+        self.val_data: list[Encoded] = []
+        if val_path:
+            self.val_data, _ = self.encode(val_path)
+        self.do_eval = (
+            bool(self.val_data)
+            and cfg.validation.strategy != "no"
+            and (cfg.validation.enabled or bool(val_path))
+        )
+        if dropped:
+            reason = "no assistant token within sequence_length"
+            if self.processor is not None:
+                reason += ", or an image cut by sequence_length"
+            self.reporter.event("examples_dropped", count=dropped, reason=reason)
+
+    def run(self) -> dict[str, Any]:
+        # A job that already finished (a restarted pod after success): report the stored result, train nothing.
+        done = self.store.completed_result()
+        if done is not None:
+            return done
+        self.resume()
+        if self.do_eval and self.step == 0:
+            self.validate(0)
+        self.train_epochs()
+        return self.finish()
+
+    def resume(self) -> None:
+        state = self.store.resume(self.engine)
+        if state is None:
+            return
+        self.step = int(state["step"])
+        self.epoch, self.batch_in_epoch = int(state["data"]["epoch"]), int(state["data"]["next_batch"])
+        self.history = list(state.get("history", []))
+        self.best = dict(state.get("best", self.best))
+        self.store.report_resumed(self.step, state)
+
+    def train_epochs(self) -> None:
+        """Epochs of optimizer steps until total_steps, the epoch limit or early stopping."""
+        cfg = self.cfg
+        debug_sleep = float(
+            os.environ.get("POSTTRAIN_DEBUG_STEP_SLEEP", "0") or 0
+        )  # tests: widen the kill window
+        self.engine.model.train()
+        # total_steps without n_epochs: as many epochs as the steps need; with both, whichever ends first
+        epoch_limit = cfg.n_epochs if (cfg.hyperparameters.get("n_epochs") or not cfg.max_steps) else 10**9
+        while self.step < self.total and self.epoch < epoch_limit:
+            batches = epoch_batches(
+                len(self.train_data), self.plan.global_batch, seed=cfg.seed, epoch=self.epoch
+            )
+            while self.batch_in_epoch < len(batches) and self.step < self.total:
+                if self.optimizer_step(batches, debug_sleep):
+                    return
+            if self.batch_in_epoch >= len(batches):
+                self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+    def optimizer_step(self, batches: list[list[int]], debug_sleep: float) -> bool:
+        """One optimizer step with its record, evaluation and checkpoint; True when early stopping says stop."""
+        started = time.perf_counter()
+        indices = batches[self.batch_in_epoch]
+        step_tokens = sum(self.train_data[i].n_target for i in indices)  # same on every rank
+        step_loss, seen_global, grad_norm = train_step(
+            self.engine,
+            self.train_data,
+            indices,
+            self.lengths,
+            self.plan,
+            self.pad_id,
+            self.collate_fn,
+            self.pad_multiple,
+        )
+        self.step += 1
+        self.batch_in_epoch += 1
+        if debug_sleep:
+            time.sleep(debug_sleep)
+        elapsed = time.perf_counter() - started
+        tokens_per_s = seen_global / max(elapsed, 1e-9)
+        self.history.append(
+            {
+                "step": self.step,
+                "epoch": self.epoch,
+                "loss": step_loss,
+                "lr": self.engine.current_lr(),
+                "grad_norm": grad_norm,
+                "tokens_per_second": tokens_per_s,
+                "target_tokens": step_tokens,
+                "seen_tokens": int(seen_global),
+                "step_seconds": elapsed,
+            }
+        )
+        self.reporter.progress(
+            step=self.step,
+            total=self.total,
+            loss=step_loss,
+            tokens_per_second=tokens_per_s,
+            last_checkpoint=self.store.last_uri,
+        )
+        should_stop = self.validate(self.step) if self.eval_due(len(batches)) else False
+        self.checkpoint()
+        if should_stop:
+            self.stopped_early = True
+            self.reporter.event(
+                "early_stop", step=self.step, best_step=self.best["step"], best_value=self.best["value"]
+            )
+        return should_stop
+
+    def eval_due(self, batches_in_epoch: int) -> bool:
+        validation = self.cfg.validation
+        if not self.do_eval:
+            return False
+        if validation.strategy == "steps":
+            return bool(validation.eval_steps) and self.step % validation.eval_steps == 0
+        return validation.strategy == "epoch" and self.batch_in_epoch == batches_in_epoch
+
+    def validate(self, at_step: int) -> bool:
+        """Evaluate, track the best, return True when early stopping says stop (collective)."""
+        validation = self.cfg.validation
+        metrics = evaluate(self.engine, self.val_data, self.pad_id, self.plan.micro_batch, self.collate_fn)
+        value = metric_value(metrics, validation.metric)
+        best = self.best
         better = best["value"] is None or (
-            value > best["value"] + cfg.validation.threshold
-            if cfg.validation.greater_is_better
-            else value < best["value"] - cfg.validation.threshold
+            value > best["value"] + validation.threshold
+            if validation.greater_is_better
+            else value < best["value"] - validation.threshold
         )
         if better:
             best.update(value=value, step=at_step, bad_evals=0)
             # best weights are kept in memory, except under ZeRO-3 (partitioned): there the last weights are saved
-            if cfg.validation.save_best_model_at_end and D.zero_stage(engine) < 3:
-                best_weights = ckpt.trainable_state_dict(engine.module)
+            if validation.save_best_model_at_end and D.zero_stage(self.engine) < 3:
+                self.best_weights = ckpt.trainable_state_dict(self.engine.module)
         else:
             best["bad_evals"] += 1
         line = {
@@ -444,142 +386,90 @@ def train(job: JobFile) -> dict[str, Any]:
             "eval_perplexity": metrics["perplexity"],
             "eval_token_accuracy": metrics["token_accuracy"],
         }
-        history.append(line)
-        reporter.event("evaluation", **line, metric=cfg.validation.metric, best_step=best["step"])
-        reporter.progress(step=at_step, total=total, eval_score=value, last_checkpoint=last_checkpoint)
-        return cfg.validation.patience is not None and best["bad_evals"] >= cfg.validation.patience
+        self.history.append(line)
+        self.reporter.event("evaluation", **line, metric=validation.metric, best_step=best["step"])
+        self.reporter.progress(
+            step=at_step, total=self.total, eval_score=value, last_checkpoint=self.store.last_uri
+        )
+        return validation.patience is not None and best["bad_evals"] >= validation.patience
 
-    if do_eval and step == 0:
-        run_eval(0)
+    def checkpoint(self) -> None:
+        if self.store.due(self.step, self.total):
+            self.store.save(
+                self.engine,
+                self.step,
+                data_state={"epoch": self.epoch, "next_batch": self.batch_in_epoch},
+                extra={"history": self.history, "best": self.best},
+            )
 
-    debug_sleep = float(
-        os.environ.get("POSTTRAIN_DEBUG_STEP_SLEEP", "0") or 0
-    )  # tests: widen the kill window
-    stopped_early = False
-    engine.model.train()
-    # total_steps without n_epochs: as many epochs as the steps need; with both, whichever ends first
-    epoch_limit = cfg.n_epochs if (cfg.hyperparameters.get("n_epochs") or not cfg.max_steps) else 10**9
-    while step < total and epoch < epoch_limit:
-        batches = epoch_batches(len(train_data), plan.global_batch, seed=cfg.seed, epoch=epoch)
-        while batch_in_epoch < len(batches) and step < total:
-            started = time.perf_counter()
-            indices = batches[batch_in_epoch]
-            step_tokens = sum(train_data[i].n_target for i in indices)  # same on every rank
-            step_loss, seen_global, grad_norm = train_step(
-                engine, train_data, indices, lengths, plan, pad_id, collate_fn, pad_multiple
-            )
-            step += 1
-            batch_in_epoch += 1
-            if debug_sleep:
-                time.sleep(debug_sleep)
-            elapsed = time.perf_counter() - started
-            tokens_per_s = seen_global / max(elapsed, 1e-9)
-            record = {
-                "step": step,
-                "epoch": epoch,
-                "loss": step_loss,
-                "lr": engine.current_lr(),
-                "grad_norm": grad_norm,
-                "tokens_per_second": tokens_per_s,
-                "target_tokens": step_tokens,
-                "seen_tokens": int(seen_global),
-                "step_seconds": elapsed,
-            }
-            history.append(record)
-            reporter.progress(
-                step=step,
-                total=total,
-                loss=step_loss,
-                tokens_per_second=tokens_per_s,
-                last_checkpoint=last_checkpoint,
-            )
-            should_stop = False
-            evals_now = do_eval and (
-                (
-                    cfg.validation.strategy == "steps"
-                    and cfg.validation.eval_steps
-                    and step % cfg.validation.eval_steps == 0
-                )
-                or (cfg.validation.strategy == "epoch" and batch_in_epoch == len(batches))
-            )
-            if evals_now:
-                should_stop = run_eval(step)
-            if (
-                client is not None
-                and job.checkpoint_every
-                and step % job.checkpoint_every == 0
-                and step < total
-            ):
-                last_checkpoint = ckpt.save_checkpoint(
-                    engine,
-                    client=client,
-                    bucket=job.storage.bucket,
-                    prefix=job.storage.prefix,
-                    step=step,
-                    workdir=workdir,
-                    data_state={"epoch": epoch, "next_batch": batch_in_epoch},
-                    extra={"history": history, "best": best},
-                    keep=ckpt.keep_checkpoints(job.config),
-                )
-                reporter.event("checkpoint", step=step, uri=last_checkpoint)
-            if should_stop:
-                stopped_early = True
-                reporter.event("early_stop", step=step, best_step=best["step"], best_value=best["value"])
-                break
-        if stopped_early:
-            break
-        if batch_in_epoch >= len(batches):
-            epoch, batch_in_epoch = epoch + 1, 0
+    def summary(self, final_eval: dict[str, float] | None) -> dict[str, Any]:
+        train_losses = [h["loss"] for h in self.history if "loss" in h]
+        evals = [h for h in self.history if "eval_loss" in h]
+        return {
+            "steps": self.step,
+            "total_steps": self.total,
+            "final_train_loss": train_losses[-1] if train_losses else None,
+            "first_eval_loss": evals[0]["eval_loss"] if evals else None,
+            "final_eval_loss": final_eval["loss"]
+            if final_eval
+            else (evals[-1]["eval_loss"] if evals else None),
+            "best_eval": self.best,
+            "stopped_early": self.stopped_early,
+            "train_examples": len(self.train_data),
+            "validation_examples": len(self.val_data),
+            "global_batch": self.plan.global_batch,
+            "world_size": D.world_size(),
+            "engine": self.engine.kind,
+            "trainer_mode": self.cfg.trainer_mode,
+        }
 
-    if best_weights is not None and best["step"] is not None:
-        engine.module.load_state_dict(best_weights, strict=False)  # save_best_model_at_end
-    final_eval = evaluate(engine, val_data, pad_id, plan.micro_batch, collate_fn) if do_eval else None
-    train_losses = [h["loss"] for h in history if "loss" in h]
-    evals = [h for h in history if "eval_loss" in h]
-    metrics = {
-        "steps": step,
-        "total_steps": total,
-        "final_train_loss": train_losses[-1] if train_losses else None,
-        "first_eval_loss": evals[0]["eval_loss"] if evals else None,
-        "final_eval_loss": final_eval["loss"] if final_eval else (evals[-1]["eval_loss"] if evals else None),
-        "best_eval": best,
-        "stopped_early": stopped_early,
-        "train_examples": len(train_data),
-        "validation_examples": len(val_data),
-        "global_batch": plan.global_batch,
-        "world_size": D.world_size(),
-        "engine": engine.kind,
-        "trainer_mode": cfg.trainer_mode,
-    }
-    with D.gathered_parameters(engine):  # ZeRO-3: full weights on every rank while rank 0 saves
-        saved = (
-            finalize(
-                job,
-                engine.module,
-                processor if processor is not None else tokenizer,  # a VL model keeps its processor
-                metrics=metrics,
-                steps=step,
-                metrics_lines=history,
-                extra_files=_curve(history, workdir, job.job.name),
-                client=client,
-            )
-            if D.is_main()
+    def finish(self) -> dict[str, Any]:
+        """The best or last weights, a final evaluation, and on rank 0 the final model and result."""
+        from posttrain_trainer.artifacts import finalize
+
+        engine = self.engine
+        if self.best_weights is not None and self.best["step"] is not None:
+            engine.module.load_state_dict(self.best_weights, strict=False)  # save_best_model_at_end
+        final_eval = (
+            evaluate(engine, self.val_data, self.pad_id, self.plan.micro_batch, self.collate_fn)
+            if self.do_eval
             else None
         )
-    if D.is_main():
-        model_id, artifacts = saved
-        reporter.progress(
-            step=step,
-            total=total,
-            loss=metrics["final_train_loss"],
-            eval_score=metrics["final_eval_loss"],
-            last_checkpoint=last_checkpoint,
-        )
-        reporter.result(model_id, artifacts)
-        metrics["fine_tuned_model"] = model_id
-        metrics["artifacts"] = artifacts
-    D.barrier()
-    return metrics
+        metrics = self.summary(final_eval)
+        with D.gathered_parameters(engine):  # ZeRO-3: full weights on every rank while rank 0 saves
+            saved = (
+                finalize(
+                    self.job,
+                    engine.module,
+                    self.processor
+                    if self.processor is not None
+                    else self.tokenizer,  # a VL model keeps its processor
+                    metrics=metrics,
+                    steps=self.step,
+                    metrics_lines=self.history,
+                    extra_files=_curve(self.history, self.workdir, self.job.job.name),
+                    client=self.store.client,
+                )
+                if D.is_main()
+                else None
+            )
+        if D.is_main():
+            final = self.reporter.final(
+                *saved,
+                step=self.step,
+                total=self.total,
+                loss=metrics["final_train_loss"],
+                eval_score=metrics["final_eval_loss"],
+                last_checkpoint=self.store.last_uri,
+            )
+            metrics.update(final)
+        D.barrier()
+        return metrics
+
+
+def train(job: JobFile) -> dict[str, Any]:
+    """Run the SFT job; returns the final metrics (rank 0 also uploads artifacts and reports the result)."""
+    return SFTRun(job).run()
 
 
 def _curve(history: list[dict[str, Any]], workdir: Path, name: str) -> dict[str, Path] | None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import contextlib
 import datetime as dt
 import ipaddress
 import json
@@ -41,7 +40,7 @@ from cryptography.x509.oid import NameOID
 
 from posttrain import reaper
 from posttrain.dev import devnode
-from posttrain.localhost import free_port, stop_group
+from posttrain.localhost import free_port, signalable, stop_group, stop_pids
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 STAGES_FILE = REPO_ROOT / "hack" / "k8s" / "kwok-stages.yaml"
@@ -629,16 +628,7 @@ def stop_recorded_processes(workdir: Path, grace: float = 30.0) -> list[str]:
             continue
         if str(workdir) in cmdline:
             mine[name] = int(pid)
-    for pid in mine.values():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_pid_running(p) for p in mine.values()):
-        time.sleep(0.2)
-    for pid in mine.values():
-        if _pid_running(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    stop_pids(list(mine.values()), grace=grace, alive=_pid_running)
     pids_file.unlink(missing_ok=True)
     return sorted(mine)
 
@@ -694,7 +684,7 @@ def ready_marker(workdir: Path, harness_pid: int) -> dict | None:
 def _up(args: argparse.Namespace) -> int:
     workdir = Path(args.dir).resolve()
     pid_file = workdir / "harness.pid"
-    if pid_file.exists() and _pid_alive(int(pid_file.read_text())):
+    if pid_file.exists() and signalable(int(pid_file.read_text())):
         print(f"already running (pid {pid_file.read_text().strip()})")
         print(f"export KUBECONFIG={workdir / 'kubeconfig'}")
         return 0
@@ -743,13 +733,8 @@ def _down(args: argparse.Namespace) -> int:
         print("not running")
         return 0
     pid = int(pid_file.read_text()) if pid_file.exists() else 0
-    if pid and _pid_alive(pid):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 300
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    if pid and signalable(pid):
+        stop_pids([pid], grace=300, alive=signalable)
     pid_file.unlink(missing_ok=True)
     (workdir / READY_FILE).unlink(missing_ok=True)
     if node_dir.exists():
@@ -769,14 +754,6 @@ def _down(args: argparse.Namespace) -> int:
         return 0
     print("stopped")
     return 0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from posttrain.localhost import free_port, stop_group
+from posttrain.localhost import free_port, signalable, stop_group, stop_pids
 
 NODE_NAME = "posttrain-node"
 NODE_LABEL = "node.posttrain.dev/real"
@@ -954,17 +954,7 @@ def cleanup_host(workdir: Path, bin_dir: Path, state: Path = STATE_DIR) -> None:
 
 
 def _kill_group(pid: int, grace: float = 15.0) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
+    stop_pids([pid], group=True, grace=grace, alive=signalable)
 
 
 def leftovers(workdir: Path, state: Path = STATE_DIR) -> list[str]:

@@ -33,6 +33,20 @@ def results_uri(bucket: str, namespace: str, name: str) -> str:
     return f"s3://{bucket}/evals/{namespace}/{name}/"
 
 
+def _eval_env(api_key_secret: str, s3_endpoint: str, s3_secret: str) -> list[dict[str, Any]]:
+    """The task app's key and the S3 keys from Secrets (never values in the Job), HOME and HF_HOME on the
+    writable work volume."""
+    return [
+        {"name": "ENVIRONMENT_API_KEY", "valueFrom": {"secretKeyRef": {"name": api_key_secret,
+                                                                        "key": "ENVIRONMENT_API_KEY"}}},
+        {"name": "S3_ENDPOINT", "value": s3_endpoint},
+        *({"name": key, "valueFrom": {"secretKeyRef": {"name": s3_secret, "key": key, "optional": True}}}
+          for key in ("S3_ACCESS_KEY_ID", "S3_SECRET_ACCESS_KEY")),
+        {"name": "HOME", "value": f"{WORKDIR}/home"},
+        {"name": "HF_HOME", "value": f"{WORKDIR}/hf"},
+    ]  # fmt: skip
+
+
 def render_eval_job(
     *,
     name: str,
@@ -50,15 +64,7 @@ def render_eval_job(
     """The batch/v1 Job: one pod, no retries (an evaluation that failed is looked at, not repeated)."""
     labels = {"posttrain.dev/job": name, "posttrain.dev/role": ROLE_EVAL,
               "app.kubernetes.io/managed-by": "posttrain-cli"}  # fmt: skip
-    env = [
-        {"name": "ENVIRONMENT_API_KEY", "valueFrom": {"secretKeyRef": {"name": api_key_secret,
-                                                                        "key": "ENVIRONMENT_API_KEY"}}},
-        {"name": "S3_ENDPOINT", "value": s3_endpoint},
-        *({"name": key, "valueFrom": {"secretKeyRef": {"name": s3_secret, "key": key, "optional": True}}}
-          for key in ("S3_ACCESS_KEY_ID", "S3_SECRET_ACCESS_KEY")),
-        {"name": "HOME", "value": f"{WORKDIR}/home"},
-        {"name": "HF_HOME", "value": f"{WORKDIR}/hf"},
-    ]  # fmt: skip
+    env = _eval_env(api_key_secret, s3_endpoint, s3_secret)
     resources: dict[str, Any] = {"requests": {"cpu": "1", "memory": "4Gi"}}
     if gpus:
         resources["limits"] = {"nvidia.com/gpu": str(gpus)}

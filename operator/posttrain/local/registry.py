@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posttrain.localhost import signalable
+
 RUN_FILE = "run.json"
 TERMINAL = ("Succeeded", "Failed")
 
@@ -26,15 +28,7 @@ def now() -> str:
 
 
 def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return bool(pid) and signalable(pid)
 
 
 @dataclass

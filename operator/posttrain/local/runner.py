@@ -259,265 +259,337 @@ def _read_report(path: Path, offset: int) -> tuple[int, list[dict[str, Any]]]:
     return offset + len(complete) + 1, lines
 
 
+class LocalRun:
+    """One job on this machine, phase by phase: storage -> verify -> provision -> train (watch the report)
+    -> finish. Every process it starts is in `procs` and is stopped when run() returns."""
+
+    def __init__(self, opts: LocalOptions):
+        self.opts = opts
+        self.printer = Printer(opts.out)
+        self.config = dict(opts.config)
+        self.base, self.source, label = model_fields(opts.kind, self.config)
+        self.uid = str(uuid.uuid4())
+        self.name = slug(opts.name or label or opts.config_path.stem)
+        self.run_dir = (opts.runs_dir / f"{self.name}-{model_ids.uid8(self.uid)}").resolve()
+        self.logs = self.run_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.prefix = model_ids.job_artifact_prefix(LOCAL_NAMESPACE, self.name, self.uid)
+        self.report_path = self.run_dir / "report.jsonl"
+        self.progress: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.result: dict[str, Any] | None = None
+        self.phase = "Pending"
+        self.message = ""
+        self.env_key = os.environ.get("ENVIRONMENT_API_KEY") or "sk_env_local_" + secrets.token_hex(12)
+        self.s3: Any = None
+        self.storage: dict[str, Any] = {}
+
+    def check_inputs(self) -> None:
+        """Bad input fails before anything starts: the SFT dataset, the task app's key."""
+        opts = self.opts
+        self.dataset_path: Path | None = None
+        if opts.kind == "sft":
+            job_section = _section(self.config, "job")
+            value = opts.dataset or job_section.get("data") or job_section.get("data_path")
+            if not value:
+                raise UserError(
+                    Problem("an SFT job needs a dataset", field="job.data", fix="pass --dataset FILE.jsonl")
+                )
+            self.dataset_path = _find_dataset(str(value), opts.config_path)
+            check_dataset(self.dataset_path)
+        self.task_choice = (
+            choose_task_app(self.config, cli_url=opts.task_url, env=dict(os.environ), script=opts.task_app)
+            if opts.kind == "rl"
+            else ("none", "")
+        )
+        if self.task_choice[0] == "url" and not os.environ.get("ENVIRONMENT_API_KEY"):
+            raise UserError(
+                Problem(
+                    f"the task app at {self.task_choice[1]} needs its key: ENVIRONMENT_API_KEY is not set",
+                    field="ENVIRONMENT_API_KEY",
+                    fix="export ENVIRONMENT_API_KEY=<the task app's key>",
+                )
+            )
+
+    def run(self) -> LocalResult:
+        self.check_inputs()
+        opts, printer = self.opts, self.printer
+        printer.line(
+            f"posttrain train --local: {opts.kind} job {LOCAL_NAMESPACE}/{self.name} (uid {self.uid}), "
+            f"run folder {self.run_dir}"
+        )
+        printer.line(_precision_line(self.config))
+        printer.record = RunRecord(self.run_dir, name=self.name, kind=opts.kind, uid=self.uid,
+                                   model=self.source or self.base, config=str(opts.config_path))  # fmt: skip
+        with sigterm_as_keyboard_interrupt(), ProcessSet(self.run_dir / "pids.json") as self.procs:
+            try:
+                self.start_storage()
+                self.verify()
+                job_path = self.provision()
+                self.train(job_path)
+                self.phase = "Succeeded"
+            except KeyboardInterrupt:
+                self.fail("interrupted", "interrupted (Ctrl-C): stopping every process")
+            except ProcessFailed as err:
+                self.fail(str(err), f"during {self.phase}: {err}")
+            except (
+                RuntimeError,
+                OSError,
+                TimeoutError,
+            ) as err:  # infrastructure (S3, ports, files), not the user
+                message = f"{type(err).__name__}: {err}"
+                self.fail(message, f"during {self.phase}: {message}")
+            finally:
+                self.procs.stop_all()
+                if self.s3 is not None:
+                    self.s3.stop()
+        return self.finish()
+
+    def fail(self, message: str, detail: str) -> None:
+        self.message = message
+        self.printer.phase("Failed", detail)
+        self.phase = "Failed"
+
+    def start_storage(self) -> None:
+        """The embedded S3, the children's environment, and where the model comes from."""
+        from posttrain import s3server
+
+        opts = self.opts
+        self.s3 = s3 = s3server.start(opts.runs_dir / "s3")
+        if s3.process is not None:
+            self.procs.record("s3", s3.process.pid)
+        self.storage = s3.storage(self.prefix)
+        self.printer.line(f"storage: embedded S3 {s3.url} bucket {s3.bucket} (data {opts.runs_dir / 's3'})")
+        self.child_env = {
+            **os.environ,
+            **s3.env(),
+            "ENVIRONMENT_API_KEY": self.env_key,
+            # the rollout servers' weight sync and captures answer only the trainer (as in a cluster)
+            "POSTTRAIN_ROLLOUT_TOKEN": secrets.token_urlsafe(24),
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            **opts.extra_env,
+        }
+        self.resolved: ResolvedModel = resolve_model(
+            self.base,
+            self.source,
+            bucket=s3.bucket,
+            model_path=opts.model_path,
+            config_file=str(opts.config_path),
+        )
+
+    def verify(self) -> None:
+        """Verifying: the task app answers (RL), the source model exists."""
+        self.phase = "Verifying"
+        self.task_url = None
+        if self.opts.kind == "rl":
+            self.task_url = self.verify_task_app()
+        else:
+            self.printer.phase(self.phase, f"dataset {self.dataset_path}")
+        if self.resolved.source_id:
+            _check_source_exists(self.s3, self.resolved)
+            self.printer.line(f"  PASS  source     {self.resolved.source_id} -> {self.resolved.model_path}")
+
+    def verify_task_app(self) -> str:
+        from posttrain.taskapp_client import TaskAppClient, verify
+
+        how, where = self.task_choice
+        if how == "url":
+            task_url = str(where)
+        else:
+            task_url, _ = start_taskapp(
+                self.procs, api_key=self.env_key, log_dir=self.logs, app_path=Path(where)
+            )
+        self.printer.phase(
+            self.phase, f"task app {task_url}" + (f" (started {where})" if how == "start" else "")
+        )
+        with TaskAppClient(task_url, self.env_key) as client:
+            checks = verify(client)
+        for check in checks:
+            self.printer.line(f"  {check.verdict}  {check.name:<10} {check.detail}")
+        if not all(c.ok for c in checks):
+            raise ProcessFailed("task app verification failed")
+        return task_url
+
+    def provision(self) -> Path:
+        """Provisioning: rollout servers (RL) or the dataset in S3 (SFT), the model in the S3 cache, the
+        job file; returns the job file's path."""
+        from posttrain.api.jobfile import JobFile, dump_jobfile
+
+        self.phase = "Provisioning"
+        resolved = self.resolved
+        self.printer.phase(self.phase, f"model {resolved.base_model} from {resolved.model_path}")
+        endpoints: dict[str, Any] = {"policy": [], "reference": None, "judges": {}}
+        dataset_ref: dict[str, Any] = {}
+        if self.opts.kind == "rl":
+            self.start_rollout_servers(endpoints)
+        else:
+            dataset_ref = self.upload_dataset()
+        # The trainer's ranks share one S3 download cache; fill it here once so that they never race
+        # on the same files (the model and, for a LoRA result, the chain of bases it names).
+        self.child_env["POSTTRAIN_S3_CACHE"] = str(self.opts.runs_dir / "cache" / "s3")
+        _prefetch(self.s3, resolved.model_path, Path(self.child_env["POSTTRAIN_S3_CACHE"]))
+        job = JobFile(
+            kind=self.opts.kind,
+            job={"name": self.name, "namespace": LOCAL_NAMESPACE, "uid": self.uid},
+            config=self.config,
+            base_model=resolved.base_model,
+            model_path=resolved.model_path,
+            task_app={"url": self.task_url, "api_key_env": "ENVIRONMENT_API_KEY"} if self.task_url else None,
+            endpoints=endpoints,
+            dataset=dataset_ref,
+            storage=self.storage,
+            checkpoint_every=int(_section(self.config, "training").get("checkpoint_every") or 0),
+            report={"mode": "file", "path": str(self.report_path)},
+            workdir=str(self.run_dir / "work"),
+            weight_sync={"via": "path", "shared_dir": str(self.run_dir / "weights")},
+        )
+        return dump_jobfile(job, self.run_dir / "job.json")
+
+    def start_rollout_servers(self, endpoints: dict[str, Any]) -> None:
+        """The policy's rollout server, and the reference's where the config places one; waits for both."""
+        opts, printer, resolved = self.opts, self.printer, self.resolved
+        max_len = int(_section(self.config, "vllm").get("max_model_len") or 1024)
+        vllm_env = _vllm_env(self.child_env, opts.runs_dir, self.run_dir, opts.vllm_kv_cache_gib)
+        servers: list[tuple[str, ManagedProcess, str]] = []
+        for role in ["policy"] + (["reference"] if needs_reference(self.config) else []):
+            port = free_port()
+            argv = _rollout_argv(role, resolved.model_path, port, resolved.base_model, max_len)
+            if role == "policy" and _lora_policy(self.config):
+                argv.append("--lora-policy")  # float32 on a CPU: see posttrain.hardware
+            role_env = {**vllm_env, "POSTTRAIN_RUN_DIR": str(self.run_dir / f"rollout-{role}")}
+            proc = self.procs.start(f"rollout-{role}", argv, self.logs / f"rollout-{role}.log", env=role_env)
+            servers.append((role, proc, f"http://127.0.0.1:{port}"))
+            printer.line(f"  starting {role} rollout server on 127.0.0.1:{port} (log {proc.log_path})")
+        for role, proc, url in servers:
+            wait_http(f"{url}/health", timeout=opts.rollout_ready_timeout, proc=proc, interval=1.0)
+            printer.line(f"  ready    {role} rollout server {url} ({printer.elapsed():.0f} s)")
+            if role == "policy":
+                endpoints["policy"].append(url)
+            else:
+                endpoints["reference"] = url
+
+    def upload_dataset(self) -> dict[str, Any]:
+        """The SFT dataset (and validation set) into S3; returns the job file's dataset section."""
+        s3, prefix = self.s3, self.prefix
+        client = s3.client()
+        dataset_ref: dict[str, Any] = {}
+        key = f"{prefix}data/train.jsonl"
+        client.fput_object(s3.bucket, key, str(self.dataset_path))
+        dataset_ref["train"] = f"s3://{s3.bucket}/{key}"
+        validation = _section(self.config, "data").get("validation_path")
+        if validation and str(validation).startswith("s3://"):
+            dataset_ref["validation"] = str(validation)  # the trainer reads it from the (same) S3
+        elif validation:
+            vpath = _find_dataset(str(validation), self.opts.config_path)
+            check_dataset(vpath)
+            vkey = f"{prefix}data/validation.jsonl"
+            client.fput_object(s3.bucket, vkey, str(vpath))
+            dataset_ref["validation"] = f"s3://{s3.bucket}/{vkey}"
+        self.printer.line(f"  uploaded dataset -> {dataset_ref['train']}")
+        return dataset_ref
+
+    def train(self, job_path: Path) -> None:
+        """Running: the trainer under torchrun, watched until it exits; raises ProcessFailed unless it
+        ended with a result."""
+        opts = self.opts
+        self.phase = "Running"
+        trainer_argv = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(opts.nproc), "-m", "posttrain_trainer", opts.kind,
+            "--config", str(job_path),
+        ]  # fmt: skip
+        trainer_env = dict(self.child_env)
+        trainer_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, opts.nproc))))
+        trainer = self.procs.start(
+            "trainer", trainer_argv, self.logs / "trainer.log", env=trainer_env, cwd=self.run_dir
+        )
+        self.printer.phase(
+            self.phase,
+            f"torchrun --nproc-per-node {opts.nproc} -m posttrain_trainer {opts.kind} "
+            f"--config {job_path} (log {trainer.log_path})",
+        )
+        code = self.watch(trainer)
+        if code != 0:
+            raise ProcessFailed(
+                f"trainer exited with code {code}; log {trainer.log_path}:\n{tail(trainer.log_path)}"
+            )
+        if not self.result or not self.result.get("fine_tuned_model"):
+            raise ProcessFailed(f"trainer finished without a result line in {self.report_path}")
+
+    def watch(self, trainer: ManagedProcess) -> int:
+        """Follow the trainer's report until it exits (the other processes must stay alive); its exit code."""
+        offset = 0
+        self.last_step: Any = None
+        self.last_fields: set[str] = set()
+        deadline = time.monotonic() + self.opts.timeout if self.opts.timeout else None
+        while True:
+            code = trainer.poll()
+            offset, lines = _read_report(self.report_path, offset)
+            for line in lines:
+                self.follow(line)
+            if code is not None:
+                return code
+            for proc in self.procs.processes:
+                if proc is not trainer:
+                    proc.check_alive()
+            if deadline and time.monotonic() > deadline:
+                raise ProcessFailed(
+                    f"timed out after {self.opts.timeout:.0f} s (trainer log {trainer.log_path})"
+                )
+            time.sleep(1.0)
+
+    def follow(self, line: dict[str, Any]) -> None:
+        """One report line: progress (printed when it says something new), the result, or an event."""
+        printer = self.printer
+        if "progress" in line:
+            self.progress.append(line["progress"])
+            printer.record.update(progress=line["progress"])
+            text = format_progress(line["progress"])
+            fields = {k for k, v in line["progress"].items() if v is not None} - {"updatedAt"}
+            step = line["progress"].get("step")
+            if text and not (step == self.last_step and fields <= self.last_fields):
+                printer.line(f"  {text}")
+            self.last_step, self.last_fields = step, fields
+        elif "result" in line:
+            self.result = line["result"]
+        elif "event" in line:
+            self.events.append(line)
+            if line["event"] in ("evaluation", "eval"):
+                printer.line(f"  event {json.dumps(line)}")
+            elif line["event"] == "iteration":
+                printer.line(f"    {format_iteration(line)}")
+            elif line["event"] == "restem_iteration":
+                printer.line(f"    {format_restem_iteration(line)}")
+
+    def finish(self) -> LocalResult:
+        """The result: on success printed and written to result.json and run.json."""
+        printer = self.printer
+        seconds = printer.elapsed()
+        artifacts = dict((self.result or {}).get("artifacts") or {})
+        fine_tuned = (self.result or {}).get("fine_tuned_model")
+        s3_uri = artifacts.get("model") or (
+            f"s3://{self.storage['bucket']}/{self.prefix}final/" if fine_tuned else None
+        )
+        if self.phase == "Succeeded":
+            printer.phase(self.phase, f"in {seconds:.0f} s")
+            printer.line(f"fine_tuned_model: {fine_tuned}")
+            printer.line(f"s3 uri: {s3_uri}")
+            printer.record.update(fine_tuned_model=fine_tuned, s3_uri=s3_uri)
+            (self.run_dir / "result.json").write_text(
+                json.dumps({"fine_tuned_model": fine_tuned, "s3_uri": s3_uri, "artifacts": artifacts,
+                            "seconds": round(seconds, 1)}, indent=2)
+            )  # fmt: skip
+        return LocalResult(
+            self.phase, fine_tuned, s3_uri, artifacts, self.run_dir, self.progress, self.events, seconds,
+            self.message,
+        )  # fmt: skip
+
+
 def run_local(opts: LocalOptions) -> LocalResult:
     """Run one job on this machine; raises UserError for a bad config, returns the final phase otherwise."""
-    from posttrain import s3server
-    from posttrain.api.jobfile import JobFile, dump_jobfile
-
-    printer = Printer(opts.out)
-    config = dict(opts.config)
-    base, source, label = model_fields(opts.kind, config)
-    uid = str(uuid.uuid4())
-    uid8 = model_ids.uid8(uid)
-    name = slug(opts.name or label or opts.config_path.stem)
-    run_dir = (opts.runs_dir / f"{name}-{uid8}").resolve()
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    prefix = model_ids.job_artifact_prefix(LOCAL_NAMESPACE, name, uid)
-
-    dataset_path: Path | None = None
-    if opts.kind == "sft":
-        job_section = _section(config, "job")
-        value = opts.dataset or job_section.get("data") or job_section.get("data_path")
-        if not value:
-            raise UserError(
-                Problem("an SFT job needs a dataset", field="job.data", fix="pass --dataset FILE.jsonl")
-            )
-        dataset_path = _find_dataset(str(value), opts.config_path)
-        check_dataset(dataset_path)
-
-    task_choice = (
-        choose_task_app(config, cli_url=opts.task_url, env=dict(os.environ), script=opts.task_app)
-        if opts.kind == "rl"
-        else ("none", "")
-    )
-    if task_choice[0] == "url" and not os.environ.get("ENVIRONMENT_API_KEY"):
-        raise UserError(Problem(f"the task app at {task_choice[1]} needs its key: ENVIRONMENT_API_KEY is not set",
-                                field="ENVIRONMENT_API_KEY", fix="export ENVIRONMENT_API_KEY=<the task app's key>"))  # fmt: skip
-    printer.line(
-        f"posttrain train --local: {opts.kind} job {LOCAL_NAMESPACE}/{name} (uid {uid}), run folder {run_dir}"
-    )
-    printer.line(_precision_line(config))
-    printer.record = RunRecord(run_dir, name=name, kind=opts.kind, uid=uid, model=source or base,
-                               config=str(opts.config_path))  # fmt: skip
-    progress: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
-    result: dict[str, Any] | None = None
-    phase = "Pending"
-    message = ""
-    env_key = os.environ.get("ENVIRONMENT_API_KEY") or "sk_env_local_" + secrets.token_hex(12)
-
-    with sigterm_as_keyboard_interrupt(), ProcessSet(run_dir / "pids.json") as procs:
-        s3 = None
-        try:
-            s3 = s3server.start(opts.runs_dir / "s3")
-            if s3.process is not None:
-                procs.record("s3", s3.process.pid)
-            storage = s3.storage(prefix)
-            printer.line(f"storage: embedded S3 {s3.url} bucket {s3.bucket} (data {opts.runs_dir / 's3'})")
-            child_env = {
-                **os.environ,
-                **s3.env(),
-                "ENVIRONMENT_API_KEY": env_key,
-                # the rollout servers' weight sync and captures answer only the trainer (as in a cluster)
-                "POSTTRAIN_ROLLOUT_TOKEN": secrets.token_urlsafe(24),
-                "PYTHONUNBUFFERED": "1",
-                "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1",
-                **opts.extra_env,
-            }
-            resolved: ResolvedModel = resolve_model(
-                base, source, bucket=s3.bucket, model_path=opts.model_path, config_file=str(opts.config_path)
-            )
-
-            # -- Verifying ------------------------------------------------------------------------------
-            phase = "Verifying"
-            task_url = None
-            if opts.kind == "rl":
-                how, where = task_choice
-                if how == "url":
-                    task_url = str(where)
-                else:
-                    task_url, _ = start_taskapp(procs, api_key=env_key, log_dir=logs, app_path=Path(where))
-                printer.phase(
-                    phase, f"task app {task_url}" + (f" (started {where})" if how == "start" else "")
-                )
-                from posttrain.taskapp_client import TaskAppClient, verify
-
-                with TaskAppClient(task_url, env_key) as client:
-                    checks = verify(client)
-                for check in checks:
-                    printer.line(f"  {check.verdict}  {check.name:<10} {check.detail}")
-                if not all(c.ok for c in checks):
-                    raise ProcessFailed("task app verification failed")
-            else:
-                printer.phase(phase, f"dataset {dataset_path}")
-            if resolved.source_id:
-                _check_source_exists(s3, resolved)
-                printer.line(f"  PASS  source     {resolved.source_id} -> {resolved.model_path}")
-
-            # -- Provisioning ---------------------------------------------------------------------------
-            phase = "Provisioning"
-            printer.phase(phase, f"model {resolved.base_model} from {resolved.model_path}")
-            endpoints: dict[str, Any] = {"policy": [], "reference": None, "judges": {}}
-            dataset_ref: dict[str, Any] = {}
-            if opts.kind == "rl":
-                vllm_section = _section(config, "vllm")
-                max_len = int(vllm_section.get("max_model_len") or 1024)
-                vllm_env = _vllm_env(child_env, opts.runs_dir, run_dir, opts.vllm_kv_cache_gib)
-                servers: list[tuple[str, ManagedProcess, str]] = []
-                roles = ["policy"] + (["reference"] if needs_reference(config) else [])
-                for role in roles:
-                    port = free_port()
-                    argv = _rollout_argv(role, resolved.model_path, port, resolved.base_model, max_len)
-                    if role == "policy" and _lora_policy(config):
-                        argv.append("--lora-policy")  # float32 on a CPU: see posttrain.hardware
-                    role_env = {**vllm_env, "POSTTRAIN_RUN_DIR": str(run_dir / f"rollout-{role}")}
-                    proc = procs.start(f"rollout-{role}", argv, logs / f"rollout-{role}.log", env=role_env)
-                    servers.append((role, proc, f"http://127.0.0.1:{port}"))
-                    printer.line(
-                        f"  starting {role} rollout server on 127.0.0.1:{port} (log {proc.log_path})"
-                    )
-                for role, proc, url in servers:
-                    wait_http(f"{url}/health", timeout=opts.rollout_ready_timeout, proc=proc, interval=1.0)
-                    printer.line(f"  ready    {role} rollout server {url} ({printer.elapsed():.0f} s)")
-                    if role == "policy":
-                        endpoints["policy"].append(url)
-                    else:
-                        endpoints["reference"] = url
-            else:
-                client = s3.client()
-                key = f"{prefix}data/train.jsonl"
-                client.fput_object(s3.bucket, key, str(dataset_path))
-                dataset_ref["train"] = f"s3://{s3.bucket}/{key}"
-                validation = _section(config, "data").get("validation_path")
-                if validation and str(validation).startswith("s3://"):
-                    dataset_ref["validation"] = str(validation)  # the trainer reads it from the (same) S3
-                elif validation:
-                    vpath = _find_dataset(str(validation), opts.config_path)
-                    check_dataset(vpath)
-                    vkey = f"{prefix}data/validation.jsonl"
-                    client.fput_object(s3.bucket, vkey, str(vpath))
-                    dataset_ref["validation"] = f"s3://{s3.bucket}/{vkey}"
-                printer.line(f"  uploaded dataset -> {dataset_ref['train']}")
-
-            # The trainer's ranks share one S3 download cache; fill it here once so that they never race
-            # on the same files (the model and, for a LoRA result, the chain of bases it names).
-            child_env["POSTTRAIN_S3_CACHE"] = str(opts.runs_dir / "cache" / "s3")
-            _prefetch(s3, resolved.model_path, Path(child_env["POSTTRAIN_S3_CACHE"]))
-
-            report_path = run_dir / "report.jsonl"
-            job = JobFile(
-                kind=opts.kind,
-                job={"name": name, "namespace": LOCAL_NAMESPACE, "uid": uid},
-                config=config,
-                base_model=resolved.base_model,
-                model_path=resolved.model_path,
-                task_app={"url": task_url, "api_key_env": "ENVIRONMENT_API_KEY"} if task_url else None,
-                endpoints=endpoints,
-                dataset=dataset_ref,
-                storage=storage,
-                checkpoint_every=int(_section(config, "training").get("checkpoint_every") or 0),
-                report={"mode": "file", "path": str(report_path)},
-                workdir=str(run_dir / "work"),
-                weight_sync={"via": "path", "shared_dir": str(run_dir / "weights")},
-            )
-            job_path = dump_jobfile(job, run_dir / "job.json")
-
-            # -- Running --------------------------------------------------------------------------------
-            phase = "Running"
-            trainer_argv = [
-                sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(opts.nproc), "-m", "posttrain_trainer", opts.kind,
-                "--config", str(job_path),
-            ]  # fmt: skip
-            trainer_env = dict(child_env)
-            trainer_env.setdefault(
-                "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, opts.nproc)))
-            )
-            trainer = procs.start("trainer", trainer_argv, logs / "trainer.log", env=trainer_env, cwd=run_dir)
-            printer.phase(
-                phase,
-                f"torchrun --nproc-per-node {opts.nproc} -m posttrain_trainer {opts.kind} "
-                f"--config {job_path} (log {trainer.log_path})",
-            )
-            offset, last_step, last_fields = 0, None, set()
-            deadline = time.monotonic() + opts.timeout if opts.timeout else None
-            while True:
-                code = trainer.poll()
-                offset, lines = _read_report(report_path, offset)
-                for line in lines:
-                    if "progress" in line:
-                        progress.append(line["progress"])
-                        printer.record.update(progress=line["progress"])
-                        text = format_progress(line["progress"])
-                        fields = {k for k, v in line["progress"].items() if v is not None} - {"updatedAt"}
-                        step = line["progress"].get("step")
-                        if text and not (step == last_step and fields <= last_fields):
-                            printer.line(f"  {text}")
-                        last_step, last_fields = step, fields
-                    elif "result" in line:
-                        result = line["result"]
-                    elif "event" in line:
-                        events.append(line)
-                        if line["event"] in ("evaluation", "eval"):
-                            printer.line(f"  event {json.dumps(line)}")
-                        elif line["event"] == "iteration":
-                            printer.line(f"    {format_iteration(line)}")
-                        elif line["event"] == "restem_iteration":
-                            printer.line(f"    {format_restem_iteration(line)}")
-                if code is not None:
-                    break
-                for proc in procs.processes:
-                    if proc is not trainer:
-                        proc.check_alive()
-                if deadline and time.monotonic() > deadline:
-                    raise ProcessFailed(
-                        f"timed out after {opts.timeout:.0f} s (trainer log {trainer.log_path})"
-                    )
-                time.sleep(1.0)
-            if code != 0:
-                raise ProcessFailed(
-                    f"trainer exited with code {code}; log {trainer.log_path}:\n{tail(trainer.log_path)}"
-                )
-            if not result or not result.get("fine_tuned_model"):
-                raise ProcessFailed(f"trainer finished without a result line in {report_path}")
-            phase = "Succeeded"
-        except KeyboardInterrupt:
-            message = "interrupted"
-            printer.phase("Failed", "interrupted (Ctrl-C): stopping every process")
-            phase = "Failed"
-        except ProcessFailed as err:
-            message = str(err)
-            printer.phase("Failed", f"during {phase}: {err}")
-            phase = "Failed"
-        except (
-            RuntimeError,
-            OSError,
-            TimeoutError,
-        ) as err:  # infrastructure (S3, ports, files), not the user
-            message = f"{type(err).__name__}: {err}"
-            printer.phase("Failed", f"during {phase}: {message}")
-            phase = "Failed"
-        finally:
-            procs.stop_all()
-            if s3 is not None:
-                s3.stop()
-
-    seconds = printer.elapsed()
-    artifacts = dict((result or {}).get("artifacts") or {})
-    fine_tuned = (result or {}).get("fine_tuned_model")
-    s3_uri = artifacts.get("model") or (f"s3://{storage['bucket']}/{prefix}final/" if fine_tuned else None)
-    if phase == "Succeeded":
-        printer.phase(phase, f"in {seconds:.0f} s")
-        printer.line(f"fine_tuned_model: {fine_tuned}")
-        printer.line(f"s3 uri: {s3_uri}")
-        printer.record.update(fine_tuned_model=fine_tuned, s3_uri=s3_uri)
-        (run_dir / "result.json").write_text(
-            json.dumps({"fine_tuned_model": fine_tuned, "s3_uri": s3_uri, "artifacts": artifacts,
-                        "seconds": round(seconds, 1)}, indent=2)
-        )  # fmt: skip
-    return LocalResult(phase, fine_tuned, s3_uri, artifacts, run_dir, progress, events, seconds, message)
+    return LocalRun(opts).run()
 
 
 def _prefetch(s3: Any, model_path: str, cache: Path) -> None:
