@@ -248,12 +248,14 @@ def test_torchrun_two_processes_match_one(tiny_model_dir, tmp_path):
         "sequence_length": 128,
     }
     runs = {}
+    # fp32 on every machine: this compares the parallel schemes, and under bf16 autocast (CPUs with native
+    # bf16) DeepSpeed's and DDP's roundings differ by more than the 1e-4 asked here (measured: 6.16606 vs 6.165954)
     for name, nproc, parallelism in (
-        ("n1", 1, None),
-        ("n2", 2, None),
-        ("ds3", 2, {"use_deepspeed": True, "deepspeed_stage": 3}),
+        ("n1", 1, {"bf16": False}),
+        ("n2", 2, {"bf16": False}),
+        ("ds3", 2, {"use_deepspeed": True, "deepspeed_stage": 3, "bf16": False}),
     ):
-        job_hp = {**hp, "parallelism": parallelism} if parallelism else hp
+        job_hp = {**hp, "parallelism": parallelism}
         job_path, _ = make_job(tmp_path / name, tiny_model_dir, train, None, hp=job_hp, name=name)
         run_trainer(job_path, nproc=nproc)
         runs[name] = step_losses(report_lines(tmp_path / name / "report.jsonl"))
@@ -269,7 +271,7 @@ def test_torchrun_two_processes_match_one(tiny_model_dir, tmp_path):
     three = load_file(tmp_path / "ds3" / "work" / "final" / "model.safetensors")
     assert one.keys() == three.keys()
     assert one.keys() == two.keys()
-    for key in one:  # bf16 on disk: equal up to a rounding step
+    for key in one:  # the saved dtype may be bf16: equal up to a rounding step
         assert torch.allclose(one[key].float(), two[key].float(), atol=1e-2, rtol=1e-2), key
         assert torch.allclose(one[key].float(), three[key].float(), atol=1e-2, rtol=1e-2), key
 
