@@ -28,8 +28,9 @@ num_minibatches (4), eps_low (3e-4), eps_high (4e-4), beta / kl_beta (0), micro_
 forward), max_grad_norm (1.0), warmup_ratio (0), lr_scheduler ("constant_with_warmup"),
 skip_zero_advantage (true), seed (0), overlong ("keep" | "mask" | "penalty", see sequences_from_results),
 overlong_penalty (-1.0); rollout.error_budget (0.25); evaluation.temperature (0.0).
-Dropout is off during RL (the model runs in eval mode): with a clip band of 4e-4, dropout noise alone would
-push most ratios out of it. DeepSpeed is not used for RL (the micro-batch count varies per iteration); a
+Dropout is off during RL: with a clip band of 4e-4, dropout noise alone would push most ratios out of it. The
+update runs in train mode with every dropout disabled (modeling.train_without_dropout), so that activation
+checkpointing recomputes (it does nothing in eval mode). DeepSpeed is not used for RL (the micro-batch count varies per iteration); a
 request for it falls back to DDP with a message."""
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from posttrain_trainer import distributed as D
 from posttrain_trainer import gspo
 from posttrain_trainer import storage as s3
 from posttrain_trainer.judging import EpisodeJudge
+from posttrain_trainer.modeling import train_without_dropout
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.rollouts import (
     ErrorBudget,
@@ -320,6 +322,7 @@ def gspo_update(
     ]
     plans = [_micro_plan(mb, cfg.micro_batch) for mb in minibatches]
     model = engine.model
+    train_without_dropout(engine.module)  # train(): activation checkpointing recomputes; no dropout
     temperature = cfg.temperature
 
     # Old (and reference) logprobs with the pre-update weights, same micro-batch composition as the update.
