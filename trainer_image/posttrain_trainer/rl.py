@@ -465,17 +465,19 @@ def endpoint_reference_fn(url: str, timeout_s: float = 600.0) -> RefFn:
 
 def local_reference_fn(engine: D.TrainEngine, frozen: torch.nn.Module | None, temperature: float) -> RefFn:
     """A frozen local reference: `frozen` (a copy of the initial full model), or for LoRA the base model
-    (the adapter disabled)."""
+    (the adapter disabled). It runs under the policy's autocast, so that identical weights give identical
+    logprobs (KL exactly 0 at step 0)."""
 
     def score(micro: list[TrainSeq], batch: gspo.TokenBatch) -> torch.Tensor:
         dev = D.device()
         with torch.no_grad():
             ids, mask, first = batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.first_target
+            kwargs = {"temperature": temperature, "first_target": first, "autocast": engine.autocast()}
             if frozen is not None:
-                return gspo.token_logprobs(frozen, ids, mask, temperature=temperature, first_target=first)
+                return gspo.token_logprobs(frozen, ids, mask, **kwargs)
             module = engine.module
             with module.disable_adapter():
-                return gspo.token_logprobs(module, ids, mask, temperature=temperature, first_target=first)
+                return gspo.token_logprobs(module, ids, mask, **kwargs)
 
     return score
 
