@@ -4,6 +4,7 @@ recomputes, dropout stays off, and the local reference gives KL exactly 0 at ste
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -117,3 +118,32 @@ def test_lora_reference_kl_is_exactly_zero_at_step_0():
     cfg = rl.RLConfig(num_minibatches=1, micro_batch=8, beta=0.1, temperature=0.7)
     update = rl.gspo_update(engine, _seqs(), cfg, pad_id=0, ref_fn=rl.local_reference_fn(engine, None, 0.7))
     assert update["kl"] == 0.0
+
+
+@pytest.mark.parametrize("variant", ["sequence", "token"])
+def test_sampler_logprobs_mismatch_and_tis_in_the_update(variant):
+    """Sampler logprobs 0.3 above the trainer's on every token: the mismatch reads 0.3 and its k3 KL
+    e^-0.3 - 1 + 0.3 in both modes; under old_logprobs = "sampler" every importance weight is e^-0.3 (under
+    the cap), so the loss is the trainer mode's times e^-0.3."""
+    from posttrain_trainer import gspo
+
+    model = _tiny()
+    seqs = _seqs()
+    batch = rl._collate(seqs, 0)
+    with torch.no_grad():
+        trainer = gspo.token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=0.7)
+    for row, s in enumerate(seqs):
+        s.advantage = [1.0, 0.5, -0.2, 0.8][row]  # a non-zero sum: the on-policy loss is -mean(A)
+        start = batch.completion_start[row] - 1
+        s.sampling_logprobs = (trainer[row, start : start + len(s.completion_ids)] + 0.3).tolist()
+        s.logprobs_captured = True
+    out = {}
+    for mode in ("trainer", "sampler"):
+        cfg = rl.RLConfig(num_minibatches=1, micro_batch=8, temperature=0.7, old_logprobs=mode,
+                          gspo_variant=variant)  # fmt: skip
+        out[mode] = rl.gspo_update(_engine(copy.deepcopy(model)), seqs, cfg, pad_id=0)
+        assert out[mode]["sampler_mismatch"] == pytest.approx(0.3, rel=1e-4)
+        assert out[mode]["sampler_kl"] == pytest.approx(math.exp(-0.3) - 1 + 0.3, rel=1e-3)
+        assert out[mode]["sampler_logprobs_missing"] == 0
+    assert out["trainer"]["loss"] != 0.0
+    assert out["sampler"]["loss"] == pytest.approx(out["trainer"]["loss"] * math.exp(-0.3), rel=1e-4)

@@ -50,7 +50,7 @@ from posttrain.plotting import plot_curves
 
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
-from posttrain_trainer import gspo
+from posttrain_trainer import gspo, offpolicy
 from posttrain_trainer import storage as s3
 from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.modeling import train_without_dropout
@@ -72,7 +72,7 @@ from posttrain_trainer.rollouts import (
 ITERATION_EVENT_FIELDS = (
     "step", "rollouts", "failed_rollouts", "mixed_groups", "train_sequences", "grad_norm", "clip_fraction",
     "rollout_seconds", "update_seconds", "weight_sync_seconds", "iteration_seconds", "judged", "judge_failed",
-    "truncated", "empty_responses",
+    "truncated", "empty_responses", "sampler_mismatch", "sampler_kl", "max_staleness", "unexpected_versions",
 )  # fmt: skip
 
 
@@ -116,6 +116,9 @@ class RLConfig:
     eval_temperature: float = 0.0
     overlong: str = "keep"
     overlong_penalty: float = DEFAULT_OVERLONG_PENALTY
+    old_logprobs: str = "trainer"  # offpolicy.OLD_LOGPROBS
+    tis_cap: float = gspo.DEFAULT_TIS_CAP
+    gspo_variant: str = "sequence"  # gspo.GSPO_VARIANTS
     trainer_mode: str = "full"
     lora: dict[str, Any] = field(default_factory=dict)
     parallel: D.ParallelConfig = field(default_factory=D.ParallelConfig)
@@ -187,6 +190,9 @@ def parse_rl_config(config: dict[str, Any]) -> RLConfig:
         eval_temperature=float(evaluation.get("temperature") or 0.0),
         overlong=str(training.get("overlong") or "keep"),
         overlong_penalty=float(_first(training.get("overlong_penalty"), default=DEFAULT_OVERLONG_PENALTY)),
+        old_logprobs=str(pick("old_logprobs", default="trainer")),
+        tis_cap=float(pick("tis_cap", default=gspo.DEFAULT_TIS_CAP)),
+        gspo_variant=str(pick("gspo_variant", default="sequence")),
         trainer_mode=mode,
         lora=dict(lora or {}),
         parallel=D.ParallelConfig.from_config(
@@ -201,6 +207,16 @@ def parse_rl_config(config: dict[str, Any]) -> RLConfig:
         )
     if not math.isfinite(cfg.overlong_penalty) or cfg.overlong_penalty > 0:
         raise RLConfigError(f"training.overlong_penalty = {cfg.overlong_penalty}: use a number <= 0")
+    if cfg.old_logprobs not in offpolicy.OLD_LOGPROBS:
+        raise RLConfigError(
+            f"training.old_logprobs = {cfg.old_logprobs!r}: use one of {', '.join(offpolicy.OLD_LOGPROBS)}"
+        )
+    if not math.isfinite(cfg.tis_cap) or cfg.tis_cap < 1:
+        raise RLConfigError(f"training.tis_cap = {cfg.tis_cap}: use a number >= 1")
+    if cfg.gspo_variant not in gspo.GSPO_VARIANTS:
+        raise RLConfigError(
+            f"training.gspo_variant = {cfg.gspo_variant!r}: use one of {', '.join(gspo.GSPO_VARIANTS)}"
+        )
     return cfg
 
 
@@ -219,6 +235,9 @@ class TrainSeq:
     advantage: float
     reward: float = 0.0
     group: int = 0
+    sampling_logprobs: list[float] = field(default_factory=list)  # the sampler's, per completion token
+    weight_versions: list[Any] = field(default_factory=list)  # the weights that sampled it, per call
+    logprobs_captured: bool = False
 
     @property
     def tokens(self) -> int:
@@ -253,7 +272,17 @@ def sequences_from_results(
             continue
         for s in r.sequences:
             seqs.append(
-                TrainSeq(s.prompt_ids, s.completion_ids, s.completion_mask, adv, r.reward, r.spec.group)
+                TrainSeq(
+                    s.prompt_ids,
+                    s.completion_ids,
+                    s.completion_mask,
+                    adv,
+                    r.reward,
+                    r.spec.group,
+                    s.sampling_logprobs,
+                    s.weight_versions,
+                    s.logprobs_captured,
+                )
             )
     groups: dict[int, list[float]] = {}
     for r, reward in zip(ok, shaped, strict=True):
@@ -366,6 +395,7 @@ def gspo_update(
         0,
     )
     grad_norms = []
+    mismatch = offpolicy.MismatchMeter()
     for mb, row in zip(minibatches, prepared, strict=True):
         n = len(mb)
         for k, item in enumerate(row):
@@ -393,9 +423,13 @@ def gspo_update(
                 first_target=batch.first_target,
             )
             adv = torch.tensor([s.advantage for s in micro], dtype=torch.float32, device=dev)
+            old = lp.detach() if old is None else old
+            captured = [s.logprobs_captured for s in micro]
+            sampler = offpolicy.behaviour_logprobs([s.sampling_logprobs for s in micro], captured, batch, old)
+            mismatch.add(old, sampler, mask, captured)
             terms = gspo.gspo_terms(
                 lp,
-                lp.detach() if old is None else old,
+                old,
                 adv,
                 mask,
                 cfg.eps_low,
@@ -403,6 +437,9 @@ def gspo_update(
                 ref_logprobs=ref,
                 beta=cfg.beta,
                 num_sequences=n,
+                variant=cfg.gspo_variant,
+                behavior_logprobs=sampler if cfg.old_logprobs == "sampler" else None,
+                tis_cap=cfg.tis_cap,
             )
             engine.backward(terms.loss, boundary=boundary)
             loss_total += float(terms.loss.detach())
@@ -418,10 +455,12 @@ def gspo_update(
     seconds = time.perf_counter() - started
     totals = D.all_reduce_sum(
         torch.tensor(
-            [loss_total, clip_sum, ratio_sum, kl_sum, counted, policy_tokens, tokens], dtype=torch.float64
+            [loss_total, clip_sum, ratio_sum, kl_sum, counted, policy_tokens, tokens, *mismatch.as_list()],
+            dtype=torch.float64,
         )
     )
-    loss_total, clip_sum, ratio_sum, kl_sum, counted, policy_tokens, tokens = totals.tolist()
+    loss_total, clip_sum, ratio_sum, kl_sum, counted, policy_tokens, tokens = totals.tolist()[:7]
+    mismatch_metrics = offpolicy.MismatchMeter.metrics(totals.tolist()[7:])
     counted = max(counted, 1.0)
     norms = [g for g in grad_norms if g is not None]
     return {
@@ -435,6 +474,7 @@ def gspo_update(
         "grad_norm": sum(norms) / len(norms) if norms else None,
         "seconds": seconds,
         "tokens_per_second": tokens / max(seconds, 1e-9),
+        **mismatch_metrics,
     }
 
 
@@ -687,6 +727,9 @@ def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
                     sampled_tokens=sum(sum(s.completion_mask) for r in ok for s in r.sequences),
                     rollout_seconds=time.perf_counter() - started,
                     errors=sorted(set(errors))[:3],
+                    **offpolicy.staleness(
+                        [s.weight_versions for r in ok for s in r.sequences], synced_at, iteration
+                    ),
                 )
                 if judge is not None:
                     stats["judged"] = len(ok)
@@ -730,6 +773,10 @@ def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
             "policy_tokens": update["policy_tokens"],
             "update_seconds": update["seconds"],
             "tokens_per_second": update.get("tokens_per_second", 0.0),
+            "sampler_mismatch": update.get("sampler_mismatch"),
+            "sampler_kl": update.get("sampler_kl"),
+            "sampler_logprobs_missing": update.get("sampler_logprobs_missing"),
+            **{k: stats.get(k) for k in ("max_staleness", "unexpected_versions")},
             "rollout_seconds": stats["rollout_seconds"],
             "iteration_seconds": elapsed,
             **{k: stats[k] for k in ("judged", "judge_failed") if k in stats},
@@ -766,6 +813,8 @@ def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
             judge_failed=stats.get("judge_failed"),
             truncated=stats["truncated"],
             tokens_per_second=update.get("tokens_per_second"),
+            sampler_mismatch=update.get("sampler_mismatch"),
+            sampler_kl=update.get("sampler_kl"),
             eval_score=eval_score if eval_score is not None else last_eval,
             last_checkpoint=last_checkpoint,
         )
