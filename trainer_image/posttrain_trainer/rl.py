@@ -481,15 +481,20 @@ def gspo_update(
 # -- reference logprobs ---------------------------------------------------------------------------------
 
 
-def endpoint_reference_fn(url: str, timeout_s: float = 600.0) -> RefFn:
-    """Reference logprobs from a reference rollout server: POST /v1/score."""
+def endpoint_reference_fn(
+    url: str, timeout_s: float = 600.0, temperature: float = 1.0, vocab_size: int | None = None
+) -> RefFn:
+    """Reference logprobs from a reference rollout server: POST /v1/score, at the sampling temperature (the
+    distribution the policy's logprobs are computed in)."""
     import httpx
 
     def score(micro: list[TrainSeq], batch: gspo.TokenBatch) -> torch.Tensor:
         body = {
             "sequences": [
                 {"prompt_token_ids": s.prompt_ids, "completion_token_ids": s.completion_ids} for s in micro
-            ]
+            ],
+            "temperature": temperature,
+            "vocab_size": vocab_size,
         }
         response = httpx.post(f"{url.rstrip('/')}/v1/score", json=body, timeout=timeout_s)
         response.raise_for_status()
@@ -586,7 +591,11 @@ def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if cfg.beta:
         ref_fn = (
-            endpoint_reference_fn(job.endpoints.reference)
+            endpoint_reference_fn(
+                job.endpoints.reference,
+                temperature=cfg.temperature,
+                vocab_size=getattr(engine.module.config, "vocab_size", None),
+            )
             if job.endpoints.reference
             else local_reference_fn(engine, frozen, cfg.temperature)
         )
