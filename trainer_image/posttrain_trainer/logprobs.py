@@ -40,7 +40,9 @@ def _chunk_logprobs(
 ) -> torch.Tensor:
     logits = project(hidden).float()
     if temperature != 1.0:
-        logits = logits / temperature
+        logits.div_(
+            temperature
+        )  # in place: no second chunk-sized copy (the projection's output is not saved)
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 
