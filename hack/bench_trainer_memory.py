@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     b, a = results["before"], results["after"]
+    print(f"precision: {a['precision']}", flush=True)
     print(
         f"ratio before/after: update's own peak {b['update_peak_mib'] / max(a['update_peak_mib'], 1e-9):.2f}x, "
         f"whole-process peak {b['peak_rss_mib'] / a['peak_rss_mib']:.2f}x",
