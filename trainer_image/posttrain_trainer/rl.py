@@ -30,8 +30,9 @@ skip_zero_advantage (true), seed (0), overlong ("keep" | "mask" | "penalty", see
 overlong_penalty (-1.0); rollout.error_budget (0.25); evaluation.temperature (0.0).
 Dropout is off during RL: with a clip band of 4e-4, dropout noise alone would push most ratios out of it. The
 update runs in train mode with every dropout disabled (modeling.train_without_dropout), so that activation
-checkpointing recomputes (it does nothing in eval mode). DeepSpeed is not used for RL (the micro-batch count varies per iteration); a
-request for it falls back to DDP with a message."""
+checkpointing recomputes (it does nothing in eval mode). DeepSpeed (ZeRO 1-3, `parallelism.use_deepspeed`,
+`deepspeed_stage`) shards full fine-tuning; each optimizer step's boundary is set by the update (its
+micro-batch count varies), and weight sync and the final save gather ZeRO-3's partitioned weights."""
 
 from __future__ import annotations
 
@@ -580,13 +581,14 @@ def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
     scheduler = build_scheduler(
         optimizer, total_steps=total_steps, warmup_ratio=cfg.warmup_ratio, name=cfg.lr_scheduler
     )
-    if cfg.parallel.use_deepspeed and D.is_main():
-        print(
-            "[posttrain] DeepSpeed is not used for RL (variable micro-batch count per step); using DDP",
-            flush=True,
-        )
-    cfg.parallel.use_deepspeed = False
-    engine = D.build_engine(model, optimizer, scheduler, cfg.parallel, max_grad_norm=cfg.max_grad_norm)
+    engine = D.build_engine(
+        model,
+        optimizer,
+        scheduler,
+        cfg.parallel,
+        max_grad_norm=cfg.max_grad_norm,
+        micro_batch=cfg.micro_batch,
+    )
     engine.module.eval()  # dropout off (see the module docstring); gradients still flow
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if cfg.beta:
@@ -660,10 +662,11 @@ def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
     def sync(version: int) -> dict[str, Any]:
         nonlocal synced_at
         out: dict[str, Any] = {}
-        if D.is_main():
-            result = syncer.sync(engine.module, tokenizer, version, fmt)
-            out = result.as_metrics()
-            reporter.event("weight_sync", **out, path=result.path, format=fmt, pruned=result.pruned)
+        with D.gathered_parameters(engine):  # ZeRO-3: the full weights on every rank while rank 0 writes
+            if D.is_main():
+                result = syncer.sync(engine.module, tokenizer, version, fmt)
+                out = result.as_metrics()
+                reporter.event("weight_sync", **out, path=result.path, format=fmt, pruned=result.pruned)
         D.barrier()
         synced_at = version
         return out
@@ -845,18 +848,21 @@ def _train(job: JobFile, loop: RolloutLoop) -> dict[str, Any]:
         "group_size": cfg.group_size,
         "batch_size": cfg.batch_size,
     }
+    model_id = artifacts = None
+    with D.gathered_parameters(engine):  # ZeRO-3: the full weights on every rank while rank 0 saves
+        if D.is_main():
+            curve = plot_curves(history, workdir / "reward_curve.png", title=f"GSPO: {job.job.name}")
+            model_id, artifacts = finalize(
+                job,
+                engine.module,
+                tokenizer,
+                metrics=metrics,
+                steps=iteration,
+                metrics_lines=history,
+                extra_files={"reward_curve": curve} if curve else None,
+                client=client,
+            )
     if D.is_main():
-        curve = plot_curves(history, workdir / "reward_curve.png", title=f"GSPO: {job.job.name}")
-        model_id, artifacts = finalize(
-            job,
-            engine.module,
-            tokenizer,
-            metrics=metrics,
-            steps=iteration,
-            metrics_lines=history,
-            extra_files={"reward_curve": curve} if curve else None,
-            client=client,
-        )
         reporter.progress(
             step=iteration,
             total=total,
