@@ -16,7 +16,7 @@ counter (VmHWM) is reset (`5 > /proc/self/clear_refs`) just before the measured 
 Printed: RSS before the update (weights, gradients' storage freed, Adam state), the peak during it, the
 update's own peak (peak - before) and the ratio before/after of the update's own peak.
 
-Not a test: `.venv/bin/python hack/bench_trainer_memory.py [--micro 2] [--completion 1024]`. Run it alone
+Not a test: `.venv/bin/python hack/bench_trainer_memory.py [--micro 4] [--completion 1024]`. Run it alone
 (under the heavy lock where machines are shared): other processes do not change RSS, but swap would."""
 
 from __future__ import annotations
