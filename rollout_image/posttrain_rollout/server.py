@@ -313,18 +313,23 @@ class Proxy:
                     shutil.rmtree(folder, ignore_errors=True)
 
     # -- scoring -----------------------------------------------------------------------------------------
-    async def score(self, seqs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+    async def score(
+        self,
+        seqs: list[tuple[list[int], list[int]]],
+        temperature: float = 1.0,
+        vocab: int = reference.DEFAULT_VOCAB,
+    ) -> list[list[float]]:
         model = await self.model_name()
 
         async def one(prompt: list[int], completion: list[int]) -> list[float]:
             if not completion:
                 return []
             r = await self.http().post(
-                "/v1/completions", json=reference.score_request(model, prompt, completion)
+                "/v1/completions", json=reference.score_request(model, prompt, completion, temperature)
             )
             if r.status_code != 200:
                 raise reference.ScoreError(f"vLLM /v1/completions -> HTTP {r.status_code}: {r.text[:300]}")
-            return reference.completion_logprobs(r.json(), prompt, completion)
+            return reference.completion_logprobs(r.json(), prompt, completion, temperature, vocab)
 
         version = await self.gate.enter()
         try:
@@ -463,11 +468,14 @@ async def post_weights(request: Request) -> Response:
 
 async def score(request: Request) -> Response:
     try:
-        seqs = reference.parse_sequences(await request.json())
+        body = await request.json()
+        seqs = reference.parse_sequences(body)
+        temperature = reference.parse_temperature(body)
+        vocab = reference.parse_vocab_size(body)
     except (ValueError, UnicodeDecodeError) as err:
         return _err(400, str(err))
     try:
-        values = await _proxy(request).score(seqs)
+        values = await _proxy(request).score(seqs, temperature, vocab)
     except reference.ScoreError as err:
         return _err(502, str(err), "upstream_error")
     except httpx.HTTPError as err:

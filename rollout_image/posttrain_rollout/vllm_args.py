@@ -71,7 +71,13 @@ def vllm_argv(
             argv += ["--max-lora-rank", str(int(max_lora_rank))]
         if max_loras:
             argv += ["--max-loras", str(int(max_loras))]
-    argv += list(extra or [])
+    extra = list(extra or [])
+    if not any(arg.split("=")[0] == "--logprobs-mode" for arg in extra):
+        # The sampling logprobs the proxy captures are those of the distribution the tokens were drawn
+        # from (after temperature, top-k, top-p), not of the raw model (vLLM's default): the trainer uses
+        # them as the behaviour policy (old_logprobs = "sampler") and measures the mismatch against them.
+        argv += ["--logprobs-mode", "processed_logprobs"]
+    argv += extra
     return argv
 
 

@@ -8,6 +8,8 @@ What must hold:
   - the judge answers every rollout of every iteration (the trainer keeps one event loop per job), and a
     rollout the judge rejects fails and is counted (judge_failed in the iteration event and in progress);
   - truncated and empty responses are counted per iteration; overlong = "mask" trains only the right answers;
+  - the sampler/trainer mismatch and the weight-version staleness are reported every iteration, with
+    old_logprobs = "sampler" (truncated importance sampling) and GSPO-token in the update;
   - keep_checkpoints = 1 and keep_weight_versions = 1 leave one checkpoint and one weight version in S3, the
     served one;
   - the same job as ReST-EM keeps each group's right answer, trains on it, and honours keep_checkpoints."""
@@ -138,6 +140,9 @@ def _job(tmp: Path, model_dir: Path, taskapp, policy_url: str, judge_url: str, s
             "overlong": "mask",
             "keep_checkpoints": 1,
             "keep_weight_versions": 1,
+            "old_logprobs": "sampler",
+            "tis_cap": 2.0,
+            "gspo_variant": "token",
         },
         "rubric": {"enabled": True, "weights": {"env": 0.5, "outcome": 0.5, "event": 0.0}},
         "judge": {
@@ -220,6 +225,14 @@ def test_trainer_judges_every_iteration_counts_truncation_and_prunes(
     assert [p.get("truncated") for p in progress[:ITERATIONS]][0::2] == [2, 2]
     # every reward is on the judge's scale: 0.5 * env + 0.5 * 0.5 (right: 0.75, cut and empty: 0.25)
     assert [round(p["meanReturn"], 4) for p in progress[:ITERATIONS]][0::2] == [round(1.25 / 3, 4)] * 2
+
+    # the sampler's logprobs (the scripted model's -0.5 per token) against the trainer's (the tiny random
+    # model: about -ln(vocabulary) per token): measured every iteration, in the event and in progress; every
+    # capture was served by the version synced just before its iteration
+    for event, p in zip(iterations, progress[:ITERATIONS], strict=True):
+        assert event["sampler_mismatch"] > 3.0 and event["sampler_kl"] > 1.0, event
+        assert p["samplerMismatch"] == round(event["sampler_mismatch"], 6) and p["samplerKl"] > 1.0
+        assert (event["max_staleness"], event["unexpected_versions"]) == (0, 0)
 
     # retention: one checkpoint (the newest) and one weight version (the served one) left in S3
     prefix = json.loads(job_path.read_text())["storage"]["prefix"]

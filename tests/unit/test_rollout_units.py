@@ -159,6 +159,9 @@ def test_vllm_argv_and_env(tmp_path):
         python="py",
     )
     assert "--dtype" not in vllm_args.vllm_argv("/m", 1)  # no dtype given: the server's probe decides
+    plain = vllm_args.vllm_argv("/m", 1)
+    assert plain[plain.index("--logprobs-mode") + 1] == "processed_logprobs"  # the sampling distribution's
+    assert vllm_args.vllm_argv("/m", 1, extra=["--logprobs-mode=raw_logprobs"]).count("--logprobs-mode") == 0
     assert argv[:4] == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model"]
     joined = " ".join(argv)
     for part in ("--host 127.0.0.1", "--port 1234", "--served-model-name n", "--max-model-len 512",
@@ -268,3 +271,32 @@ def test_vllm_tmpdir_stays_short_enough_for_zmq_ipc_sockets(tmp_path):
     remove_fallback_tmp(short, tmp_path / "r")
     assert not os.path.exists(env["TMPDIR"])
     assert os.path.isdir(short["TMPDIR"])
+
+
+@pytest.mark.parametrize("temperature", [0.6, 0.8, 1.0])
+def test_reference_tempered_logprob_from_top_k(temperature):
+    """Reference scoring at the sampling temperature from vLLM's raw top-20 prompt logprobs: against the exact
+    log softmax(z / T) over a 50,000-token vocabulary with Zipf-like distributions (exponent 2: the top 20
+    hold 96 % of the mass; exponent 1.2: half), the target inside and outside the top 20."""
+    import torch
+
+    vocab = 50_000
+    for exponent, bound in ((2.0, 0.01), (1.2, 0.15)):
+        torch.manual_seed(0)
+        ranks = torch.arange(1, vocab + 1, dtype=torch.float64)
+        logits = -exponent * torch.log(ranks) + 0.5 * torch.randn(vocab, dtype=torch.float64)
+        raw = torch.log_softmax(logits, -1)
+        exact = torch.log_softmax(logits / temperature, -1)
+        top = torch.topk(raw, reference.TOP_K).indices.tolist()
+        errors = []
+        for target in (top[0], top[7], int(torch.argsort(raw, descending=True)[300])):
+            entry = {str(i): {"logprob": raw[i].item()} for i in top + [target]}
+            got = reference.tempered_logprob(entry, target, temperature, vocab)
+            errors.append(abs(got - exact[target].item()))
+        assert max(errors) < (1e-9 if temperature == 1.0 else bound), (exponent, errors)
+    assert reference.score_request("m", [1], [2], temperature)["prompt_logprobs"] == (
+        0 if temperature == 1.0 else reference.TOP_K
+    )
+    assert reference.parse_temperature({"temperature": temperature}) == temperature
+    with pytest.raises(reference.ScoreError, match="temperature"):
+        reference.parse_temperature({"temperature": 0})

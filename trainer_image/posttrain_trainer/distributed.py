@@ -222,7 +222,10 @@ class TrainEngine:
 
     def backward(self, loss: torch.Tensor, *, boundary: bool = True) -> None:
         if self.kind == "deepspeed":
-            # Gradients are already normalised for the step; DeepSpeed averages over ranks itself.
+            # Gradients are already normalised for the step; DeepSpeed averages over ranks itself. The caller
+            # says where the step is (RL's micro-batch count varies from step to step), not the config's
+            # gradient_accumulation_steps.
+            self.model.set_gradient_accumulation_boundary(boundary)
             self.model.backward(loss * world_size(), scale_wrt_gas=False)
             self.model.step()
             return

@@ -9,24 +9,31 @@
   eps_high = 4e-4 (the paper's). Optional KL to a reference model with the k3 estimator per token,
   k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1, averaged over the sequence's masked tokens and over
   sequences, weighted by beta (default 0). loss = -J + beta * KL.
+- GSPO-token (variant "token"): the paper's token-level form, s_i,t = sg[s_i] pi(y_t) / sg[pi(y_t)]; see gspo_terms.
+- truncated_importance_weights / sampler_mismatch: the sampler's (vLLM's) logprobs as the behaviour policy,
+  with truncated importance sampling, and the trainer/sampler mismatch as a metric.
 - split_minibatches: the rollout batch split into mini-batches (default 4), one optimizer step each.
-- token_logprobs: per-token log-probabilities of given target tokens under a causal LM (prompt+completion ids).
+- token_logprobs: per-token log-probabilities of given target tokens under a causal LM (prompt+completion ids),
+  in bounded memory (logprobs.py).
 
 N, the normaliser of the mean over sequences, defaults to the batch size; a caller that splits one mini-batch
 over ranks / micro-batches passes the mini-batch's total so the pieces add up to the same loss."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from posttrain_trainer.logprobs import token_logprobs  # noqa: F401 - part of this module's API
+
 ADV_EPS = 1e-6
 EPS_LOW = 3e-4
 EPS_HIGH = 4e-4
+DEFAULT_TIS_CAP = 2.0
+GSPO_VARIANTS = ("sequence", "token")
 
 
 def group_advantages(
@@ -88,17 +95,52 @@ def gspo_terms(
     ref_logprobs: torch.Tensor | None = None,
     beta: float = 0.0,
     num_sequences: int | float | None = None,
+    variant: str = "sequence",
+    behavior_logprobs: torch.Tensor | None = None,
+    tis_cap: float = DEFAULT_TIS_CAP,
 ) -> GSPOTerms:
-    """The GSPO loss and its diagnostics. Shapes: logprobs/old_logprobs/mask/ref_logprobs [B, T], advantages [B]."""
+    """The GSPO loss and its diagnostics. Shapes: logprobs/old_logprobs/mask/ref_logprobs/behavior_logprobs
+    [B, T], advantages [B].
+
+    variant "sequence" is GSPO; "token" is GSPO-token (the paper's section 4.3): per-token ratios
+    s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)], clipped like s_i and averaged over the sequence's tokens. Its
+    value equals GSPO's and so does its gradient while the advantage is one per sequence; it differs once
+    tokens carry their own weights (token-level truncated importance weights below, or per-token
+    advantages).
+
+    behavior_logprobs: the sampler's logprobs of the same tokens (the behaviour policy). old_logprobs stay the
+    anchor of the clip; the gap between the two is corrected by truncated importance sampling (TIS,
+    truncated_importance_weights), per sequence for "sequence" and per token for "token"."""
+    if variant not in GSPO_VARIANTS:
+        raise ValueError(f"gspo variant {variant!r}: use one of {', '.join(GSPO_VARIANTS)}")
     mask = mask.to(logprobs.dtype)
     old = old_logprobs.detach().to(logprobs.dtype)
     adv = advantages.detach().to(logprobs.dtype)
     log_ratio = masked_sequence_mean(logprobs - old, mask)
     ratio = torch.exp(log_ratio)
-    unclipped = ratio * adv
-    clipped_ratio = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    clipped = clipped_ratio * adv
-    per_seq = torch.minimum(unclipped, clipped)
+    weights = None
+    if behavior_logprobs is not None:
+        weights = truncated_importance_weights(
+            old, behavior_logprobs, mask, tis_cap, per_token=variant == "token"
+        )
+    if variant == "sequence":
+        unclipped = ratio * adv
+        clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+        per_seq = torch.minimum(unclipped, clipped)
+        if weights is not None:
+            per_seq = per_seq * weights
+    else:
+        token_ratio = torch.exp(log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach())
+        token_adv = adv.unsqueeze(-1)
+        token_min = torch.minimum(
+            token_ratio * token_adv, torch.clamp(token_ratio, 1.0 - eps_low, 1.0 + eps_high) * token_adv
+        )
+        if weights is not None:
+            token_min = token_min * weights
+        per_seq = masked_sequence_mean(token_min, mask)
+        # every token of a sequence has the same ratio value, so the clip decision is the sequence's
+        unclipped = ratio * adv
+        clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
     n = float(num_sequences) if num_sequences is not None else float(logprobs.shape[0])
     n = max(n, 1.0)
     loss = -per_seq.sum() / n
@@ -108,7 +150,7 @@ def gspo_terms(
         k3 = torch.exp(delta) - delta - 1.0
         kl_seq = masked_sequence_mean(k3, mask)
         loss = loss + beta * kl_seq.sum() / n
-    was_clipped = (clipped < unclipped) & (adv != 0)
+    was_clipped = (clipped.detach() < unclipped.detach()) & (adv != 0)
     stats = {
         "ratio_mean": float(ratio.detach().mean()) if ratio.numel() else 1.0,
         "clip_fraction": float(was_clipped.float().mean()) if ratio.numel() else 0.0,
@@ -124,6 +166,44 @@ def gspo_terms(
     )
 
 
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float = DEFAULT_TIS_CAP,
+    *,
+    per_token: bool = False,
+) -> torch.Tensor:
+    """Truncated importance sampling (TIS) weights from the sampler's (behaviour) policy to the trainer's:
+    min(pi_trainer(y) / pi_sampler(y), cap), detached. Following Yao, Liu et al. 2025, "Your Efficient RL
+    Framework Secretly Brings You Off-Policy RL Training" (blog post, August 2025): the inference
+    engine samples from a slightly different distribution than the trainer computes (other kernels, other
+    precision, stale weights), and the policy gradient is reweighted by this capped ratio.
+
+    per_token: [B, T] weights per token (zero-masked positions get 1); else [B], one weight per sequence from
+    the length-normalised (geometric mean) ratio, the same normalisation as GSPO's sequence ratio."""
+    delta = (old_logprobs.detach() - behavior_logprobs.detach().to(old_logprobs.dtype)) * mask.to(
+        old_logprobs.dtype
+    )
+    if per_token:
+        return torch.clamp(torch.exp(delta), max=float(cap))
+    return torch.clamp(torch.exp(masked_sequence_mean(delta, mask)), max=float(cap))
+
+
+def sampler_mismatch(
+    trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor
+) -> tuple[float, float, float]:
+    """(sum of |trainer - sampler| logprob, sum of the k3 estimate of KL(sampler || trainer), tokens) over the
+    masked tokens: sums, so that micro-batches and ranks add up; divide both by the token count.
+
+    The tokens were drawn from the sampler, so with r = pi_trainer / pi_sampler the per-token
+    k3 = r - 1 - log r is an unbiased, non-negative estimate of KL(sampler || trainer) (Schulman 2020)."""
+    mask = mask.to(torch.float32)
+    delta = (trainer_logprobs.detach().float() - sampler_logprobs.detach().float()) * mask
+    k3 = (torch.exp(delta) - 1.0 - delta) * mask
+    return float(delta.abs().sum()), float(k3.sum()), float(mask.sum())
+
+
 def gspo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -135,6 +215,7 @@ def gspo_loss(
     ref_logprobs: torch.Tensor | None = None,
     beta: float = 0.0,
     num_sequences: int | float | None = None,
+    variant: str = "sequence",
 ) -> torch.Tensor:
     """The negated GSPO objective (scalar). See the module docstring for the formula."""
     return gspo_terms(
@@ -147,6 +228,7 @@ def gspo_loss(
         ref_logprobs=ref_logprobs,
         beta=beta,
         num_sequences=num_sequences,
+        variant=variant,
     ).loss
 
 
@@ -228,37 +310,3 @@ def collate_sequences(
             loss_mask[i, len(p) - 1 : len(p) - 1 + len(c)] = torch.tensor(cm, dtype=torch.float32)
         starts.append(len(p))
     return TokenBatch(input_ids, attention, loss_mask, starts)
-
-
-def token_logprobs(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    autocast: contextlib.AbstractContextManager | None = None,
-    first_target: int = 0,
-) -> torch.Tensor:
-    """log pi(input_ids[:, t+1] | input_ids[:, :t+1]) for every t: [B, T - 1], float32.
-
-    Logits are divided by the sampling temperature (the distribution the tokens were drawn from). Computed as
-    gathered logit - logsumexp, in float32, without materialising a full log-softmax copy. Targets before
-    column `first_target` (prompt tokens nobody trains on, TokenBatch.first_target) read 0: their logits
-    are never computed (the model's `logits_to_keep`), which saves the vocabulary projection and its
-    log-softmax on every prompt position."""
-    width = input_ids.shape[1]
-    first_target = max(0, min(int(first_target), width - 1))
-    kwargs: dict[str, Any] = {"logits_to_keep": width - first_target} if first_target else {}
-    with autocast or contextlib.nullcontext():
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
-    logits = out.logits[:, -(width - first_target) :, :][:, :-1, :].float()
-    if temperature and temperature != 1.0:
-        logits = logits / temperature
-    targets = input_ids[:, first_target + 1 :].unsqueeze(-1)
-    picked = torch.gather(logits, -1, targets).squeeze(-1)
-    values = picked - torch.logsumexp(logits, dim=-1)
-    if not first_target:
-        return values
-    full = values.new_zeros((input_ids.shape[0], width - 1))
-    full[:, first_target:] = values
-    return full

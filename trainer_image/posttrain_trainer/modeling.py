@@ -166,6 +166,24 @@ def load_dtype(precision: Any, trainer_mode: str) -> torch.dtype:
     return torch_dtype(precision.load) if trainer_mode in ("lora", "qlora") else torch.float32
 
 
+def train_without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """train() mode with every dropout off: what an RL update needs.
+
+    Gradient checkpointing only recomputes in train mode (transformers checks `self.training`; in eval()
+    it silently keeps every activation), while dropout must stay off in RL (with a clip band of 4e-4,
+    dropout noise alone pushes most importance ratios out of it). So: train(), every Dropout module back
+    in eval() (identity), and float dropout rates that layers read at call time (attention_dropout, ...)
+    set to 0. The logprobs are then the same as in eval()."""
+    model.train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.eval()
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float) and value != 0.0:
+                setattr(module, name, 0.0)
+    return model
+
+
 def is_peft(model: torch.nn.Module) -> bool:
     if "peft" not in sys.modules:  # never imported (3 s): cannot be a PeftModel
         return False

@@ -27,6 +27,8 @@ PROGRESS_KEYS = {
     "judge_failed": "judgeFailed",
     "truncated": "truncated",
     "tokens_per_second": "tokensPerSecond",
+    "sampler_mismatch": "samplerMismatch",
+    "sampler_kl": "samplerKl",
     "eval_score": "evalScore",
     "last_checkpoint": "lastCheckpoint",
     "updated_at": "updatedAt",

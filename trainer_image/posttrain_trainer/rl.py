@@ -28,9 +28,11 @@ num_minibatches (4), eps_low (3e-4), eps_high (4e-4), beta / kl_beta (0), micro_
 forward), max_grad_norm (1.0), warmup_ratio (0), lr_scheduler ("constant_with_warmup"),
 skip_zero_advantage (true), seed (0), overlong ("keep" | "mask" | "penalty", see sequences_from_results),
 overlong_penalty (-1.0); rollout.error_budget (0.25); evaluation.temperature (0.0).
-Dropout is off during RL (the model runs in eval mode): with a clip band of 4e-4, dropout noise alone would
-push most ratios out of it. DeepSpeed is not used for RL (the micro-batch count varies per iteration); a
-request for it falls back to DDP with a message."""
+Dropout is off during RL: with a clip band of 4e-4, dropout noise alone would push most ratios out of it. The
+update runs in train mode with every dropout disabled (modeling.train_without_dropout), so that activation
+checkpointing recomputes (it does nothing in eval mode). DeepSpeed (ZeRO 1-3, `parallelism.use_deepspeed`,
+`deepspeed_stage`) shards full fine-tuning; each optimizer step's boundary is set by the update (its
+micro-batch count varies), and weight sync and the final save gather ZeRO-3's partitioned weights."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ import copy
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +51,9 @@ from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
 
 from posttrain_trainer import distributed as D
-from posttrain_trainer import gspo
+from posttrain_trainer import gspo, offpolicy
 from posttrain_trainer.judging import EpisodeJudge
+from posttrain_trainer.modeling import train_without_dropout
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.resume import CheckpointStore
 from posttrain_trainer.rl_config import (
@@ -75,7 +78,7 @@ from posttrain_trainer.rollouts import (
 ITERATION_EVENT_FIELDS = (
     "step", "rollouts", "failed_rollouts", "mixed_groups", "train_sequences", "grad_norm", "clip_fraction",
     "rollout_seconds", "update_seconds", "weight_sync_seconds", "iteration_seconds", "judged", "judge_failed",
-    "truncated", "empty_responses",
+    "truncated", "empty_responses", "sampler_mismatch", "sampler_kl", "max_staleness", "unexpected_versions",
 )  # fmt: skip
 
 
@@ -94,6 +97,9 @@ class TrainSeq:
     advantage: float
     reward: float = 0.0
     group: int = 0
+    sampling_logprobs: list[float] = field(default_factory=list)  # the sampler's, per completion token
+    weight_versions: list[Any] = field(default_factory=list)  # the weights that sampled it, per call
+    logprobs_captured: bool = False
 
     @property
     def tokens(self) -> int:
@@ -128,7 +134,17 @@ def sequences_from_results(
             continue
         for s in r.sequences:
             seqs.append(
-                TrainSeq(s.prompt_ids, s.completion_ids, s.completion_mask, adv, r.reward, r.spec.group)
+                TrainSeq(
+                    s.prompt_ids,
+                    s.completion_ids,
+                    s.completion_mask,
+                    adv,
+                    r.reward,
+                    r.spec.group,
+                    s.sampling_logprobs,
+                    s.weight_versions,
+                    s.logprobs_captured,
+                )
             )
     groups: dict[int, list[float]] = {}
     for r, reward in zip(ok, shaped, strict=True):
@@ -193,6 +209,7 @@ class UpdateTotals:
     counted: float = 0
     policy_tokens: float = 0
     tokens: float = 0
+    mismatch: offpolicy.MismatchMeter = field(default_factory=offpolicy.MismatchMeter)
 
     def add(self, terms: Any, micro: PreparedMicro, mask: torch.Tensor) -> None:
         self.loss += float(terms.loss.detach())
@@ -204,9 +221,13 @@ class UpdateTotals:
         self.policy_tokens += int(mask.sum())
         self.tokens += int(micro.batch.attention_mask.sum())
 
-    def all_ranks(self) -> UpdateTotals:
+    def all_ranks(self) -> tuple[UpdateTotals, dict[str, Any]]:
+        """The sums over all ranks, and the sampler-mismatch metrics over all ranks."""
         values = [self.loss, self.clipped, self.ratio, self.kl, self.counted, self.policy_tokens, self.tokens]
-        return UpdateTotals(*D.all_reduce_sum(torch.tensor(values, dtype=torch.float64)).tolist())
+        totals = D.all_reduce_sum(
+            torch.tensor([*values, *self.mismatch.as_list()], dtype=torch.float64)
+        ).tolist()
+        return UpdateTotals(*totals[:7]), offpolicy.MismatchMeter.metrics(totals[7:])
 
 
 def _shuffled_minibatches(seqs: list[TrainSeq], cfg: RLTrainerConfig, iteration: int) -> list[list[TrainSeq]]:
@@ -278,9 +299,15 @@ def _micro_step(
     mask = item.batch.loss_mask.to(dev)
     lp = _logprobs(engine.model, engine, item.batch, cfg.temperature)
     adv = torch.tensor([s.advantage for s in item.seqs], dtype=torch.float32, device=dev)
+    old = lp.detach() if item.old is None else item.old
+    captured = [s.logprobs_captured for s in item.seqs]
+    sampler = offpolicy.behaviour_logprobs(
+        [s.sampling_logprobs for s in item.seqs], captured, item.batch, old
+    )
+    totals.mismatch.add(old, sampler, mask, captured)
     terms = gspo.gspo_terms(
         lp,
-        lp.detach() if item.old is None else item.old,
+        old,
         adv,
         mask,
         cfg.eps_low,
@@ -288,6 +315,9 @@ def _micro_step(
         ref_logprobs=item.ref,
         beta=cfg.beta,
         num_sequences=len(minibatch),
+        variant=cfg.gspo_variant,
+        behavior_logprobs=sampler if cfg.old_logprobs == "sampler" else None,
+        tis_cap=cfg.tis_cap,
     )
     engine.backward(terms.loss, boundary=boundary)
     totals.add(terms, item, mask)
@@ -310,6 +340,7 @@ def gspo_update(
     if not seqs:
         return {"loss": 0.0, "optimizer_steps": 0, "policy_tokens": 0, "tokens": 0, "seconds": 0.0}
     minibatches = _shuffled_minibatches(seqs, cfg, iteration)
+    train_without_dropout(engine.module)  # train(): activation checkpointing recomputes; no dropout
     prepared = _prepare(engine, [_micro_plan(mb, cfg.micro_batch) for mb in minibatches], cfg, pad_id, ref_fn)
     totals, grad_norms = UpdateTotals(), []
     for mb, row in zip(minibatches, prepared, strict=True):
@@ -317,7 +348,11 @@ def gspo_update(
             _micro_step(engine, item, mb, cfg, pad_id, boundary=k == len(row) - 1, totals=totals)
         grad_norms.append(engine.step())
     seconds = time.perf_counter() - started
-    return _update_metrics(totals.all_ranks(), grad_norms, len(minibatches), seconds, cfg.beta)
+    all_totals, mismatch_metrics = totals.all_ranks()
+    return {
+        **_update_metrics(all_totals, grad_norms, len(minibatches), seconds, cfg.beta),
+        **mismatch_metrics,
+    }
 
 
 def _update_metrics(
@@ -342,15 +377,20 @@ def _update_metrics(
 # -- reference logprobs ---------------------------------------------------------------------------------
 
 
-def endpoint_reference_fn(url: str, timeout_s: float = 600.0) -> RefFn:
-    """Reference logprobs from a reference rollout server: POST /v1/score."""
+def endpoint_reference_fn(
+    url: str, timeout_s: float = 600.0, temperature: float = 1.0, vocab_size: int | None = None
+) -> RefFn:
+    """Reference logprobs from a reference rollout server: POST /v1/score, at the sampling temperature (the
+    distribution the policy's logprobs are computed in)."""
     import httpx
 
     def score(micro: list[TrainSeq], batch: gspo.TokenBatch) -> torch.Tensor:
         body = {
             "sequences": [
                 {"prompt_token_ids": s.prompt_ids, "completion_token_ids": s.completion_ids} for s in micro
-            ]
+            ],
+            "temperature": temperature,
+            "vocab_size": vocab_size,
         }
         response = httpx.post(f"{url.rstrip('/')}/v1/score", json=body, timeout=timeout_s)
         response.raise_for_status()
@@ -366,17 +406,19 @@ def endpoint_reference_fn(url: str, timeout_s: float = 600.0) -> RefFn:
 
 def local_reference_fn(engine: D.TrainEngine, frozen: torch.nn.Module | None, temperature: float) -> RefFn:
     """A frozen local reference: `frozen` (a copy of the initial full model), or for LoRA the base model
-    (the adapter disabled)."""
+    (the adapter disabled). It runs under the policy's autocast, so that identical weights give identical
+    logprobs (KL exactly 0 at step 0)."""
 
     def score(micro: list[TrainSeq], batch: gspo.TokenBatch) -> torch.Tensor:
         dev = D.device()
         with torch.no_grad():
             ids, mask, first = batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.first_target
+            kwargs = {"temperature": temperature, "first_target": first, "autocast": engine.autocast()}
             if frozen is not None:
-                return gspo.token_logprobs(frozen, ids, mask, temperature=temperature, first_target=first)
+                return gspo.token_logprobs(frozen, ids, mask, **kwargs)
             module = engine.module
             with module.disable_adapter():
-                return gspo.token_logprobs(module, ids, mask, temperature=temperature, first_target=first)
+                return gspo.token_logprobs(module, ids, mask, **kwargs)
 
     return score
 
@@ -446,13 +488,14 @@ def build_policy(
         warmup_ratio=cfg.warmup_ratio,
         name=cfg.lr_scheduler,
     )
-    if cfg.parallel.use_deepspeed and D.is_main():
-        print(
-            "[posttrain] DeepSpeed is not used for RL (variable micro-batch count per step); using DDP",
-            flush=True,
-        )
-    cfg.parallel.use_deepspeed = False
-    engine = D.build_engine(model, optimizer, scheduler, cfg.parallel, max_grad_norm=cfg.max_grad_norm)
+    engine = D.build_engine(
+        model,
+        optimizer,
+        scheduler,
+        cfg.parallel,
+        max_grad_norm=cfg.max_grad_norm,
+        micro_batch=cfg.micro_batch,
+    )
     engine.module.eval()  # dropout off (see the module docstring); gradients still flow
     return engine, tokenizer, frozen
 
@@ -483,6 +526,10 @@ def iteration_record(
         "policy_tokens": update["policy_tokens"],
         "update_seconds": update["seconds"],
         "tokens_per_second": update.get("tokens_per_second", 0.0),
+        "sampler_mismatch": update.get("sampler_mismatch"),
+        "sampler_kl": update.get("sampler_kl"),
+        "sampler_logprobs_missing": update.get("sampler_logprobs_missing"),
+        **{k: stats.get(k) for k in ("max_staleness", "unexpected_versions")},
         "rollout_seconds": stats["rollout_seconds"],
         "iteration_seconds": seconds,
         **{k: stats[k] for k in ("judged", "judge_failed") if k in stats},
@@ -510,7 +557,11 @@ class RLRun:
         self.ref_fn: RefFn | None = None
         if cfg.beta:
             self.ref_fn = (
-                endpoint_reference_fn(job.endpoints.reference)
+                endpoint_reference_fn(
+                    job.endpoints.reference,
+                    temperature=cfg.temperature,
+                    vocab_size=getattr(self.engine.module.config, "vocab_size", None),
+                )
                 if job.endpoints.reference
                 else local_reference_fn(self.engine, frozen, cfg.temperature)
             )
@@ -613,6 +664,8 @@ class RLRun:
             judge_failed=stats.get("judge_failed"),
             truncated=stats["truncated"],
             tokens_per_second=update.get("tokens_per_second"),
+            sampler_mismatch=update.get("sampler_mismatch"),
+            sampler_kl=update.get("sampler_kl"),
             eval_score=eval_score if eval_score is not None else self.last_eval,
             last_checkpoint=self.store.last_uri,
         )
@@ -659,6 +712,9 @@ class RLRun:
             sampled_tokens=sum(sum(s.completion_mask) for r in ok for s in r.sequences),
             rollout_seconds=time.perf_counter() - started,
             errors=sorted(set(errors))[:3],
+            **offpolicy.staleness(
+                [s.weight_versions for r in ok for s in r.sequences], self.synced_at, self.iteration
+            ),
         )
         if self.judge is not None:
             stats["judged"] = len(ok)
@@ -669,12 +725,13 @@ class RLRun:
     def sync(self, version: int) -> dict[str, Any]:
         """Push the weights to the rollout servers (collective); returns rank 0's sync metrics."""
         out: dict[str, Any] = {}
-        if D.is_main():
-            result = self.syncer.sync(self.engine.module, self.tokenizer, version, self.sync_format)
-            out = result.as_metrics()
-            self.reporter.event(
-                "weight_sync", **out, path=result.path, format=self.sync_format, pruned=result.pruned
-            )
+        with D.gathered_parameters(self.engine):  # ZeRO-3: the full weights on every rank while rank 0 writes
+            if D.is_main():
+                result = self.syncer.sync(self.engine.module, self.tokenizer, version, self.sync_format)
+                out = result.as_metrics()
+                self.reporter.event(
+                    "weight_sync", **out, path=result.path, format=self.sync_format, pruned=result.pruned
+                )
         D.barrier()
         self.synced_at = version
         return out
@@ -733,24 +790,26 @@ class RLRun:
             "group_size": self.cfg.group_size,
             "batch_size": self.cfg.batch_size,
         }
+        saved = None
+        with D.gathered_parameters(self.engine):  # ZeRO-3: the full weights on every rank while rank 0 saves
+            if D.is_main():
+                job = self.job
+                curve = plot_curves(
+                    self.history, self.workdir / "reward_curve.png", title=f"GSPO: {job.job.name}"
+                )
+                saved = finalize(
+                    job,
+                    self.engine.module,
+                    self.tokenizer,
+                    metrics=metrics,
+                    steps=self.iteration,
+                    metrics_lines=self.history,
+                    extra_files={"reward_curve": curve} if curve else None,
+                    client=self.store.client,
+                )
         if D.is_main():
-            job = self.job
-            curve = plot_curves(
-                self.history, self.workdir / "reward_curve.png", title=f"GSPO: {job.job.name}"
-            )
-            model_id, artifacts = finalize(
-                job,
-                self.engine.module,
-                self.tokenizer,
-                metrics=metrics,
-                steps=self.iteration,
-                metrics_lines=self.history,
-                extra_files={"reward_curve": curve} if curve else None,
-                client=self.store.client,
-            )
             final = self.reporter.final(
-                model_id,
-                artifacts,
+                *saved,
                 step=self.iteration,
                 total=self.total,
                 mean_return=metrics["final_mean_return"],

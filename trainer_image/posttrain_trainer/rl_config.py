@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain_trainer import distributed as D
-from posttrain_trainer import gspo
+from posttrain_trainer import gspo, offpolicy
 from posttrain_trainer.rollouts import section
 
 
@@ -83,6 +83,19 @@ class RLTrainerConfig:
     )
     overlong_penalty: float = field(
         default=DEFAULT_OVERLONG_PENALTY, metadata={"help": "Reward added to truncated rollouts (<= 0)."}
+    )
+    old_logprobs: str = field(
+        default="trainer",
+        metadata={
+            "help": "The ratio's old logprobs: trainer (recomputed) or sampler (vLLM's captured logprobs as "
+            "the behaviour policy, with truncated importance sampling)."
+        },
+    )
+    tis_cap: float = field(
+        default=gspo.DEFAULT_TIS_CAP, metadata={"help": "Cap of the truncated importance weight (>= 1)."}
+    )
+    gspo_variant: str = field(
+        default="sequence", metadata={"help": f"One of {', '.join(gspo.GSPO_VARIANTS)} (GSPO or GSPO-token)."}
     )
     trainer_mode: str = field(default="full", metadata={"help": "full, lora or qlora."})
     lora: dict[str, Any] = field(
@@ -164,6 +177,9 @@ def parse_rl_config(config: dict[str, Any]) -> RLTrainerConfig:
         eval_temperature=float(evaluation.get("temperature") or 0.0),
         overlong=str(training.get("overlong") or "keep"),
         overlong_penalty=float(_first(training.get("overlong_penalty"), default=DEFAULT_OVERLONG_PENALTY)),
+        old_logprobs=str(pick("old_logprobs", default="trainer")),
+        tis_cap=float(pick("tis_cap", default=gspo.DEFAULT_TIS_CAP)),
+        gspo_variant=str(pick("gspo_variant", default="sequence")),
         trainer_mode=mode,
         lora=dict(lora or {}),
         parallel=D.ParallelConfig.from_config(
@@ -183,3 +199,13 @@ def _check(cfg: RLTrainerConfig) -> None:
         )
     if not math.isfinite(cfg.overlong_penalty) or cfg.overlong_penalty > 0:
         raise RLConfigError(f"training.overlong_penalty = {cfg.overlong_penalty}: use a number <= 0")
+    if cfg.old_logprobs not in offpolicy.OLD_LOGPROBS:
+        raise RLConfigError(
+            f"training.old_logprobs = {cfg.old_logprobs!r}: use one of {', '.join(offpolicy.OLD_LOGPROBS)}"
+        )
+    if not math.isfinite(cfg.tis_cap) or cfg.tis_cap < 1:
+        raise RLConfigError(f"training.tis_cap = {cfg.tis_cap}: use a number >= 1")
+    if cfg.gspo_variant not in gspo.GSPO_VARIANTS:
+        raise RLConfigError(
+            f"training.gspo_variant = {cfg.gspo_variant!r}: use one of {', '.join(gspo.GSPO_VARIANTS)}"
+        )

@@ -183,13 +183,16 @@ def rubric_weights(config: dict[str, Any]) -> dict[str, float]:
 class EpisodeSequence:
     """One training sequence of an episode: the first call's prompt; the completion is every later token
     (policy tokens mask 1, env/tool/template tokens mask 0); sampling logprobs per completion token (0.0 for
-    non-policy tokens), kept for diagnostics only (the trainer recomputes old logprobs)."""
+    non-policy tokens; logprobs_captured is False when a call's logprobs were missing or not finite), the
+    behaviour policy under old_logprobs = "sampler" (offpolicy.py) and measured against the trainer's always;
+    the weight version that served each call."""
 
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
     completion_mask: list[int] = field(default_factory=list)
     sampling_logprobs: list[float] = field(default_factory=list)
     weight_versions: list[Any] = field(default_factory=list)
+    logprobs_captured: bool = True
 
     @property
     def policy_tokens(self) -> int:
@@ -202,6 +205,7 @@ class EpisodeSequence:
             "completion_mask": self.completion_mask,
             "sampling_logprobs": self.sampling_logprobs,
             "weight_versions": self.weight_versions,
+            "logprobs_captured": self.logprobs_captured,
         }
 
 
@@ -220,6 +224,22 @@ def _logprob_list(entry: dict[str, Any], n: int) -> list[float]:
     return out
 
 
+def _logprobs_complete(entry: dict[str, Any], n: int) -> bool:
+    """True when the capture holds one finite logprob per completion token."""
+    raw = entry.get("logprobs")
+    if not isinstance(raw, list) or len(raw) != n:
+        return False
+    for value in raw:
+        if isinstance(value, dict):
+            value = value.get("logprob")
+        try:
+            if value is None or not math.isfinite(float(value)):
+                return False
+        except (TypeError, ValueError):
+            return False
+    return True
+
+
 def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]:
     """Captures of one episode (call order) -> training sequences with a policy-token mask."""
     sequences: list[EpisodeSequence] = []
@@ -228,6 +248,7 @@ def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]
         prompt = [int(t) for t in entry.get("prompt_token_ids") or []]
         completion = [int(t) for t in entry.get("completion_token_ids") or []]
         logprobs = _logprob_list(entry, len(completion))
+        captured = _logprobs_complete(entry, len(completion))
         version = entry.get("weight_version")
         if not prompt:
             continue
@@ -239,6 +260,7 @@ def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]
                 current.completion_mask += [0] * len(glue) + [1] * len(completion)
                 current.sampling_logprobs += [0.0] * len(glue) + logprobs
                 current.weight_versions.append(version)
+                current.logprobs_captured = current.logprobs_captured and captured
                 continue
             sequences.append(current)
         current = EpisodeSequence(
@@ -247,6 +269,7 @@ def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]
             completion_mask=[1] * len(completion),
             sampling_logprobs=logprobs,
             weight_versions=[version],
+            logprobs_captured=captured,
         )
     if current is not None:
         sequences.append(current)

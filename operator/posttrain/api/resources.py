@@ -253,6 +253,14 @@ class Progress(CRModel):
         None, description="Rollouts of the last iteration whose response stopped at max_tokens."
     )
     tokens_per_second: float | None = Field(None, description="Training throughput.")
+    sampler_mismatch: float | None = Field(
+        None,
+        description="RL: mean |trainer - sampler| logprob of the last iteration's policy tokens (the "
+        "trainer/inference mismatch).",
+    )
+    sampler_kl: float | None = Field(
+        None, description="RL: k3 estimate of KL(sampler || trainer) per policy token, last iteration."
+    )
     eval_score: float | None = Field(None, description="Last evaluation score.")
     last_checkpoint: str | None = Field(None, description="S3 URI of the last checkpoint.")
     updated_at: str | None = Field(None, description="RFC 3339 time of the last report.")

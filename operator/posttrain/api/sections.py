@@ -329,6 +329,23 @@ class RLTrainingConfig(Section):
         le=0,
         description="posttrain: reward added to a truncated response under overlong = penalty (-1).",
     )
+    old_logprobs: Literal["trainer", "sampler"] | None = Field(
+        None,
+        description="posttrain: the GSPO ratio's old policy: trainer (default; recomputed at the pre-update "
+        "weights) or sampler (vLLM's captured sampling logprobs as the behaviour policy, corrected by "
+        "truncated importance sampling, capped at tis_cap).",
+    )
+    tis_cap: float | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="posttrain: cap of the truncated importance weight under old_logprobs = sampler (2).",
+    )
+    gspo_variant: Literal["sequence", "token"] | None = Field(
+        None,
+        description="posttrain: GSPO (sequence, default) or GSPO-token (token-level ratios sg[s_i] "
+        "pi(y_t)/sg[pi(y_t)]; differs with token-level importance weights).",
+    )
     keep_checkpoints: int | None = Field(
         None, ge=0, description="posttrain: newest checkpoints kept in S3 (default 3; 0 keeps all)."
     )
