@@ -108,6 +108,14 @@ def key_of(owner: Owner) -> Key:
     return (owner.namespace, KIND_LABELS[owner.kind], owner.name)
 
 
+SUPPORTING_INDEXES = (
+    "posttrain_networkpolicies",
+    "posttrain_serviceaccounts",
+    "posttrain_roles",
+    "posttrain_rolebindings",
+)
+
+
 def observe(key: Key, indexes: dict[str, Any]) -> Observed:
     observed = Observed()
     for obs in indexes.get("posttrain_deployments", {}).get(key, []):
@@ -120,6 +128,10 @@ def observe(key: Key, indexes: dict[str, Any]) -> Observed:
         observed.others.add(f"Service/{name}")
     for name in indexes.get("posttrain_configmaps", {}).get(key, []):
         observed.others.add(f"ConfigMap/{name}")
+    # The NetworkPolicy and the trainer's identity gate nothing, but must be seen: a child that is never
+    # observed would be applied again on every pass.
+    for index in SUPPORTING_INDEXES:
+        observed.others.update(indexes.get(index, {}).get(key, []))
     observed.pods = [p for p in indexes.get("posttrain_pods", {}).get(key, []) if isinstance(p, PodObs)]
     return observed
 
