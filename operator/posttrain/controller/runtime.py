@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.controller.job_loops import JobLoops
 from posttrain.controller.kube import Kube
 from posttrain.controller.settings import OperatorSettings
 from posttrain.controller.verify import Attempt, TaskAppProber
@@ -32,7 +33,7 @@ class Runtime:
     wakers: dict[Key, asyncio.Event] = field(default_factory=dict)
     _secret_cache: dict[tuple[str, str, str], tuple[float, SecretKey]] = field(default_factory=dict)
     reconciles: int = 0
-    generations: dict[Key, Any] = field(default_factory=dict)
+    loops: JobLoops = field(default_factory=JobLoops)
     prober: TaskAppProber = field(default_factory=TaskAppProber)
     checks: TtlCache[Attempt] = field(default_factory=TtlCache)
 
@@ -48,6 +49,7 @@ class Runtime:
         self.wakers.pop(key, None)
 
     async def close(self) -> None:
+        await self.loops.stop()
         await self.prober.close()
         await self.kube.close()
 
