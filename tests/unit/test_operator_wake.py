@@ -150,3 +150,19 @@ def test_loops_start_once_wake_on_triggers_and_stop_on_deletion() -> None:
         await loops.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_job_is_stuck_after_provisioning_for_a_while_and_not_before() -> None:
+    from posttrain.controller.reconcile import stuck_for
+
+    state = LoopState()
+    assert stuck_for(state, "Provisioning", 100.0) == 0.0
+    assert stuck_for(state, "Provisioning", 116.0) == 16.0
+    assert stuck_for(state, "Running", 117.0) == 0.0 and state.provisioning_since is None
+    assert stuck_for(state, "Provisioning", 200.0) == 0.0  # a new wait starts from scratch
+
+
+def test_a_trainer_pod_counted_in_two_steps_is_finished_at_the_first() -> None:
+    job = {"metadata": {"name": "j-trainer"}, "spec": {"completions": 1},
+           "status": {"ready": 0, "uncountedTerminatedPods": {"succeeded": ["pod-uid"]}}}  # fmt: skip
+    assert TrainerObs.from_object(job).succeeded == 1

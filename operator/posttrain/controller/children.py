@@ -1,5 +1,5 @@
 """kopf glue: in-memory indexes of every child the operator made (Deployments, Jobs, Services, ConfigMaps,
-Pods, NetworkPolicies and the trainer's identity, labelled posttrain.dev/job), keyed by (namespace, parent
+NetworkPolicies and the trainer's identity, labelled posttrain.dev/job; Pods only with settings.watch_pods), keyed by (namespace, parent
 kind, parent name). kopf fills the indexes before any other handler runs after a (re)start, so a
 restarted operator sees the children it made before and never creates them twice, and a child someone
 deleted is made again (on the parent's next resync). An event wakes the parent's reconcile loop only when
@@ -144,7 +144,7 @@ async def posttrain_pods(body: Any, meta: Any, memo: Any, **kwargs: Any) -> dict
     return {key: obs}
 
 
-if load_settings().watch_pods:  # POSTTRAIN_WATCH_PODS=false where RBAC grants no pods list/watch
+if load_settings().watch_pods:  # otherwise the pods of a stuck job are listed (controller/reconcile.py)
     kopf.index("", "v1", "pods", labels=SELECTOR)(posttrain_pods)
 
 

@@ -181,6 +181,10 @@ class Kube:
     async def get(self, path: str) -> dict[str, Any] | None:
         return await self.request("GET", path, absent_ok=True)
 
+    async def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+        found = await self.request("GET", path, params={"labelSelector": label_selector})
+        return list((found or {}).get("items") or [])
+
     async def apply(self, obj: dict[str, Any], *, subresource: str = "") -> dict[str, Any] | None:
         """Server-side apply (create or update the fields we own; never a duplicate). Returns {}: the
         object the API server echoes is not read."""

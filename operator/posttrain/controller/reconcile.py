@@ -23,20 +23,21 @@ import kopf
 from posttrain.api.resources import API_VERSION
 from posttrain.controller import render
 from posttrain.controller.bounds import bound_status, event_message
-from posttrain.controller.kube import KubeError, object_path
+from posttrain.controller.kube import KubeError, collection_path, object_path
 from posttrain.controller.objects import Job, Owner, TaskAppObject, owner_of, parse_job
 from posttrain.controller.render.model import bucket
 from posttrain.controller.render.names import SERVER_ROLES, child_name
 from posttrain.controller.render.taskapp import TaskAppTarget, task_app_target
 from posttrain.controller.render.token import render_token_secret
 from posttrain.controller.runtime import Key, Runtime
-from posttrain.controller.settings import LABEL_ROLE
+from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
 from posttrain.controller.spec_errors import SpecError, render_failure_message, unprocessable_message
 from posttrain.controller.status import (
     COND_VERIFIED,
     FAILED,
     INVALID_SPEC,
     PENDING,
+    PROVISIONING,
     RUNNING,
     SUCCEEDED,
     SUSPENDED,
@@ -97,6 +98,7 @@ class LoopState:
     invalid: str | None = None  # why the spec cannot be acted on (sticky: a spec does not change)
     token_ensured: bool = False  # the RLJob's rollout token Secret was created (or found) by this loop
     spec: tuple[tuple[str, Any], Any] | None = None  # ((uid, generation), the parsed spec)
+    provisioning_since: float | None = None  # monotonic time the job was first seen Provisioning
     plan: Plan | None = None  # the children rendered for one (uid, generation, task app)
 
 
@@ -510,6 +512,27 @@ def planned(rt: Runtime, job: Job, target: TaskAppTarget | None, state: LoopStat
     return state.plan
 
 
+def stuck_for(state: LoopState, phase: str, now: float) -> float:
+    """Seconds the job has been Provisioning (0 when it is not)."""
+    if phase != PROVISIONING:
+        state.provisioning_since = None
+        return 0.0
+    if state.provisioning_since is None:
+        state.provisioning_since = now
+    return now - state.provisioning_since
+
+
+async def list_pods(rt: Runtime, owner: Owner) -> list[PodObs]:
+    """The job's pods, read once for a job that is stuck (without a pods index): why they do not run."""
+    selector = f"{LABEL_MANAGED_BY}={MANAGER},{LABEL_JOB}={owner.name},{LABEL_KIND}={KIND_LABELS[owner.kind]}"
+    try:
+        items = await rt.kube.list(collection_path("v1", "Pod", owner.namespace), selector)
+    except KubeError as err:  # e.g. RBAC without pods list: the status says less, the job goes on
+        logger.warning("cannot list the pods of %s %s: %s", owner.kind, owner.name, err)
+        return []
+    return [PodObs.from_object(p) for p in items]
+
+
 async def read_result(rt: Runtime, job: Job, observed: Observed) -> None:
     """A completed trainer's result may still be on its way through our watch: read the job once, fresh."""
     trainer = observed.trainer
@@ -527,6 +550,10 @@ def next_pass(rt: Runtime, job: Job, desired: dict[str, Any], now: datetime, sta
     wait = rt.settings.resync_seconds
     if state.deferred:
         wait = min(wait, max(0.5, rt.settings.status_message_seconds - (time.monotonic() - state.last_write)))
+    if state.provisioning_since is not None and not rt.settings.watch_pods:  # look at the pods once stuck
+        left = rt.settings.stuck_seconds - (time.monotonic() - state.provisioning_since)
+        if left > 0:
+            wait = min(wait, left + 0.1)
     deadline = job.spec.active_deadline_seconds
     if deadline:
         start = parse_time(desired.get("startTime")) or now
@@ -584,6 +611,10 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
                              bucket=bucket(job.spec, rt.settings), invalid=state.invalid)  # fmt: skip
 
     desired = derive(observed)
+    stuck = stuck_for(state, desired["phase"], time.monotonic())
+    if plan is not None and not rt.settings.watch_pods and stuck >= rt.settings.stuck_seconds:
+        observed.pods = await list_pods(rt, owner)
+        desired = derive(observed)
     if plan is not None and desired["phase"] not in TERMINAL:
         try:
             await ensure_token_secret(rt, job, plan.rendered, observed, state)

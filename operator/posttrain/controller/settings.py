@@ -80,7 +80,11 @@ class OperatorSettings(BaseSettings):
     # A replacement trainer pod resumes from the latest one.
     checkpoint_every_rl: int = 10
     checkpoint_every_sft: int = 200
-    watch_pods: bool = True  # pods index (list/watch pods): status messages say why pods are not running
+    # Status messages say why pods are not running (unschedulable, image pull, crash, OOMKilled): the pods of
+    # a job still Provisioning after stuck_seconds are listed on each of its passes. watch_pods keeps an
+    # index of every job's pods instead (a watch event per pod change, for every job, stuck or not).
+    stuck_seconds: float = 15.0
+    watch_pods: bool = False
     count_kopf_requests: bool = False  # benchmark: count kopf's own API requests too (liveness probe)
     extra_env: dict[str, str] = Field(default_factory=dict)  # plain env for every container (no secrets)
 

@@ -140,7 +140,9 @@ class TrainerObs:
             completions=int(spec.get("completions") or 1),
             active=int(status.get("active") or 0),
             ready=int(status.get("ready") or 0),
-            succeeded=int(status.get("succeeded") or 0),
+            # the Job controller counts a finished pod in two steps: first in uncountedTerminatedPods
+            succeeded=int(status.get("succeeded") or 0)
+            + len((status.get("uncountedTerminatedPods") or {}).get("succeeded") or []),
             failed=int(status.get("failed") or 0),
             suspended=bool(spec.get("suspend")),
             conditions=conds,
