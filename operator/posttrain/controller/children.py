@@ -1,6 +1,6 @@
 """kopf glue: in-memory indexes of every child the operator made (Deployments, Jobs, Services, ConfigMaps,
-NetworkPolicies and the trainer's identity, labelled posttrain.dev/job; Pods only with settings.watch_pods), keyed by (namespace, parent
-kind, parent name). kopf fills the indexes before any other handler runs after a (re)start, so a
+NetworkPolicies and the trainer's identity, labelled posttrain.dev/job; Pods only with
+settings.watch_pods), keyed by (namespace, parent kind, parent name). kopf fills the indexes before any other handler runs after a (re)start, so a
 restarted operator sees the children it made before and never creates them twice, and a child someone
 deleted is made again (on the parent's next resync). An event wakes the parent's reconcile loop only when
 the parent's decision may change (controller/wake.py): readiness or a problem, never a Service's or a
