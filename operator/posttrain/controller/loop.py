@@ -66,7 +66,7 @@ async def run_loop(
             await _sleep(wake, wait)
             await asyncio.sleep(rt.settings.debounce_seconds)
     finally:
-        rt.drop(key)
+        rt.drop(key, wake)
 
 
 def on_event(

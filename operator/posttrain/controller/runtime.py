@@ -38,15 +38,20 @@ class Runtime:
     checks: TtlCache[Attempt] = field(default_factory=TtlCache)
 
     def waker(self, key: Key) -> asyncio.Event:
-        return self.wakers.setdefault(key, asyncio.Event())
+        """A new loop's wake-up event (replacing a cancelled loop's, of an object of the same name)."""
+        self.wakers[key] = asyncio.Event()
+        return self.wakers[key]
 
     def wake(self, key: Key) -> None:
         event = self.wakers.get(key)
         if event is not None:
             event.set()
 
-    def drop(self, key: Key) -> None:
-        self.wakers.pop(key, None)
+    def drop(self, key: Key, event: asyncio.Event) -> None:
+        """Forget a loop's wake-up event, unless a new loop (an object made again under the same name) has
+        it already."""
+        if self.wakers.get(key) is event:
+            del self.wakers[key]
 
     async def close(self) -> None:
         await self.loops.stop()
