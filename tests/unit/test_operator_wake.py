@@ -156,10 +156,14 @@ def test_a_job_is_stuck_after_provisioning_for_a_while_and_not_before() -> None:
     from posttrain.controller.reconcile import stuck_for
 
     state = LoopState()
-    assert stuck_for(state, "Provisioning", 100.0) == 0.0
-    assert stuck_for(state, "Provisioning", 116.0) == 16.0
-    assert stuck_for(state, "Running", 117.0) == 0.0 and state.provisioning_since is None
-    assert stuck_for(state, "Provisioning", 200.0) == 0.0  # a new wait starts from scratch
+    assert stuck_for(state, "Provisioning", 100.0, {}) == 0.0
+    assert stuck_for(state, "Provisioning", 116.0, {}) == 16.0
+    assert stuck_for(state, "Running", 117.0, {}) == 0.0 and state.provisioning_since is None
+    assert stuck_for(state, "Provisioning", 200.0, {}) == 0.0  # a new wait starts from scratch
+    # a restarted operator: the status says since when the job has been Provisioning
+    since = {"phase": "Provisioning", "conditions": [
+        {"type": "Ready", "status": "False", "lastTransitionTime": "1970-01-01T00:01:40Z"}]}  # fmt: skip
+    assert stuck_for(LoopState(), "Provisioning", 130.0, since) == 30.0
 
 
 def test_a_trainer_pod_counted_in_two_steps_is_finished_at_the_first() -> None:

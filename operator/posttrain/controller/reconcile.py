@@ -33,6 +33,7 @@ from posttrain.controller.runtime import Key, Runtime
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
 from posttrain.controller.spec_errors import SpecError, render_failure_message, unprocessable_message
 from posttrain.controller.status import (
+    COND_READY,
     COND_VERIFIED,
     FAILED,
     INVALID_SPEC,
@@ -512,13 +513,18 @@ def planned(rt: Runtime, job: Job, target: TaskAppTarget | None, state: LoopStat
     return state.plan
 
 
-def stuck_for(state: LoopState, phase: str, now: float) -> float:
-    """Seconds the job has been Provisioning (0 when it is not)."""
+def stuck_for(state: LoopState, phase: str, now: float, status: dict[str, Any]) -> float:
+    """Seconds (wall clock) the job has been Provisioning, 0 when it is not. A job that was Provisioning
+    before this loop started (a restarted operator) counts from its Ready condition's last transition."""
     if phase != PROVISIONING:
         state.provisioning_since = None
         return 0.0
     if state.provisioning_since is None:
         state.provisioning_since = now
+        ready = get_condition(status, COND_READY) or {}
+        since = parse_time(ready.get("lastTransitionTime")) if status.get("phase") == PROVISIONING else None
+        if since is not None and ready.get("status") == "False":
+            state.provisioning_since = min(now, since.timestamp())
     return now - state.provisioning_since
 
 
@@ -551,7 +557,7 @@ def next_pass(rt: Runtime, job: Job, desired: dict[str, Any], now: datetime, sta
     if state.deferred:
         wait = min(wait, max(0.5, rt.settings.status_message_seconds - (time.monotonic() - state.last_write)))
     if state.provisioning_since is not None and not rt.settings.watch_pods:  # look at the pods once stuck
-        left = rt.settings.stuck_seconds - (time.monotonic() - state.provisioning_since)
+        left = rt.settings.stuck_seconds - (time.time() - state.provisioning_since)
         if left > 0:
             wait = min(wait, left + 0.1)
     deadline = job.spec.active_deadline_seconds
@@ -611,7 +617,7 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
                              bucket=bucket(job.spec, rt.settings), invalid=state.invalid)  # fmt: skip
 
     desired = derive(observed)
-    stuck = stuck_for(state, desired["phase"], time.monotonic())
+    stuck = stuck_for(state, desired["phase"], time.time(), job.status)
     if plan is not None and not rt.settings.watch_pods and stuck >= rt.settings.stuck_seconds:
         observed.pods = await list_pods(rt, owner)
         desired = derive(observed)
