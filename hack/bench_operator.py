@@ -72,6 +72,7 @@ def cpu_model() -> str:
                 name = line.split(":", 1)[1].strip()
                 flags = Path("/proc/cpuinfo").read_text()
                 isa = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
+                isa += ", native bf16" if "avx512_bf16" in flags or "amx_bf16" in flags else ""
                 return f"{name}, {os.cpu_count()} cores, {isa}"
     except OSError:
         pass
