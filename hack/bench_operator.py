@@ -28,6 +28,7 @@ import concurrent.futures
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -374,7 +375,7 @@ def run_bench(cluster: Any, args: argparse.Namespace, workdir: Path) -> dict[str
             out["paced"] = apply_jobs(co, paced_ns, url, args.jobs, args.rate, args.timeout)
             out["paced"].update(phase.end())
             if profiler is not None:
-                profiler.terminate()
+                profiler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT (not on SIGTERM)
                 profiler.wait(60)
             time.sleep(5.0)  # the last Running jobs' status writes settle
             idle = Phase(operator)
