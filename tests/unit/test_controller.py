@@ -15,7 +15,7 @@ from fixtures.jobs import job_object, rl_spec
 from posttrain.api.resources import Verification
 from posttrain.controller import render
 from posttrain.controller.objects import parse_job
-from posttrain.controller.reconcile import LoopState, ensure_children, expected_of
+from posttrain.controller.reconcile import LoopState, ensure_children, expected_of, observe
 from posttrain.controller.settings import OperatorSettings
 from posttrain.controller.status import DeploymentObs, Observed, TrainerObs
 from posttrain.controller.verify import (
@@ -235,3 +235,22 @@ def test_namespace_terminating_is_told_apart_from_rbac_denials():
     assert not namespace_terminating(rbac)
     assert not namespace_terminating(KubeError(409, "because it is being terminated"))
     assert not namespace_terminating(ValueError("x"))
+
+
+def test_observe_sees_the_supporting_children_so_they_are_not_applied_again() -> None:
+    rendered = _rendered()
+    key = ("ns", "rljob", "j")
+    indexes = {
+        "posttrain_deployments": {key: [DeploymentObs("j-rollout", "rollout", 1, 1)]},
+        "posttrain_jobs": {key: [TrainerObs(name="j-trainer", active=1)]},
+        "posttrain_services": {key: ["j-rollout", "j-trainer"]},
+        "posttrain_configmaps": {key: ["j-config"]},
+        "posttrain_networkpolicies": {key: ["NetworkPolicy/j-network"]},
+        "posttrain_serviceaccounts": {key: ["ServiceAccount/j-trainer"]},
+        "posttrain_roles": {key: ["Role/j-trainer"]},
+        "posttrain_rolebindings": {key: ["RoleBinding/j-trainer"]},
+    }
+    observed = observe(key, indexes)
+    rt = FakeRuntime()
+    assert asyncio.run(ensure_children(rt, rendered.children, observed, LoopState())) == 0  # type: ignore[arg-type]
+    assert rt.kube.applied == []

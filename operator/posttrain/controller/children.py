@@ -1,8 +1,10 @@
 """kopf glue: in-memory indexes of every child the operator made (Deployments, Jobs, Services, ConfigMaps,
-Pods, NetworkPolicies and the trainer's identity, labelled posttrain.dev/job), keyed by (namespace, parent
-kind, parent name). kopf fills the indexes before any other handler runs after a (re)start, so a
+NetworkPolicies and the trainer's identity, labelled posttrain.dev/job; Pods only with
+settings.watch_pods), keyed by (namespace, parent kind, parent name). kopf fills the indexes before any other handler runs after a (re)start, so a
 restarted operator sees the children it made before and never creates them twice, and a child someone
-deleted is made again. Each event also wakes the parent's reconcile loop.
+deleted is made again (on the parent's next resync). An event wakes the parent's reconcile loop only when
+the parent's decision may change (controller/wake.py): readiness or a problem, never a Service's or a
+ConfigMap's own events.
 
 The API server does the filtering: every watch below carries the label selector of child_selector()
 (kopf's settings.watching.label_selectors, set in controller/main.py), so objects the operator did not
@@ -18,6 +20,7 @@ import kopf
 from posttrain.controller.runtime import Key, runtime_of
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, MANAGER, load_settings
 from posttrain.controller.status import DeploymentObs, PodObs, TrainerObs
+from posttrain.controller.wake import child_wakes, pod_wakes
 
 SELECTOR = {LABEL_JOB: kopf.PRESENT, LABEL_MANAGED_BY: MANAGER}
 # (group/version, plural) of every child kind the operator watches.
@@ -56,22 +59,35 @@ def _wake(memo: Any, key: Key) -> None:
     asyncio.get_running_loop().call_soon(runtime.wake, key)
 
 
+def _changed(index: Any, key: Key, obs: Any, wakes: Any) -> bool:
+    """True when a child's new observation differs from the one its index holds in a way its job's loop
+    must act on (controller/wake.py)."""
+    previous = None
+    if index is not None and key in index:
+        previous = next((o for o in index[key] if getattr(o, "name", None) == obs.name), None)
+    return bool(wakes(previous, obs))
+
+
 @kopf.index("apps", "v1", "deployments", labels=SELECTOR)
-async def posttrain_deployments(body: Any, meta: Any, memo: Any, **_: Any) -> dict[Key, DeploymentObs] | None:
+async def posttrain_deployments(body: Any, meta: Any, memo: Any, **kwargs: Any) -> dict[Key, DeploymentObs] | None:
     key = parent_key(meta)
     if key is None:
         return None
-    _wake(memo, key)
-    return {key: DeploymentObs.from_object(body)}
+    obs = DeploymentObs.from_object(body)
+    if _changed(kwargs.get("posttrain_deployments"), key, obs, child_wakes):
+        _wake(memo, key)
+    return {key: obs}
 
 
 @kopf.index("batch", "v1", "jobs", labels=SELECTOR)
-async def posttrain_jobs(body: Any, meta: Any, memo: Any, **_: Any) -> dict[Key, TrainerObs] | None:
+async def posttrain_jobs(body: Any, meta: Any, memo: Any, **kwargs: Any) -> dict[Key, TrainerObs] | None:
     key = parent_key(meta)
     if key is None:
         return None
-    _wake(memo, key)
-    return {key: TrainerObs.from_object(body)}
+    obs = TrainerObs.from_object(body)
+    if _changed(kwargs.get("posttrain_jobs"), key, obs, child_wakes):
+        _wake(memo, key)
+    return {key: obs}
 
 
 @kopf.index("", "v1", "services", labels=SELECTOR)
@@ -79,7 +95,6 @@ async def posttrain_services(meta: Any, memo: Any, **_: Any) -> dict[Key, str] |
     key = parent_key(meta)
     if key is None:
         return None
-    _wake(memo, key)
     return {key: meta["name"]}
 
 
@@ -88,7 +103,6 @@ async def posttrain_configmaps(meta: Any, memo: Any, **_: Any) -> dict[Key, str]
     key = parent_key(meta)
     if key is None:
         return None
-    _wake(memo, key)
     return {key: meta["name"]}
 
 
@@ -96,7 +110,6 @@ async def _supporting(kind: str, meta: Any, memo: Any) -> dict[Key, str] | None:
     key = parent_key(meta)
     if key is None:
         return None
-    _wake(memo, key)
     return {key: f"{kind}/{meta['name']}"}
 
 
@@ -120,18 +133,18 @@ async def posttrain_rolebindings(meta: Any, memo: Any, **_: Any) -> dict[Key, st
     return await _supporting("RoleBinding", meta, memo)
 
 
-async def posttrain_pods(body: Any, meta: Any, memo: Any, **_: Any) -> dict[Key, PodObs] | None:
+async def posttrain_pods(body: Any, meta: Any, memo: Any, **kwargs: Any) -> dict[Key, PodObs] | None:
     """Pods of our Deployments and Jobs (the templates carry the same labels): why they are not running."""
     key = parent_key(meta)
     if key is None:
         return None
     obs = PodObs.from_object(body)
-    if obs.problem or obs.phase != "Running":
+    if _changed(kwargs.get("posttrain_pods"), key, obs, pod_wakes):
         _wake(memo, key)
     return {key: obs}
 
 
-if load_settings().watch_pods:  # POSTTRAIN_WATCH_PODS=false where RBAC grants no pods list/watch
+if load_settings().watch_pods:  # otherwise the pods of a stuck job are listed (controller/reconcile.py)
     kopf.index("", "v1", "pods", labels=SELECTOR)(posttrain_pods)
 
 

@@ -1,5 +1,5 @@
-"""kopf glue for SFTJob: one reconcile loop (a kopf daemon) per job, woken by the job's and its children's
-watch events. The loop lives in controller/loop.py, the logic in controller/reconcile.py."""
+"""kopf glue for SFTJob: its watch events start and wake one reconcile loop per job (an asyncio task, no
+finalizer). The loop lives in controller/loop.py, the logic in controller/reconcile.py."""
 
 from __future__ import annotations
 
@@ -8,16 +8,10 @@ from typing import Any
 import kopf
 
 from posttrain.api.resources import GROUP, VERSION
-from posttrain.controller.loop import run_loop
+from posttrain.controller.loop import on_event
 from posttrain.controller.reconcile import reconcile_job
-from posttrain.controller.runtime import runtime_of
-
-
-@kopf.daemon(GROUP, VERSION, "sftjobs", cancellation_timeout=2.0)
-async def sftjob_loop(body: Any, memo: Any, stopped: Any, logger: Any, **kwargs: Any) -> None:
-    await run_loop(reconcile_job, body=body, memo=memo, stopped=stopped, logger=logger, indexes=kwargs)
 
 
 @kopf.on.event(GROUP, VERSION, "sftjobs")
-async def sftjob_changed(meta: Any, memo: Any, **_: Any) -> None:
-    runtime_of(memo).wake((meta["namespace"], "sftjob", meta["name"]))
+async def sftjob_event(type: Any, body: Any, memo: Any, logger: Any, **kwargs: Any) -> None:
+    on_event(reconcile_job, type, body, memo, logger, kwargs)

@@ -1,5 +1,7 @@
-"""kopf glue for TaskApp: one loop per task app that deploys it (spec.image), verifies it, and re-verifies
-it every spec.verification.periodSeconds; an outage flips condition Verified to False."""
+"""kopf glue for TaskApp: its watch events start one loop per task app (an asyncio task, no finalizer)
+that deploys it (spec.image), verifies it, and re-verifies it every spec.verification.periodSeconds; an
+outage flips condition Verified to False. Only a new generation (a spec change) re-verifies at once: our
+own status patches do not wake the loop (controller/wake.py)."""
 
 from __future__ import annotations
 
@@ -8,21 +10,10 @@ from typing import Any
 import kopf
 
 from posttrain.api.resources import GROUP, VERSION
-from posttrain.controller.loop import run_loop
+from posttrain.controller.loop import on_event
 from posttrain.controller.reconcile_taskapp import reconcile_task_app
-from posttrain.controller.runtime import runtime_of
-
-
-@kopf.daemon(GROUP, VERSION, "taskapps", cancellation_timeout=2.0)
-async def taskapp_loop(body: Any, memo: Any, stopped: Any, logger: Any, **kwargs: Any) -> None:
-    await run_loop(reconcile_task_app, body=body, memo=memo, stopped=stopped, logger=logger, indexes=kwargs)
 
 
 @kopf.on.event(GROUP, VERSION, "taskapps")
-async def taskapp_changed(meta: Any, memo: Any, **_: Any) -> None:
-    # Our own status patches arrive here too; only a new generation (a spec change) re-verifies at once.
-    rt = runtime_of(memo)
-    key = (meta["namespace"], "taskapp", meta["name"])
-    if rt.generations.get(key) != meta.get("generation"):
-        rt.generations[key] = meta.get("generation")
-        rt.wake(key)
+async def taskapp_event(type: Any, body: Any, memo: Any, logger: Any, **kwargs: Any) -> None:
+    on_event(reconcile_task_app, type, body, memo, logger, kwargs)

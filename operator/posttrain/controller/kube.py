@@ -78,7 +78,7 @@ class Kube:
         cert: tuple[str, str] | None = None,
         token: str | None = None,
         token_file: str | None = None,
-        max_connections: int = 50,
+        max_connections: int = 8,
     ):
         self.host = host.rstrip("/")
         self._token = token
@@ -87,7 +87,8 @@ class Kube:
         self.requests: collections.Counter[str] = collections.Counter()
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._client = httpx.AsyncClient(
-            base_url=self.host, verify=verify, cert=cert, timeout=30.0, limits=limits
+            # a few connections are enough for what the API server can take; a request waits for a free one
+            base_url=self.host, verify=verify, cert=cert, timeout=httpx.Timeout(30.0, pool=None), limits=limits
         )
 
     @staticmethod
@@ -139,6 +140,7 @@ class Kube:
         params: dict[str, str] | None = None,
         absent_ok: bool = False,
         retries: int = 6,
+        parse: bool = True,
     ) -> dict[str, Any] | None:
         delay = 0.2
         for attempt in range(retries + 1):
@@ -163,7 +165,8 @@ class Kube:
             if response.status_code == 404 and absent_ok:
                 return None
             if response.status_code < 400:
-                return response.json() if response.content else {}
+                # a write's echo of the object is only parsed when the caller reads it
+                return response.json() if parse and response.content else {}
             if response.status_code in RETRY_STATUSES and attempt < retries:
                 retry_after = response.headers.get("Retry-After")
                 await asyncio.sleep(float(retry_after) if retry_after and retry_after.isdigit() else delay)
@@ -178,8 +181,13 @@ class Kube:
     async def get(self, path: str) -> dict[str, Any] | None:
         return await self.request("GET", path, absent_ok=True)
 
+    async def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+        found = await self.request("GET", path, params={"labelSelector": label_selector})
+        return list((found or {}).get("items") or [])
+
     async def apply(self, obj: dict[str, Any], *, subresource: str = "") -> dict[str, Any] | None:
-        """Server-side apply (create or update the fields we own; never a duplicate)."""
+        """Server-side apply (create or update the fields we own; never a duplicate). Returns {}: the
+        object the API server echoes is not read."""
         path = path_of(obj) + (f"/{subresource}" if subresource else "")
         return await self.request(
             "PATCH",
@@ -187,6 +195,7 @@ class Kube:
             body=obj,
             content_type="application/apply-patch+yaml",
             params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            parse=False,
         )
 
     async def create(self, obj: dict[str, Any]) -> bool:
@@ -194,7 +203,7 @@ class Kube:
         meta = obj["metadata"]
         path = collection_path(obj["apiVersion"], obj["kind"], meta.get("namespace"))
         try:
-            await self.request("POST", path, body=obj, retries=0)
+            await self.request("POST", path, body=obj, retries=0, parse=False)
         except KubeError as err:
             if err.status == 409:
                 return False
@@ -212,6 +221,7 @@ class Kube:
             path,
             body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
             absent_ok=True,
+            parse=False,
         )
 
     async def read_secret_key(self, namespace: str, name: str, key: str) -> tuple[str | None, str | None]:

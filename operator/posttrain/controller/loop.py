@@ -1,5 +1,5 @@
-"""The per-object reconcile loop that the kopf daemons of each kind run: reconcile, then sleep until a
-watch event wakes us (the object or one of its children changed) or the resync interval passes."""
+"""The per-object reconcile loop (one asyncio task per object, controller/job_loops.py): reconcile, then
+sleep until a watch event that changes a decision wakes us (controller/wake.py) or the next pass is due."""
 
 from __future__ import annotations
 
@@ -15,18 +15,10 @@ from posttrain.controller.runtime import Key, Runtime, runtime_of
 Reconcile = Callable[[Runtime, Any, dict[str, Any], LoopState], Awaitable[float | None]]
 
 
-async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
-    """Until woken, stopped (the object is going, or the operator), or the timeout."""
-    waiters = [asyncio.ensure_future(wake.wait())]
-    if hasattr(stopped, "wait"):
-        waiters.append(asyncio.ensure_future(stopped.wait()))
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.gather(*waiters, return_exceptions=True)
+async def _sleep(wake: asyncio.Event, timeout: float) -> None:
+    """Until woken or the timeout (a deleted object's task is cancelled)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(wake.wait(), timeout)
 
 
 def namespace_terminating(exc: BaseException) -> bool:
@@ -40,20 +32,18 @@ def namespace_terminating(exc: BaseException) -> bool:
 async def run_loop(
     reconcile: Reconcile,
     *,
-    body: Any,
-    memo: Any,
-    stopped: Any,
+    rt: Runtime,
+    key: Key,
+    uid: str,
     logger: logging.Logger | logging.LoggerAdapter,
     indexes: dict[str, Any],
 ) -> None:
-    rt = runtime_of(memo)
-    meta = body["metadata"]
-    key: Key = (meta["namespace"], KIND_LABELS[body["kind"]], meta["name"])
+    """Passes over the object's latest body (rt.loops) until it is finished or gone."""
     wake = rt.waker(key)
     state = LoopState()
     failures = 0
     try:
-        while not stopped:
+        while (body := rt.loops.body(key, uid)) is not None:
             wake.clear()
             try:
                 wait = await reconcile(rt, body, indexes, state)
@@ -73,7 +63,24 @@ async def run_loop(
             if wait is None:
                 logger.info("finished; the loop stops (a restart re-checks the cleanup once)")
                 return
-            await _sleep(wake, stopped, wait)
+            await _sleep(wake, wait)
             await asyncio.sleep(rt.settings.debounce_seconds)
     finally:
-        rt.drop(key)
+        rt.drop(key, wake)
+
+
+def on_event(
+    reconcile: Reconcile, event_type: str | None, body: Any, memo: Any, logger: Any, indexes: dict[str, Any]
+) -> None:
+    """A watch event of an RLJob, SFTJob or TaskApp: start its loop, or wake it when the event changes a
+    decision."""
+    rt = runtime_of(memo)
+    raw = dict(body)
+    meta = raw["metadata"]
+    key: Key = (meta["namespace"], KIND_LABELS[raw["kind"]], meta["name"])
+
+    def start() -> Any:
+        return run_loop(reconcile, rt=rt, key=key, uid=meta.get("uid") or "", logger=logger, indexes=indexes)
+
+    if rt.loops.seen(key, event_type, raw, start):
+        rt.wake(key)

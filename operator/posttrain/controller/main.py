@@ -1,5 +1,5 @@
-"""The operator process: kopf settings (state in posttrain.dev annotations, our finalizer, Events on),
-the shared Runtime, and the entry point used by `posttrain operator` and the operator Deployment."""
+"""The operator process: kopf settings (watch events and indexes only: no finalizer, no annotations, Events
+on), the shared Runtime, and the entry point used by `posttrain operator` and the operator Deployment."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from posttrain.controller import (  # noqa: F401 - importing registers the handl
     handlers_rljob,
     handlers_sftjob,
     handlers_taskapp,
+    taskapp_index,
 )
 from posttrain.controller.children import WATCHED_CHILDREN, child_selector
 from posttrain.controller.kube import Kube
@@ -26,14 +27,28 @@ logger = logging.getLogger("posttrain.operator")
 _CONFIG: dict[str, Any] = {}  # set by run() before kopf starts: settings, kubeconfig
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf computes every event's diff against a last-handled state for change-detecting handlers
+    (on.create/update/delete); the operator has none (watch events and indexes only), so that diff, a
+    copy of every object on every event, would be thrown away."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return {}
+
+    def fetch(self, *, body: Any) -> Any:
+        return None
+
+    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
+        return None
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
-    # kopf's own bookkeeping goes into annotations with our prefix (never spec, never status fields).
+    # kopf stores nothing on the objects: no handler needs a finalizer or a last-handled state. Naming our
+    # finalizer lets kopf remove it from objects an older operator (with daemons) had marked.
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.INFO  # our kopf.event() calls: one Event per phase transition
     settings.posting.loggers = False  # handler log lines are not Events (API load)
     settings.watching.server_timeout = 270

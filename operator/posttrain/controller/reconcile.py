@@ -23,21 +23,25 @@ import kopf
 from posttrain.api.resources import API_VERSION
 from posttrain.controller import render
 from posttrain.controller.bounds import bound_status, event_message
-from posttrain.controller.kube import KubeError, object_path
-from posttrain.controller.objects import Job, Owner, TaskAppObject, owner_of, parse_job, parse_task_app
+from posttrain.controller.kube import KubeError, collection_path, object_path
+from posttrain.controller.objects import Job, Owner, TaskAppObject, owner_of, parse_job
 from posttrain.controller.render.model import bucket
 from posttrain.controller.render.names import SERVER_ROLES, child_name
 from posttrain.controller.render.taskapp import TaskAppTarget, task_app_target
 from posttrain.controller.render.token import render_token_secret
 from posttrain.controller.runtime import Key, Runtime
-from posttrain.controller.settings import LABEL_ROLE
+from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
 from posttrain.controller.spec_errors import SpecError, render_failure_message, unprocessable_message
 from posttrain.controller.status import (
+    COND_READY,
     COND_VERIFIED,
     FAILED,
     INVALID_SPEC,
     PENDING,
+    PROVISIONING,
+    RUNNING,
     SUCCEEDED,
+    SUSPENDED,
     TERMINAL,
     VERIFYING,
     DeploymentObs,
@@ -51,7 +55,9 @@ from posttrain.controller.status import (
     iso,
     parse_time,
     status_patch,
+    status_write_needed,
 )
+from posttrain.controller.taskapp_index import TASKAPP_INDEX, TaskAppView, view_verified
 from posttrain.controller.verify import (
     INVALID_SPEC as TASKAPP_INVALID,
 )
@@ -65,6 +71,8 @@ from posttrain.controller.verify import (
 
 logger = logging.getLogger(__name__)
 KIND_LABELS = {"RLJob": "rljob", "SFTJob": "sftjob", "TaskApp": "taskapp"}
+# Events are for people: a job started, paused or ended. Pending/Verifying/Provisioning are in its status.
+EVENT_PHASES = {RUNNING, SUSPENDED, SUCCEEDED, FAILED}
 APPLY_GRACE = 15.0  # seconds to wait for our own apply to show up in the watch before re-applying
 
 
@@ -77,7 +85,9 @@ class LoopState:
     """Per-object memory of one reconcile loop (lost on restart, which is fine: it only saves API calls)."""
 
     applied: dict[tuple[str, str], tuple[dict[str, Any], float]] = field(default_factory=dict)
-    last_patch: tuple[dict[str, Any], float] | None = None
+    written: dict[str, Any] = field(default_factory=dict)  # status fields this loop wrote (newer than a lagging watch)
+    last_write: float = 0.0  # monotonic time of the last status write
+    deferred: bool = False  # a message-only status change waits for the next pass
     last_phase: str | None = None
     verification: Verification | None = None
     verify_started: float | None = None
@@ -88,6 +98,19 @@ class LoopState:
     pruned: set[str] = field(default_factory=set)
     invalid: str | None = None  # why the spec cannot be acted on (sticky: a spec does not change)
     token_ensured: bool = False  # the RLJob's rollout token Secret was created (or found) by this loop
+    spec: tuple[tuple[str, Any], Any] | None = None  # ((uid, generation), the parsed spec)
+    provisioning_since: float | None = None  # monotonic time the job was first seen Provisioning
+    plan: Plan | None = None  # the children rendered for one (uid, generation, task app)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A job's children and what its status expects of them, rendered once per (uid, generation, task
+    app): a pass that finds nothing changed does not render again."""
+
+    key: tuple[str, Any, Any]
+    rendered: render.Rendered
+    expected: Expected
 
 
 class ChildRefused(Exception):
@@ -99,13 +122,24 @@ class ChildRefused(Exception):
 
 
 def snapshot(body: Any) -> dict[str, Any]:
-    obj = copy.deepcopy(dict(body))
+    """The object as one pass reads it: the watch's body is replaced, never changed, by the next event,
+    so only the parts a pass changes (its status) are copied."""
+    obj = dict(body)
+    obj["status"] = copy.deepcopy(obj.get("status") or {})
     obj.setdefault("apiVersion", API_VERSION)
     return obj
 
 
 def key_of(owner: Owner) -> Key:
     return (owner.namespace, KIND_LABELS[owner.kind], owner.name)
+
+
+SUPPORTING_INDEXES = (
+    "posttrain_networkpolicies",
+    "posttrain_serviceaccounts",
+    "posttrain_roles",
+    "posttrain_rolebindings",
+)
 
 
 def observe(key: Key, indexes: dict[str, Any]) -> Observed:
@@ -120,6 +154,10 @@ def observe(key: Key, indexes: dict[str, Any]) -> Observed:
         observed.others.add(f"Service/{name}")
     for name in indexes.get("posttrain_configmaps", {}).get(key, []):
         observed.others.add(f"ConfigMap/{name}")
+    # The NetworkPolicy and the trainer's identity gate nothing, but must be seen: a child that is never
+    # observed would be applied again on every pass.
+    for index in SUPPORTING_INDEXES:
+        observed.others.update(indexes.get(index, {}).get(key, []))
     observed.pods = [p for p in indexes.get("posttrain_pods", {}).get(key, []) if isinstance(p, PodObs)]
     return observed
 
@@ -163,6 +201,23 @@ def _observed_state(child: dict[str, Any], observed: Observed) -> dict[str, Any]
             return None
         return {"suspend": tr.suspended} if "suspend" in child["spec"] else {}
     return {} if f"{kind}/{name}" in observed.others else None
+
+
+def with_applied(observed: Observed, children: list[dict[str, Any]]) -> Observed:
+    """What the watches will show once they catch up: the children this pass applied exist (none of their
+    pods is ready yet). Counting them at once saves a status write that would say they are missing."""
+    out = Observed(dict(observed.deployments), observed.trainer, set(observed.others), list(observed.pods))
+    for child in children:
+        name, kind = child["metadata"]["name"], child["kind"]
+        if kind == "Deployment" and name not in out.deployments:
+            role = child["metadata"]["labels"].get(LABEL_ROLE, "")
+            out.deployments[name] = DeploymentObs(name, role, replicas=child["spec"]["replicas"])
+        elif kind == "Job" and (out.trainer is None or out.trainer.name != name):
+            spec = child["spec"]
+            out.trainer = TrainerObs(name, completions=spec.get("completions") or 1, suspended=bool(spec.get("suspend")))
+        elif kind not in ("Deployment", "Job"):
+            out.others.add(f"{kind}/{name}")
+    return out
 
 
 async def ensure_children(
@@ -213,12 +268,14 @@ async def patch_status(
     (the status this pass started from) is updated to what was written. A 422 (a value the status schema
     cannot hold) ends the job Failed/InvalidSpec naming the refused field."""
     desired = bound_status(owner.kind, desired)
+    current.update(state.written)  # what this loop wrote is newer than what the watch may show yet
     patch = {k: v for k, v in status_patch(current, desired).items() if k not in state.pruned}
-    if not patch:
-        return False
     now = time.monotonic()
-    if state.last_patch and state.last_patch[0] == patch and now - state.last_patch[1] < 10.0:
+    interval = rt.settings.status_message_seconds
+    if not status_write_needed(current, patch, since_last_write=now - state.last_write, interval=interval):
+        state.deferred = bool(patch)
         return False
+    state.deferred = False
     path = object_path(owner.api_version, owner.kind, owner.namespace, owner.name) + "/status"
     try:
         response = await rt.kube.merge_patch(path, {"status": patch})
@@ -228,7 +285,8 @@ async def patch_status(
         logger.warning("status of %s refused with 422: %s", owner.name, err)
         message = unprocessable_message("the status derived from the spec", err.details, str(err)[:200])
         return await patch_status(rt, owner, current, invalid_spec_status(owner, current, message), state)
-    state.last_patch = (patch, now)
+    state.last_write = now
+    state.written.update(patch)
     if response is not None:
         # A field the CRD's status schema does not declare is pruned by the API server: never chase it.
         written = response.get("status") or {}
@@ -240,7 +298,7 @@ async def patch_status(
     # Keep the snapshot in line so a second derivation in the same pass starts from what we wrote.
     current.update(patch)
     new = desired.get("phase")
-    if new and new != old:
+    if new and new != old and new in EVENT_PHASES:
         etype = "Warning" if new == FAILED else "Normal"
         kopf.event(owner.reference(), type=etype, reason=new, message=event_message(desired.get("message")))
     if new:
@@ -309,39 +367,54 @@ class Resolved:
     policy: VerifyPolicy
     display: str
     problem: Attempt | None = None
+    trusted: bool = False  # a TaskApp the operator has verified itself: its jobs need no check of their own
 
 
-async def resolve_task_app(rt: Runtime, job: Job) -> Resolved:
+def indexed_task_app(indexes: dict[str, Any], namespace: str, name: str) -> TaskAppView | None:
+    """A TaskApp as the operator's index holds it (controller/handlers_taskapp.py); None when absent."""
+    index = indexes.get(TASKAPP_INDEX)
+    if index is None or (namespace, name) not in index:
+        return None
+    return next(iter(index[namespace, name]), None)
+
+
+async def resolve_task_app(rt: Runtime, job: Job, indexes: dict[str, Any]) -> Resolved:
     ref = job.rl.task_app
     policy = VerifyPolicy.from_settings(rt.settings)
     app: TaskAppObject | None = None
     if ref.name:
         display = f"TaskApp {ref.name}"
-        found = await rt.kube.get(object_path(API_VERSION, "TaskApp", job.owner.namespace, ref.name))
-        if found is None:
+        view = indexed_task_app(indexes, job.owner.namespace, ref.name)
+        if view is None:
             return Resolved(None, policy, display, Attempt(False, TASKAPP_MISSING, f"{display} not found"))
-        try:
-            app = parse_task_app(found)
-        except SpecError as err:
-            return Resolved(None, policy, display, Attempt(False, TASKAPP_INVALID, f"{display}: {err}"))
+        if view.app is None:
+            return Resolved(None, policy, display, Attempt(False, TASKAPP_INVALID, f"{display}: {view.error}"))
+        app = view.app
         policy = VerifyPolicy.from_settings(rt.settings, app.spec.verification)
     target = task_app_target(job.rl, app)
     if target is None:
         display = f"TaskApp {ref.name}" if ref.name else "task app"
-        return Resolved(None, policy, display, Attempt(False, TASKAPP_MISSING, "no task app URL (spec.taskApp)"))
-    return Resolved(target, policy, target.display)
+        return Resolved(
+            None, policy, display, Attempt(False, TASKAPP_MISSING, "no task app URL (spec.taskApp)")
+        )
+    return Resolved(target, policy, target.display, trusted=app is not None and view_verified(app))
 
 
-async def _attempt(rt: Runtime, job: Job, policy: VerifyPolicy) -> Attempt:
-    resolved = await resolve_task_app(rt, job)
+async def _attempt(rt: Runtime, job: Job, policy: VerifyPolicy, indexes: dict[str, Any]) -> Attempt:
+    resolved = await resolve_task_app(rt, job, indexes)
     if resolved.target is None:
         return resolved.problem or Attempt(False, TASKAPP_MISSING, "no task app")
     target = resolved.target
     return await check_task_app(rt, job.owner.namespace, target.url, target.secret_name, target.secret_key, policy)
 
 
-async def verify_job_task_app(rt: Runtime, job: Job, state: LoopState, observed: Observed) -> Verification:
-    """Verified once per job: a True TaskAppVerified condition (e.g. after a restart) is trusted."""
+async def verify_job_task_app(
+    rt: Runtime, job: Job, state: LoopState, observed: Observed, indexes: dict[str, Any]
+) -> Verification:
+    """Verified once per job: a True TaskAppVerified condition (e.g. after a restart) is trusted, and so is
+    a TaskApp's own Verified condition (the TaskApp's loop checks it every periodSeconds). Otherwise the
+    job checks its task app itself, with retries; a status is written only when a check fails (a job whose
+    first check passes goes straight on)."""
     cond = get_condition(job.status, COND_VERIFIED)
     if cond and cond.get("status") == "True":
         return Verification(state="ok", target="task app", message=cond.get("message", ""), reason="Verified")
@@ -349,9 +422,12 @@ async def verify_job_task_app(rt: Runtime, job: Job, state: LoopState, observed:
         return Verification(
             state="failed", target="task app", message=cond.get("message", ""), reason=cond.get("reason", "")
         )
-    resolved = await resolve_task_app(rt, job)
+    resolved = await resolve_task_app(rt, job, indexes)
     if state.verification is not None and state.verification.state != "pending":
         return state.verification
+    if resolved.trusted:
+        return Verification(state="ok", target=resolved.display, reason="Verified",
+                            message=f"{resolved.display} is verified by the operator")  # fmt: skip
     started = time.time()
     if cond and cond.get("status") == "Unknown":  # resumed after a restart: the bound still holds
         since = parse_time(cond.get("lastTransitionTime"))
@@ -362,10 +438,8 @@ async def verify_job_task_app(rt: Runtime, job: Job, state: LoopState, observed:
                                 bucket=bucket(job.spec, rt.settings), complete_pass=False)  # fmt: skip
         await patch_status(rt, job.owner, job.status, desired, state)
 
-    message = "checking /health and /task_info"
-    await report(Verification(state="pending", target=resolved.display, message=message, reason="Verifying"))
     result = await verify_with_retries(
-        lambda: _attempt(rt, job, resolved.policy),
+        lambda: _attempt(rt, job, resolved.policy, indexes),
         resolved.policy,
         resolved.display,
         started=started,
@@ -400,7 +474,7 @@ async def finish_job(rt: Runtime, owner: Owner, observed: Observed, phase: str) 
 
 
 async def verified_target(
-    rt: Runtime, job: Job, state: LoopState, observed: Observed
+    rt: Runtime, job: Job, state: LoopState, observed: Observed, indexes: dict[str, Any]
 ) -> tuple[Verification | None, TaskAppTarget | None]:
     """An RLJob's task app, verified (once per loop; a suspended job is not checked until it resumes)."""
     if state.target is not None and state.verification is not None:
@@ -410,10 +484,10 @@ async def verified_target(
     cond = get_condition(job.status, COND_VERIFIED)
     verification = None
     if not job.spec.suspend or (cond and cond.get("status") == "True"):
-        verification = await verify_job_task_app(rt, job, state, observed)
+        verification = await verify_job_task_app(rt, job, state, observed, indexes)
     if verification is None or verification.state != "ok":
         return verification, None
-    target = (await resolve_task_app(rt, job)).target
+    target = (await resolve_task_app(rt, job, indexes)).target
     if target is None:  # the TaskApp went away: verify again on the next pass
         state.verification = None
         return Verification(state="pending", target="task app", message="task app not found"), None
@@ -421,18 +495,48 @@ async def verified_target(
     return verification, target
 
 
-def rendered_children(
-    rt: Runtime, job: Job, target: TaskAppTarget | None, state: LoopState
-) -> render.Rendered | None:
-    """The job's children, or None (with state.invalid saying why, when the spec is to blame)."""
+def planned(rt: Runtime, job: Job, target: TaskAppTarget | None, state: LoopState) -> Plan | None:
+    """The job's children and what its status expects of them, rendered once per (uid, generation, task
+    app); None (with state.invalid saying why, when the spec is to blame) when there is nothing to render."""
     if state.invalid is not None or (job.is_rl and target is None):
         return None
+    key = (job.owner.uid, job.owner.generation, target)
+    if state.plan is not None and state.plan.key == key:
+        return state.plan
     try:
-        return render.render_job(job, rt.settings, target)
+        rendered = render.render_job(job, rt.settings, target)
     except Exception as exc:  # noqa: BLE001 - a spec that cannot render is the user's to fix
         state.invalid = render_failure_message(exc)
         logger.warning("%s %s cannot be rendered: %s", job.owner.kind, job.owner.name, state.invalid)
         return None
+    state.plan = Plan(key, rendered, expected_of(rendered))
+    return state.plan
+
+
+def stuck_for(state: LoopState, phase: str, now: float, status: dict[str, Any]) -> float:
+    """Seconds (wall clock) the job has been Provisioning, 0 when it is not. A job that was Provisioning
+    before this loop started (a restarted operator) counts from its Ready condition's last transition."""
+    if phase != PROVISIONING:
+        state.provisioning_since = None
+        return 0.0
+    if state.provisioning_since is None:
+        state.provisioning_since = now
+        ready = get_condition(status, COND_READY) or {}
+        since = parse_time(ready.get("lastTransitionTime")) if status.get("phase") == PROVISIONING else None
+        if since is not None and ready.get("status") == "False":
+            state.provisioning_since = min(now, since.timestamp())
+    return now - state.provisioning_since
+
+
+async def list_pods(rt: Runtime, owner: Owner) -> list[PodObs]:
+    """The job's pods, read once for a job that is stuck (without a pods index): why they do not run."""
+    selector = f"{LABEL_MANAGED_BY}={MANAGER},{LABEL_JOB}={owner.name},{LABEL_KIND}={KIND_LABELS[owner.kind]}"
+    try:
+        items = await rt.kube.list(collection_path("v1", "Pod", owner.namespace), selector)
+    except KubeError as err:  # e.g. RBAC without pods list: the status says less, the job goes on
+        logger.warning("cannot list the pods of %s %s: %s", owner.kind, owner.name, err)
+        return []
+    return [PodObs.from_object(p) for p in items]
 
 
 async def read_result(rt: Runtime, job: Job, observed: Observed) -> None:
@@ -446,9 +550,16 @@ async def read_result(rt: Runtime, job: Job, observed: Observed) -> None:
         job.status["result"] = fresh["status"]["result"]
 
 
-def next_pass(rt: Runtime, job: Job, desired: dict[str, Any], now: datetime) -> float:
-    """Seconds to the next pass: the resync interval, or sooner when activeDeadlineSeconds runs out."""
+def next_pass(rt: Runtime, job: Job, desired: dict[str, Any], now: datetime, state: LoopState) -> float:
+    """Seconds to the next pass: the resync interval, sooner when activeDeadlineSeconds runs out or a
+    message-only status change is waiting to be written."""
     wait = rt.settings.resync_seconds
+    if state.deferred:
+        wait = min(wait, max(0.5, rt.settings.status_message_seconds - (time.monotonic() - state.last_write)))
+    if state.provisioning_since is not None and not rt.settings.watch_pods:  # look at the pods once stuck
+        left = rt.settings.stuck_seconds - (time.time() - state.provisioning_since)
+        if left > 0:
+            wait = min(wait, left + 0.1)
     deadline = job.spec.active_deadline_seconds
     if deadline:
         start = parse_time(desired.get("startTime")) or now
@@ -467,46 +578,64 @@ async def reconcile_invalid(rt: Runtime, obj: dict[str, Any], observed: Observed
     await finish_job(rt, owner, observed, FAILED)
 
 
+def parse_cached(obj: dict[str, Any], state: LoopState) -> Job:
+    """The job with its spec parsed once per (uid, generation): a spec does not change otherwise."""
+    owner = owner_of(obj)
+    key = (owner.uid, owner.generation)
+    if state.spec is None or state.spec[0] != key:
+        state.spec = (key, parse_job(obj).spec)
+    status = dict(obj.get("status") or {})
+    status.update(state.written)  # what this loop wrote is newer than what the watch may show yet
+    return Job(owner=owner, spec=state.spec[1], status=status)
+
+
 async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: LoopState) -> float | None:
     """One pass. Returns the seconds until the next pass is due, or None when the job is finished."""
     rt.reconciles += 1
     obj = snapshot(body)
     owner = owner_of(obj)
     observed = observe(key_of(owner), indexes)
-    phase = (obj.get("status") or {}).get("phase")
+    phase = state.written.get("phase") or (obj.get("status") or {}).get("phase")
     if phase in TERMINAL:
         await finish_job(rt, owner, observed, phase)
         return None
     try:
-        job = parse_job(obj)
+        job = parse_cached(obj, state)
     except SpecError as err:
         await reconcile_invalid(rt, obj, observed, state, err)
         return None
-    verification, target = await verified_target(rt, job, state, observed) if job.is_rl else (None, None)
-    rendered = rendered_children(rt, job, target, state)
+    verification, target = (
+        await verified_target(rt, job, state, observed, indexes) if job.is_rl else (None, None)
+    )
+    plan = planned(rt, job, target, state)
     await read_result(rt, job, observed)
     now = utcnow()
 
-    def derive() -> dict[str, Any]:
-        expected = expected_of(rendered) if rendered is not None else None
-        return derive_status(job, observed=observed, expected=expected, verification=verification, now=now,
+    def derive(seen: Observed) -> dict[str, Any]:
+        expected = plan.expected if plan is not None else None
+        return derive_status(job, observed=seen, expected=expected, verification=verification, now=now,
                              bucket=bucket(job.spec, rt.settings), invalid=state.invalid)  # fmt: skip
 
-    desired = derive()
-    if rendered is not None and desired["phase"] not in TERMINAL:
+    desired = derive(observed)
+    stuck = stuck_for(state, desired["phase"], time.time(), job.status)
+    if plan is not None and not rt.settings.watch_pods and stuck >= rt.settings.stuck_seconds:
+        observed.pods = await list_pods(rt, owner)
+        desired = derive(observed)
+    if plan is not None and desired["phase"] not in TERMINAL:
         try:
-            await ensure_token_secret(rt, job, rendered, observed, state)
-            await ensure_children(rt, rendered.children, observed, state)  # their watch events wake us
+            await ensure_token_secret(rt, job, plan.rendered, observed, state)
+            if await ensure_children(rt, plan.rendered.children, observed, state):
+                desired = derive(with_applied(observed, plan.rendered.children))
         except ChildRefused as refused:
             state.invalid = refused.message
             logger.warning("%s %s: %s", owner.kind, owner.name, refused)
-            desired = derive()
+            desired = derive(observed)
     await patch_status(rt, owner, job.status, desired, state)
     phase = job.status.get("phase") or desired["phase"]
     if phase in TERMINAL:
         await finish_job(rt, owner, observed, phase)
         return None
-    return next_pass(rt, job, desired, now)
+    return next_pass(rt, job, desired, now, state)
 
 
 __all__ = [

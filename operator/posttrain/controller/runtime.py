@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.controller.job_loops import JobLoops
 from posttrain.controller.kube import Kube
 from posttrain.controller.settings import OperatorSettings
 from posttrain.controller.verify import Attempt, TaskAppProber
@@ -32,22 +33,28 @@ class Runtime:
     wakers: dict[Key, asyncio.Event] = field(default_factory=dict)
     _secret_cache: dict[tuple[str, str, str], tuple[float, SecretKey]] = field(default_factory=dict)
     reconciles: int = 0
-    generations: dict[Key, Any] = field(default_factory=dict)
+    loops: JobLoops = field(default_factory=JobLoops)
     prober: TaskAppProber = field(default_factory=TaskAppProber)
     checks: TtlCache[Attempt] = field(default_factory=TtlCache)
 
     def waker(self, key: Key) -> asyncio.Event:
-        return self.wakers.setdefault(key, asyncio.Event())
+        """A new loop's wake-up event (replacing a cancelled loop's, of an object of the same name)."""
+        self.wakers[key] = asyncio.Event()
+        return self.wakers[key]
 
     def wake(self, key: Key) -> None:
         event = self.wakers.get(key)
         if event is not None:
             event.set()
 
-    def drop(self, key: Key) -> None:
-        self.wakers.pop(key, None)
+    def drop(self, key: Key, event: asyncio.Event) -> None:
+        """Forget a loop's wake-up event, unless a new loop (an object made again under the same name) has
+        it already."""
+        if self.wakers.get(key) is event:
+            del self.wakers[key]
 
     async def close(self) -> None:
+        await self.loops.stop()
         await self.prober.close()
         await self.kube.close()
 

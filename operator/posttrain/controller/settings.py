@@ -71,13 +71,20 @@ class OperatorSettings(BaseSettings):
     shm_size_limit: str = "2Gi"
 
     # Controller behaviour.
-    resync_seconds: float = 30.0  # re-reconcile every job at least this often even without events
+    resync_seconds: float = 60.0  # re-reconcile every job at least this often even without events
+    # A status change that only rewords messages (pods ready so far) is written at most this often; the
+    # phase, reasons and conditions' states are written at once.
+    status_message_seconds: float = 10.0
     debounce_seconds: float = 0.05  # coalesce bursts of child events into one reconcile
     # Periodic checkpoints unless a job sets training.checkpoint_every: RL iterations / SFT optimizer steps.
     # A replacement trainer pod resumes from the latest one.
     checkpoint_every_rl: int = 10
     checkpoint_every_sft: int = 200
-    watch_pods: bool = True  # pods index (list/watch pods): status messages say why pods are not running
+    # Status messages say why pods are not running (unschedulable, image pull, crash, OOMKilled): the pods of
+    # a job still Provisioning after stuck_seconds are listed on each of its passes. watch_pods keeps an
+    # index of every job's pods instead (a watch event per pod change, for every job, stuck or not).
+    stuck_seconds: float = 15.0
+    watch_pods: bool = False
     count_kopf_requests: bool = False  # benchmark: count kopf's own API requests too (liveness probe)
     extra_env: dict[str, str] = Field(default_factory=dict)  # plain env for every container (no secrets)
 

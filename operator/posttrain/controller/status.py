@@ -140,7 +140,9 @@ class TrainerObs:
             completions=int(spec.get("completions") or 1),
             active=int(status.get("active") or 0),
             ready=int(status.get("ready") or 0),
-            succeeded=int(status.get("succeeded") or 0),
+            # the Job controller counts a finished pod in two steps: first in uncountedTerminatedPods
+            succeeded=int(status.get("succeeded") or 0)
+            + len((status.get("uncountedTerminatedPods") or {}).get("succeeded") or []),
             failed=int(status.get("failed") or 0),
             suspended=bool(spec.get("suspend")),
             conditions=conds,
@@ -507,6 +509,25 @@ def _waiting_for(expected: Expected, observed: Observed) -> list[str]:
 def status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
     """Only the owned fields that differ (a merge patch body for /status); {} when nothing changed."""
     return {k: v for k, v in desired.items() if current.get(k) != v}
+
+
+def _decisions(conditions: Any) -> list[tuple[Any, ...]]:
+    """A condition list without its words: what a client (kubectl wait, Argo CD) decides on."""
+    return [(c.get("type"), c.get("status"), c.get("reason"), c.get("observedGeneration")) for c in conditions or []]
+
+
+def status_write_needed(current: dict[str, Any], patch: dict[str, Any], *, since_last_write: float, interval: float) -> bool:
+    """Whether a status patch is written now. Anything but words (the phase, a reason, a condition's
+    status, the model, the artifacts, ...) is written at once; a patch that only rewords messages (how many
+    pods are ready so far) at most once per `interval` seconds, so that a job's status is written about
+    once per phase rather than once per pod."""
+    if not patch:
+        return False
+    if set(patch) - {"message", "conditions"}:
+        return True
+    if "conditions" in patch and _decisions(current.get("conditions")) != _decisions(patch["conditions"]):
+        return True
+    return since_last_write >= interval
 
 
 # --------------------------------------------------------------------------------------------- TaskApp
