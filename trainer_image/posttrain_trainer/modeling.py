@@ -110,8 +110,10 @@ def load_model_and_tokenizer(
     dtype: torch.dtype = torch.float32,
     gradient_checkpointing: bool = False,
     seed: int | None = None,
+    base_dtype: torch.dtype | None = None,
 ):
-    """(model, tokenizer). trainer_mode "lora" wraps the model in a fresh peft LoRA; "qlora" loads the base
+    """(model, tokenizer). `base_dtype`: when a stored adapter is to be merged, load the base weights in it,
+    then cast to `dtype` before the merge, so that an adapter trained on a bf16 copy of its base is merged onto that same copy. trainer_mode "lora" wraps the model in a fresh peft LoRA; "qlora" loads the base
     in 4-bit NF4 (bitsandbytes, quantization.py) under the LoRA, and continues a previous job's adapter
     instead of merging it; "full" trains every weight. A vision-language model (its config has a
     vision_config, e.g. Qwen2-VL, Qwen2.5-VL, Qwen3-VL) loads as AutoModelForImageTextToText; its processor
@@ -132,7 +134,12 @@ def load_model_and_tokenizer(
         load_kwargs["quantization_config"] = quantization.quantization_config(dtype)
         if torch.cuda.is_available():  # bitsandbytes quantizes while placing the weights
             load_kwargs["device_map"] = {"": torch.cuda.current_device()}
+    as_trained = base_dtype is not None and adapter_dir is not None and not quantized
+    if as_trained:
+        load_kwargs["dtype"] = base_dtype
     model = auto_class.from_pretrained(model_dir, **load_kwargs)
+    if as_trained and base_dtype != dtype:
+        model = model.to(dtype)
     if adapter_dir is not None and not quantized:
         from peft import PeftModel
 

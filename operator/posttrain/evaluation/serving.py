@@ -49,7 +49,12 @@ def materialize(model_path: str, out_dir: Path, s3: Any) -> Path:
     saved = {k: os.environ.get(k) for k in s3.env()}
     os.environ.update(s3.env())
     try:
-        model, tokenizer = load_model_and_tokenizer(model_path, storage=storage, dtype=torch.float32)
+        # the base as the trainer held it (a LoRA's frozen base is bf16 where bf16 is native), merged in fp32:
+        # the policy the job served and evaluated, not the adapter on the original fp32 base
+        base_dtype = hardware.torch_dtype(hardware.plan().load)
+        model, tokenizer = load_model_and_tokenizer(
+            model_path, storage=storage, dtype=torch.float32, base_dtype=base_dtype
+        )
         # a LoRA result merged into bf16 weights would lose most of its change: float32 on a CPU (hardware)
         save_merged(model, tokenizer, out_dir, dtype=hardware.torch_dtype(hardware.plan(lora_policy=True).sync))
     finally:
