@@ -141,6 +141,8 @@ def test_deleting_the_owner_garbage_collects_owned_objects(cluster, namespace):
 
 def test_kubectl_sees_the_gpu_nodes(cluster):
     out = cluster.kubectl("get", "nodes", "-o", "json").stdout
-    nodes = json.loads(out)["items"]
-    assert len(nodes) == 4
-    assert all(n["status"]["allocatable"][GPU_RESOURCE] == "8" for n in nodes)
+    nodes = {n["metadata"]["name"]: n for n in json.loads(out)["items"]}
+    # the session's 4 nodes; operator tests that ran earlier in the session may have added more (kwok-gpu-1xx)
+    started = {f"kwok-gpu-{i}" for i in range(4)}
+    assert started <= set(nodes), sorted(nodes)
+    assert all(nodes[name]["status"]["allocatable"][GPU_RESOURCE] == "8" for name in started)
