@@ -199,7 +199,7 @@ def follow_rl(kube: Kube, started: float) -> dict:
             and 1 <= step < int((status.get("progress") or {}).get("total") or 99)
         ):
             killed = kill_trainer(kube, step)
-        time.sleep(2)
+        time.sleep(0.5)  # a fast CPU runs the tiny model's iterations in a few seconds each
     raise E2EError(f"RLJob {RL_NAME} did not finish within an hour (phases {phases})")
 
 
@@ -393,7 +393,11 @@ def main(argv: list[str] | None = None) -> int:
             for p in dict.fromkeys(result["phases"])
             if p in ("Verifying", "Provisioning", "Running", "Succeeded")
         ]
-        if order != ["Verifying", "Provisioning", "Running", "Succeeded"]:
+        # A job that names a Verified TaskApp trusts its condition and skips its own Verifying pass (the
+        # operator writes no status for a check that passes at once); one that verifies shows it first.
+        if [p for p in order if p != "Verifying"] != ["Provisioning", "Running", "Succeeded"] or (
+            "Verifying" in order and order[0] != "Verifying"
+        ):
             raise E2EError(f"phases seen: {result['phases']}")
         if "killed_pod" not in result:
             raise E2EError("the trainer finished before it could be killed after its first checkpoint")
