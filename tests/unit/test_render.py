@@ -392,3 +392,26 @@ def test_vllm_servers_and_trainers_get_a_memory_backed_dev_shm() -> None:
     unlimited = render.render_rljob(rljob(), OperatorSettings(shm_size_limit=""), TARGET)
     rollout = by(unlimited.children, "Deployment", "rollout")["spec"]["template"]["spec"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in rollout["volumes"]
+
+
+def test_a_verified_taskapp_speaks_only_for_jobs_that_use_its_own_key() -> None:
+    """A job naming a Verified TaskApp skips its own check only with the TaskApp's key; with its own key Secret
+    (found by make e2e: a wrong-key job got a trainer) it checks that key itself."""
+    from posttrain.controller.taskapp_index import trusts_the_apps_check
+
+    ta = {
+        "kind": "TaskApp",
+        "metadata": {"name": "math", "namespace": "ns", "generation": 2},
+        "spec": {"image": "math:1", "port": 8100, "apiKeySecretRef": {"name": "math-key"}},
+        "status": {"conditions": [{"type": "Verified", "status": "True", "observedGeneration": 2}]},
+    }
+    app = parse_task_app(ta)
+    same = task_app_target(rljob(taskApp={"name": "math"}).rl, app)
+    wrong = task_app_target(rljob(taskApp={"name": "math", "apiKeySecretRef": {"name": "wrong"}}).rl, app)
+    other_key = task_app_target(
+        rljob(taskApp={"name": "math", "apiKeySecretRef": {"name": "math-key", "key": "OTHER"}}).rl, app
+    )
+    assert trusts_the_apps_check(same, app)
+    assert not trusts_the_apps_check(wrong, app) and not trusts_the_apps_check(other_key, app)
+    ta["status"]["conditions"][0]["observedGeneration"] = 1  # verified an older spec: no trust
+    assert not trusts_the_apps_check(same, parse_task_app(ta))

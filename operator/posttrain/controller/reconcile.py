@@ -57,7 +57,7 @@ from posttrain.controller.status import (
     status_patch,
     status_write_needed,
 )
-from posttrain.controller.taskapp_index import TASKAPP_INDEX, TaskAppView, view_verified
+from posttrain.controller.taskapp_index import TASKAPP_INDEX, TaskAppView, trusts_the_apps_check
 from posttrain.controller.verify import (
     INVALID_SPEC as TASKAPP_INVALID,
 )
@@ -397,7 +397,8 @@ async def resolve_task_app(rt: Runtime, job: Job, indexes: dict[str, Any]) -> Re
         return Resolved(
             None, policy, display, Attempt(False, TASKAPP_MISSING, "no task app URL (spec.taskApp)")
         )
-    return Resolved(target, policy, target.display, trusted=app is not None and view_verified(app))
+    return Resolved(target, policy, target.display, trusted=app is not None and trusts_the_apps_check(target, app))
+
 
 
 async def _attempt(rt: Runtime, job: Job, policy: VerifyPolicy, indexes: dict[str, Any]) -> Attempt:

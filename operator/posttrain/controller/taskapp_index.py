@@ -9,8 +9,9 @@ from typing import Any
 
 import kopf
 
-from posttrain.api.resources import GROUP, VERSION
+from posttrain.api.resources import DEFAULT_API_KEY_SECRET_KEY, GROUP, VERSION
 from posttrain.controller.objects import TaskAppObject, parse_task_app
+from posttrain.controller.render.taskapp import TaskAppTarget
 from posttrain.controller.spec_errors import SpecError
 from posttrain.controller.status import TASKAPP_VERIFIED, get_condition
 
@@ -27,6 +28,16 @@ def view_verified(app: TaskAppObject) -> bool:
     """The TaskApp's loop verified this generation of it."""
     cond = get_condition(app.status, TASKAPP_VERIFIED) or {}
     return cond.get("status") == "True" and cond.get("observedGeneration") == app.owner.generation
+
+
+def trusts_the_apps_check(target: TaskAppTarget, app: TaskAppObject) -> bool:
+    """A TaskApp's Verified condition speaks for a job only when the job uses the TaskApp's own key: a job
+    that names the TaskApp but its own key Secret (a wrong key, another tenant's) checks that key itself."""
+    if not view_verified(app):
+        return False
+    own = app.spec.api_key_secret_ref
+    own_key = ((own.name if own else None), (own.key if own else None) or DEFAULT_API_KEY_SECRET_KEY)
+    return (target.secret_name, target.secret_key) == own_key
 
 
 @kopf.index(GROUP, VERSION, "taskapps")
