@@ -386,3 +386,21 @@ def test_a_trainer_that_finished_is_not_waited_for_before_the_job_is_complete():
     replacing.pods = [pods[0], PodObs("j-trainer-0-c", "trainer", "Pending")]
     out = derive_status(running, observed=replacing, expected=EXPECTED, verification=OK, now=NOW)
     assert out["phase"] == "Provisioning" and "exit code 137" in out["message"]
+
+
+def test_a_trainer_that_reported_its_result_is_finishing_not_provisioning():
+    """Without a pod watch the operator sees only the Job: its pod stops being ready before the Job counts it
+    succeeded. A job whose trainer has reported its final result stays Running in that moment (make e2e saw
+    Running -> Provisioning -> Succeeded); without a result it is a pod to wait for again."""
+    result = {"fineTunedModel": "rl:base:ns.j.1234abcd"}
+    exiting = all_children(trainer_obs=trainer(active=1, ready=0))
+    out = derive_status(job(status={"phase": "Running", "result": result}), observed=exiting, expected=EXPECTED,
+                        verification=OK, now=NOW)  # fmt: skip
+    assert out["phase"] == "Running" and "finishing" in out["message"]
+    out = derive_status(job(status={"phase": "Running"}), observed=exiting, expected=EXPECTED, verification=OK,
+                        now=NOW)  # fmt: skip
+    assert out["phase"] == "Provisioning"
+    done = all_children(trainer_obs=trainer(active=0, ready=0, succeeded=1, conds=[("Complete", "True", "", "")]))
+    out = derive_status(job(status={"phase": "Running", "result": result}), observed=done, expected=EXPECTED,
+                        verification=OK, now=NOW)  # fmt: skip
+    assert out["phase"] == "Succeeded"

@@ -350,6 +350,7 @@ def derive_status(
     outcome = (
         _finished(job, observed.trainer, bucket, now, out, conds)
         or _cannot_run(job, verification, invalid, start, now, conds)
+        or _finishing(job, status)
         or _from_children(expected, observed, conds)
     )
     _phase_conditions(conds, outcome)
@@ -421,6 +422,16 @@ def _cannot_run(
         target = verification.target if verification else "the task app"
         detail = f": {verification.message}" if verification and verification.message else ""
         return _Outcome(VERIFYING, "VerifyingTaskApp", f"verifying {target}{detail}")
+    return None
+
+
+def _finishing(job: Job, status: dict[str, Any]) -> _Outcome | None:
+    """Running while a trainer that has reported its final result exits: its pod stops being ready a moment
+    before the Job counts it succeeded, and that is no reason to say Provisioning again (make e2e saw
+    Running -> Provisioning -> Succeeded)."""
+    result = status.get("result") or {}
+    if status.get("phase") == RUNNING and (result.get("fineTunedModel") or result.get("fine_tuned_model")):
+        return _Outcome(RUNNING, "Running", "the trainer reported its result and is finishing")
     return None
 
 
