@@ -173,6 +173,20 @@ def load_dtype(precision: Any, trainer_mode: str) -> torch.dtype:
     return torch_dtype(precision.load) if trainer_mode in ("lora", "qlora") else torch.float32
 
 
+def load_for_training(job: Any, cfg: Any, precision: Any):
+    """(model, tokenizer) of a job's starting weights as a trainer config asks (trainer_mode, lora,
+    activation checkpointing, seed), frozen weights in the precision's load dtype: what RL and SFT share."""
+    return load_model_and_tokenizer(
+        job.model_path,
+        trainer_mode=cfg.trainer_mode,
+        lora=cfg.lora,
+        storage=job.storage,
+        dtype=load_dtype(precision, cfg.trainer_mode),
+        gradient_checkpointing=cfg.parallel.activation_checkpointing,
+        seed=cfg.seed,
+    )
+
+
 def train_without_dropout(model: torch.nn.Module) -> torch.nn.Module:
     """train() mode with every dropout off: what an RL update needs.
 

@@ -464,18 +464,10 @@ def build_policy(
 ) -> tuple[D.TrainEngine, Any, torch.nn.Module | None]:
     """The policy's engine (collective), its tokenizer, and a frozen copy of the initial weights where the
     KL term needs a local full-model reference."""
-    from posttrain_trainer.modeling import is_peft, load_dtype, load_model_and_tokenizer
+    from posttrain_trainer.modeling import is_peft, load_for_training
     from posttrain_trainer.optim import build_optimizer, build_scheduler
 
-    model, tokenizer = load_model_and_tokenizer(
-        job.model_path,
-        trainer_mode=cfg.trainer_mode,
-        lora=cfg.lora,
-        storage=job.storage,
-        dtype=load_dtype(precision, cfg.trainer_mode),
-        gradient_checkpointing=cfg.parallel.activation_checkpointing,
-        seed=cfg.seed,
-    )
+    model, tokenizer = load_for_training(job, cfg, precision)
     frozen = None
     if cfg.beta and not job.endpoints.reference and not is_peft(model):
         frozen = copy.deepcopy(model).eval().to(D.device())

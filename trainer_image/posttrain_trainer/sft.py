@@ -180,7 +180,7 @@ class SFTRun:
     its validation, early stopping and checkpoint, then finish (final model and result)."""
 
     def __init__(self, job: JobFile):
-        from posttrain_trainer.modeling import load_dtype, load_model_and_tokenizer, load_processor
+        from posttrain_trainer.modeling import load_for_training, load_processor
 
         D.init_distributed()
         self.job = job
@@ -190,15 +190,7 @@ class SFTRun:
         self.workdir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(cfg.seed)
         precision = D.announce_precision(cfg.parallel)
-        model, self.tokenizer = load_model_and_tokenizer(
-            job.model_path,
-            trainer_mode=cfg.trainer_mode,
-            lora=cfg.lora,
-            storage=job.storage,
-            dtype=load_dtype(precision, cfg.trainer_mode),
-            gradient_checkpointing=cfg.parallel.activation_checkpointing,
-            seed=cfg.seed,
-        )
+        model, self.tokenizer = load_for_training(job, cfg, precision)
         text_only = _is_text_only(model)
         self.processor = None if text_only else load_processor(job.model_path, storage=job.storage)
         self.collate_fn = collate if text_only else collate_vision
