@@ -204,7 +204,9 @@ def reference(args, workdir: Path) -> dict[str, Any]:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    precision = hardware.plan()
+    # The same rule as ours: a LoRA policy is synced to, and served by, vLLM in float32 on a CPU (merged into
+    # bf16 weights most of an adapter step rounds away).
+    precision = hardware.plan(lora_policy=True)
     print(f"[reference] {hardware.probe().describe()}; {precision.describe()}", flush=True)
     app = math_app()
     model_dir = args.model_dir
@@ -276,12 +278,27 @@ def reference(args, workdir: Path) -> dict[str, Any]:
 # -- ours ----------------------------------------------------------------------------------------------
 
 
+def with_iterations(config: Path, iterations: int, out: Path) -> Path:
+    """The config with [training].iterations_per_epoch = iterations: ours gets the reference's budget (the
+    demo itself runs fewer; its final evaluation then comes after `iterations`)."""
+    import re
+
+    text, count = re.subn(r"(?m)^iterations_per_epoch\s*=\s*\d+", f"iterations_per_epoch = {iterations}",
+                          config.read_text(), count=1)  # fmt: skip
+    if count != 1:
+        raise SystemExit(f"{config}: no [training].iterations_per_epoch line")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return out
+
+
 def ours(args) -> dict[str, Any]:
     """`posttrain train --local` on the demo's RL config from the base model (no SFT), its per-iteration
     events, and its first and final evaluation (the config's [evaluation]: the held-out seeds, greedy).
     The run stays in --runs-dir (default .runs/): `posttrain status`, `plot` and `eval --model rl:...` find it."""
     started = time.monotonic()
-    argv = [sys.executable, "-m", "posttrain.cli", "train", "--local", "--type", "rl", "--config", str(args.config),
+    config = with_iterations(args.config, args.iterations, args.runs_dir / "bench-demo-curve-rl.toml")
+    argv = [sys.executable, "-m", "posttrain.cli", "train", "--local", "--type", "rl", "--config", str(config),
             "--runs-dir", str(args.runs_dir), "--name", "bench-ours"]  # fmt: skip
     print(f"[ours] $ posttrain {' '.join(argv[3:])}", flush=True)
     run_dir = None
@@ -343,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--which", choices=["both", "reference", "ours"], default="both")
-    parser.add_argument("--iterations", type=int, default=20, help="reference iterations at most")
+    parser.add_argument("--iterations", type=int, default=20,
+                        help="iterations at most, for both (ours runs them all; the reference can stop at target)")
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--stop-at-target", action="store_true", help="end the reference once it reaches it")
     parser.add_argument("--config", type=Path, default=DEMO_RL, help="our RL config (default: the demo's)")

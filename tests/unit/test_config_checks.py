@@ -51,7 +51,7 @@ BAD = {
     "ops bogus": (_edit("max_turns = 1\n", 'max_turns = 1\nops = ["bogus"]\n'), "rollout.ops"),
     "group_size 1 for GSPO": (_edit("group_size = 8", "group_size = 1"), "training.group_size"),
     "known extra out of range": (
-        _edit("num_minibatches = 1", "num_minibatches = 0"),
+        _edit("num_minibatches = 2", "num_minibatches = 0"),
         "training.num_minibatches",
     ),
     "eps_low above 1": (_edit("[training]", "[training]\neps_low = 3.0"), "training.eps_low"),
