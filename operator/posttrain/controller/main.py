@@ -22,6 +22,7 @@ from posttrain.controller.children import WATCHED_CHILDREN, child_selector
 from posttrain.controller.kube import Kube
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.settings import ANNOTATION_PREFIX, FINALIZER, OperatorSettings, load_settings
+from posttrain.controller.trainer_identity import resolve_trainer_identity
 
 logger = logging.getLogger("posttrain.operator")
 _CONFIG: dict[str, Any] = {}  # set by run() before kopf starts: settings, kubeconfig
@@ -59,7 +60,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.networking.error_backoffs = [0.5, 1, 2, 3, 5, 8]
     settings.batching.idle_timeout = 60.0
     op_settings: OperatorSettings = _CONFIG.get("settings") or load_settings()
-    memo.runtime = Runtime(settings=op_settings, kube=Kube.from_env(_CONFIG.get("kubeconfig")))
+    kube = Kube.from_env(_CONFIG.get("kubeconfig"))
+    op_settings = await resolve_trainer_identity(kube, op_settings)
+    memo.runtime = Runtime(settings=op_settings, kube=kube)
     logger.info(
         "posttrain operator: namespaces=%s trainer=%s rollout=%s",
         op_settings.namespace or "<all>",

@@ -71,8 +71,9 @@ from posttrain.controller.verify import (
 
 logger = logging.getLogger(__name__)
 KIND_LABELS = {"RLJob": "rljob", "SFTJob": "sftjob", "TaskApp": "taskapp"}
-# Events are for people: a job started, paused or ended. Pending/Verifying/Provisioning are in its status.
-EVENT_PHASES = {RUNNING, SUSPENDED, SUCCEEDED, FAILED}
+# Events are for people to look at: a job paused or ended. The way there (Pending, Verifying,
+# Provisioning, Running) is in its status; a Running job is the normal case, not news.
+EVENT_PHASES = {SUSPENDED, SUCCEEDED, FAILED}
 APPLY_GRACE = 15.0  # seconds to wait for our own apply to show up in the watch before re-applying
 
 
@@ -101,6 +102,7 @@ class LoopState:
     spec: tuple[tuple[str, Any], Any] | None = None  # ((uid, generation), the parsed spec)
     provisioning_since: float | None = None  # monotonic time the job was first seen Provisioning
     plan: Plan | None = None  # the children rendered for one (uid, generation, task app)
+    identity_rechecked: bool = False  # the namespace's trainer identity was applied again for a stuck job
 
 
 @dataclass(frozen=True)
@@ -623,7 +625,11 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
         observed.pods = await list_pods(rt, owner)
         desired = derive(observed)
     if plan is not None and desired["phase"] not in TERMINAL:
+        if stuck >= rt.settings.stuck_seconds and not state.identity_rechecked:
+            rt.identities.forget(owner.namespace)  # its trainer pods may lack the namespace's identity
+            state.identity_rechecked = True
         try:
+            await rt.identities.ensure(rt.kube, rt.settings, owner.namespace)
             await ensure_token_secret(rt, job, plan.rendered, observed, state)
             if await ensure_children(rt, plan.rendered.children, observed, state):
                 desired = derive(with_applied(observed, plan.rendered.children))

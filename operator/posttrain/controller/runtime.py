@@ -12,6 +12,7 @@ from typing import Any
 from posttrain.controller.job_loops import JobLoops
 from posttrain.controller.kube import Kube
 from posttrain.controller.settings import OperatorSettings
+from posttrain.controller.trainer_identity import NamespaceIdentities
 from posttrain.controller.verify import Attempt, TaskAppProber
 from posttrain.controller.verify_cache import CheckKey, TtlCache
 
@@ -36,6 +37,7 @@ class Runtime:
     loops: JobLoops = field(default_factory=JobLoops)
     prober: TaskAppProber = field(default_factory=TaskAppProber)
     checks: TtlCache[Attempt] = field(default_factory=TtlCache)
+    identities: NamespaceIdentities = field(default_factory=NamespaceIdentities)
 
     def waker(self, key: Key) -> asyncio.Event:
         """A new loop's wake-up event (replacing a cancelled loop's, of an object of the same name)."""

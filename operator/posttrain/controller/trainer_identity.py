@@ -1,0 +1,82 @@
+"""The trainer's identity at run time (settings.trainer_identity, render/identity.py).
+
+At start the operator looks for the ValidatingAdmissionPolicy that confines the namespace identity to its
+own job (two GETs). Without it, or without the right to read it, a shared ServiceAccount would let one
+job's trainer patch another job's status, so the operator then makes the per-job identity instead, and
+says so. In mode `namespace` the ServiceAccount, Role and RoleBinding of a namespace are server-side
+applied once per namespace and operator process (the first job there), not per job."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from posttrain.controller.kube import Kube, KubeError
+from posttrain.controller.render.identity import (
+    POLICY_SERVICE_ACCOUNT,
+    TRAINER_POLICY,
+    render_namespace_identity,
+)
+from posttrain.controller.settings import OperatorSettings
+
+logger = logging.getLogger(__name__)
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+
+
+async def policy_in_force(kube: Kube) -> str | None:
+    """None when the trainer policy and its Deny binding are installed; otherwise why not."""
+    try:
+        policy = await kube.get(f"{ADMISSION}/validatingadmissionpolicies/{TRAINER_POLICY}")
+        binding = await kube.get(f"{ADMISSION}/validatingadmissionpolicybindings/{TRAINER_POLICY}")
+    except KubeError as err:
+        # (the status code only: a namespaced operator's log must not read as a refused request)
+        return f"the operator cannot read it (HTTP status {err.status})"
+    if policy is None:
+        return "it is not installed"
+    spec = (binding or {}).get("spec") or {}
+    if spec.get("policyName") != TRAINER_POLICY or "Deny" not in (spec.get("validationActions") or []):
+        return "its binding (validationActions: [Deny]) is not installed"
+    return None
+
+
+async def resolve_trainer_identity(kube: Kube, settings: OperatorSettings) -> OperatorSettings:
+    """The settings to run with: mode `namespace` only where the policy holds it to the pod's own job."""
+    if settings.trainer_identity != "namespace":
+        return settings
+    why = None
+    if settings.trainer_service_account != POLICY_SERVICE_ACCOUNT:
+        why = f"the ServiceAccount {settings.trainer_service_account} is not the one it matches"
+    else:
+        why = await policy_in_force(kube)
+    if why is None:
+        logger.info("trainer identity: ServiceAccount %s per namespace, held to its own job by %s",
+                    settings.trainer_service_account, TRAINER_POLICY)  # fmt: skip
+        return settings
+    logger.warning("trainer identity: per job, since the ValidatingAdmissionPolicy %s cannot confine a "
+                   "shared one: %s", TRAINER_POLICY, why)  # fmt: skip
+    return settings.model_copy(update={"trainer_identity": "job"})
+
+
+class NamespaceIdentities:
+    """The namespaces whose trainer identity this process has applied (mode `namespace`)."""
+
+    def __init__(self) -> None:
+        self.done: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def ensure(self, kube: Kube, settings: OperatorSettings, namespace: str) -> int:
+        """Apply the namespace's ServiceAccount, Role and RoleBinding once; returns the writes made."""
+        if settings.trainer_identity != "namespace" or namespace in self.done:
+            return 0
+        async with self._locks.setdefault(namespace, asyncio.Lock()):
+            if namespace in self.done:  # another job of the namespace made them while this one waited
+                return 0
+            objects = render_namespace_identity(namespace, settings)
+            for obj in objects:
+                await kube.apply(obj)
+            self.done.add(namespace)
+            return len(objects)
+
+    def forget(self, namespace: str) -> None:
+        """Apply them again on the next ensure (a job is stuck: someone may have deleted them)."""
+        self.done.discard(namespace)
