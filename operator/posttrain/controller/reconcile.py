@@ -39,7 +39,6 @@ from posttrain.controller.status import (
     INVALID_SPEC,
     PENDING,
     PROVISIONING,
-    RUNNING,
     SUCCEEDED,
     SUSPENDED,
     TERMINAL,
