@@ -21,6 +21,7 @@ import logging
 import os
 import ssl
 import time
+import weakref
 from typing import Any
 
 import aiohttp
@@ -47,6 +48,12 @@ PLURALS = {
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 IN_CLUSTER_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+# This client's aiohttp sessions: kopf's share the library, and the benchmark counts kopf's apart
+_OWN_SESSIONS: weakref.WeakSet[aiohttp.ClientSession] = weakref.WeakSet()
+
+
+def is_own_session(session: aiohttp.ClientSession) -> bool:
+    return session in _OWN_SESSIONS
 
 
 class KubeError(Exception):
@@ -122,11 +129,10 @@ class Kube:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             # a few connections are enough for what the API server can take; a request waits for a free one
-            connector = aiohttp.TCPConnector(
-                limit=self._max_connections, ssl=self._ssl, keepalive_timeout=60, enable_cleanup_closed=True
-            )
+            connector = aiohttp.TCPConnector(limit=self._max_connections, ssl=self._ssl, keepalive_timeout=60)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=30.0)
             self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
+            _OWN_SESSIONS.add(self._session)
         return self._session
 
     async def close(self) -> None:

@@ -19,7 +19,7 @@ from posttrain.controller import (  # noqa: F401 - importing registers the handl
     taskapp_index,
 )
 from posttrain.controller.children import WATCHED_CHILDREN, child_selector
-from posttrain.controller.kube import Kube
+from posttrain.controller.kube import Kube, is_own_session
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.settings import ANNOTATION_PREFIX, FINALIZER, OperatorSettings, load_settings
 from posttrain.controller.trainer_identity import resolve_trainer_identity
@@ -90,7 +90,8 @@ _KOPF_REQUESTS: collections.Counter[str] = collections.Counter()
 
 def count_kopf_requests() -> None:
     """Opt-in (POSTTRAIN_COUNT_KOPF_REQUESTS=1, for the benchmark): count kopf's own API requests (watches,
-    finalizer/annotation patches, Events) by wrapping aiohttp's request method."""
+    finalizer/annotation patches, Events) by wrapping aiohttp's request method (the operator's own client,
+    on aiohttp too, is left out: it counts its requests itself)."""
     import aiohttp
 
     original = aiohttp.ClientSession._request
@@ -98,7 +99,8 @@ def count_kopf_requests() -> None:
         return
 
     async def counted(self: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        _KOPF_REQUESTS[method.upper()] += 1
+        if not is_own_session(self):  # the operator's own client counts its requests itself
+            _KOPF_REQUESTS[method.upper()] += 1
         return await original(self, method, *args, **kwargs)
 
     counted._posttrain_counted = True  # type: ignore[attr-defined]
