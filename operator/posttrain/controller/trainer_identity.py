@@ -29,8 +29,8 @@ async def policy_in_force(kube: Kube) -> str | None:
         policy = await kube.get(f"{ADMISSION}/validatingadmissionpolicies/{TRAINER_POLICY}")
         binding = await kube.get(f"{ADMISSION}/validatingadmissionpolicybindings/{TRAINER_POLICY}")
     except KubeError as err:
-        # (the status code only: a namespaced operator's log must not read as a refused request)
-        return f"the operator cannot read it (HTTP status {err.status})"
+        # (a namespaced operator may not read cluster-wide policies: that is expected, not a refused write)
+        return "the operator's role does not let it read it" if err.status == 403 else f"reading it failed: {err}"
     if policy is None:
         return "it is not installed"
     spec = (binding or {}).get("spec") or {}
