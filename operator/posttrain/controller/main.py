@@ -56,7 +56,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     # The API server filters the children's watches: events of Pods, ConfigMaps, ... that the operator
     # did not make never reach this process (kopf's own label filters would only drop them here).
     for group_version, plural in WATCHED_CHILDREN:
-        settings.watching.label_selectors[group_version, plural] = child_selector()
+        settings.watching.label_selectors[group_version, plural] = child_selector(group_version, plural)
     settings.networking.error_backoffs = [0.5, 1, 2, 3, 5, 8]
     settings.batching.idle_timeout = 60.0
     op_settings: OperatorSettings = _CONFIG.get("settings") or load_settings()

@@ -29,7 +29,7 @@ from posttrain.controller.render.model import bucket
 from posttrain.controller.render.names import SERVER_ROLES, child_name
 from posttrain.controller.render.taskapp import TaskAppTarget, task_app_target
 from posttrain.controller.render.token import render_token_secret
-from posttrain.controller.runtime import Key, Runtime
+from posttrain.controller.runtime import Key, Runtime, namespace_identity_key
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
 from posttrain.controller.spec_errors import SpecError, render_failure_message, unprocessable_message
 from posttrain.controller.status import (
@@ -101,7 +101,6 @@ class LoopState:
     spec: tuple[tuple[str, Any], Any] | None = None  # ((uid, generation), the parsed spec)
     provisioning_since: float | None = None  # monotonic time the job was first seen Provisioning
     plan: Plan | None = None  # the children rendered for one (uid, generation, task app)
-    identity_rechecked: bool = False  # the namespace's trainer identity was applied again for a stuck job
 
 
 @dataclass(frozen=True)
@@ -135,12 +134,14 @@ def key_of(owner: Owner) -> Key:
     return (owner.namespace, KIND_LABELS[owner.kind], owner.name)
 
 
-SUPPORTING_INDEXES = (
-    "posttrain_networkpolicies",
-    "posttrain_serviceaccounts",
-    "posttrain_roles",
-    "posttrain_rolebindings",
-)
+IDENTITY_INDEXES = ("posttrain_serviceaccounts", "posttrain_roles", "posttrain_rolebindings")
+SUPPORTING_INDEXES = ("posttrain_networkpolicies", *IDENTITY_INDEXES)
+
+
+def namespace_identity_seen(owner: Owner, indexes: dict[str, Any]) -> set[str]:
+    """The namespace's trainer identity as the operator's watches hold it ("Kind/name")."""
+    key = namespace_identity_key(owner.namespace)
+    return {name for index in IDENTITY_INDEXES for name in indexes.get(index, {}).get(key, [])}
 
 
 def observe(key: Key, indexes: dict[str, Any]) -> Observed:
@@ -624,11 +625,8 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
         observed.pods = await list_pods(rt, owner)
         desired = derive(observed)
     if plan is not None and desired["phase"] not in TERMINAL:
-        if stuck >= rt.settings.stuck_seconds and not state.identity_rechecked:
-            rt.identities.forget(owner.namespace)  # its trainer pods may lack the namespace's identity
-            state.identity_rechecked = True
         try:
-            await rt.identities.ensure(rt.kube, rt.settings, owner.namespace)
+            await rt.identities.ensure(rt.kube, rt.settings, owner.namespace, namespace_identity_seen(owner, indexes))
             await ensure_token_secret(rt, job, plan.rendered, observed, state)
             if await ensure_children(rt, plan.rendered.children, observed, state):
                 desired = derive(with_applied(observed, plan.rendered.children))

@@ -19,6 +19,11 @@ from posttrain.controller.verify_cache import CheckKey, TtlCache
 Key = tuple[str, str, str]  # (namespace, kind label: rljob|sftjob|taskapp, name)
 
 
+def namespace_identity_key(namespace: str) -> Key:
+    """The index key of a namespace's trainer identity (render/identity.py), which belongs to no job."""
+    return (namespace, "namespace-identity", "")
+
+
 @dataclass(frozen=True)
 class SecretKey:
     """One key of a Secret as read by the operator: its value and the Secret's resourceVersion."""
