@@ -4,7 +4,9 @@ test_rl_deepspeed.py and test_rl_fsdp.py.
 `python -m torch.distributed.run --nproc-per-node N rl_update_worker.py OUT ENGINE [bf16] [resume]`, ENGINE
 "ddp" (plain for one process), "ds3" (DeepSpeed ZeRO-3) or "fsdp" (FSDP2, with activation checkpointing);
 "bf16" turns bf16 on (else fp32); "resume" (FSDP2) saves the full model and optimizer state after the second
-update, builds a fresh model, engine and optimizer from them, and runs the third update on those. The updates
+update, builds a fresh model, engine and optimizer from them, and runs the third update on those; "beta" runs
+two on-policy updates (one mini-batch) with a KL term against a frozen copy of the initial weights (sharded
+like the policy under FSDP2) and writes their KL means instead. The updates
 use 8, 7 and 6 sequences in two mini-batches of micro-batches of one sequence: with two ranks, some
 micro-batches of the later updates are empty on one rank. Rank 0 writes the losses and the final (gathered)
 parameters to OUT (torch.save)."""
@@ -66,12 +68,39 @@ def checkpointed(engine: D.TrainEngine, folder: Path, bf16: bool) -> D.TrainEngi
     return fresh
 
 
+def kl_run(out: str, engine_kind: str, bf16: bool) -> None:
+    """Two updates with beta > 0 against the initial weights: the first one's KL is exactly 0."""
+    import copy
+
+    engine = build(engine_kind, bf16)
+    frozen = copy.deepcopy(tiny_model()).eval()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    cfg = RLTrainerConfig(
+        num_minibatches=1, micro_batch=1, temperature=0.7, eps_low=0.2, eps_high=0.2, beta=0.1
+    )
+    ref_fn = rl.local_reference_fn(engine, D.shard_frozen(engine, frozen), cfg.temperature)
+    kls = [
+        rl.gspo_update(engine, sequences(7), cfg, pad_id=0, iteration=i, ref_fn=ref_fn)["kl"]
+        for i in range(2)
+    ]
+    if D.is_main():
+        torch.save({"kl": kls, "engine": engine.kind}, out)
+
+
 def main(out: str, engine_kind: str, *flags: str) -> None:
     D.init_distributed()
     bf16 = "bf16" in flags
+    if "beta" in flags:
+        kl_run(out, engine_kind, bf16)
+        D.barrier()
+        D.shutdown()
+        return
     initial = {name: p.detach().clone() for name, p in tiny_model().named_parameters()}
     engine = build(engine_kind, bf16)
-    expected = {"ds3": "deepspeed", "fsdp": "fsdp"}.get(engine_kind, "ddp" if D.world_size() > 1 else "single")
+    expected = {"ds3": "deepspeed", "fsdp": "fsdp"}.get(
+        engine_kind, "ddp" if D.world_size() > 1 else "single"
+    )
     assert engine.kind == expected, (engine.kind, expected)
     cfg = RLTrainerConfig(num_minibatches=2, micro_batch=1, temperature=0.7, eps_low=0.2, eps_high=0.2)
     losses = []

@@ -2,7 +2,8 @@
 process without sharding, over three updates of two optimizer steps each (some micro-batches empty on one
 rank, activation checkpointing on: rl_update_worker.py), also when the run is rebuilt from its gathered full
 model and optimizer state before the third update; in bf16 mixed precision two ranks give what one FSDP2 rank
-gives. The trainer process under FSDP2 serves and saves what it trains (test_rl_deepspeed's trainer run)."""
+gives, and a beta > 0 reference gives KL exactly 0 at step 0. The trainer process under FSDP2 serves and
+saves what it trains (test_rl_deepspeed's trainer run)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,14 @@ def test_fsdp_bf16_two_ranks_match_one_fsdp_rank(one_rank, tmp_path):
     compare_runs(one, two, LOSS_TOL, PARAM_TOL)
     # the mixed precision is on: bf16 compute moves the losses well beyond the fp32 run's
     assert max(abs(a - b) for a, b in zip(one["losses"], one_rank["losses"], strict=True)) > 1e-4
+
+
+def test_fsdp_bf16_kl_is_exactly_zero_at_step_zero(tmp_path):
+    """beta > 0 with the local frozen reference, sharded with the policy's bf16 mixed precision: identical
+    weights give identical logprobs on 2 ranks (one micro-batch is empty on one rank)."""
+    out = _run(tmp_path / "kl.pt", 2, "fsdp", "bf16", "beta")
+    assert out["engine"] == "fsdp"
+    assert out["kl"][0] == 0.0 and out["kl"][1] > 0.0, out["kl"]
 
 
 def test_trainer_fsdp_two_ranks_serves_and_saves_what_it_trains(
