@@ -1,11 +1,20 @@
-"""Two GSPO updates (rl.gspo_update) on a tiny random Qwen2 built in memory, under torchrun: the worker of
-test_rl_deepspeed.py. `python -m torch.distributed.run --nproc-per-node N rl_update_worker.py OUT ENGINE`,
-ENGINE "ddp" (plain for one process) or "ds3" (DeepSpeed ZeRO-3). Rank 0 writes the losses and the final
-(gathered) parameters to OUT (torch.save)."""
+"""Three GSPO updates (rl.gspo_update) on a tiny random Qwen2 built in memory, under torchrun: the worker of
+test_rl_deepspeed.py and test_rl_fsdp.py.
+
+`python -m torch.distributed.run --nproc-per-node N rl_update_worker.py OUT ENGINE [bf16] [resume]`, ENGINE
+"ddp" (plain for one process), "ds3" (DeepSpeed ZeRO-3) or "fsdp" (FSDP2, with activation checkpointing);
+"bf16" turns bf16 on (else fp32); "resume" (FSDP2) saves the full model and optimizer state after the second
+update, builds a fresh model, engine and optimizer from them, and runs the third update on those; "beta" runs
+two on-policy updates (one mini-batch) with a KL term against a frozen copy of the initial weights (sharded
+like the policy under FSDP2) and writes their KL means instead. The updates
+use 8, 7 and 6 sequences in two mini-batches of micro-batches of one sequence: with two ranks, some
+micro-batches of the later updates are empty on one rank. Rank 0 writes the losses and the final (gathered)
+parameters to OUT (torch.save)."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 from posttrain_trainer import distributed as D
@@ -24,34 +33,90 @@ def tiny_model() -> torch.nn.Module:
     return Qwen2ForCausalLM(config).float()
 
 
-def sequences() -> list[rl.TrainSeq]:
+def sequences(count: int = 8) -> list[rl.TrainSeq]:
     out = []
-    for i in range(8):
+    for i in range(count):
         completion = [10 + (i * 13 + j * 7) % 80 for j in range(4 + i % 5)]
         advantage = [1.0, -0.5, 0.7, -1.2, 0.3, 0.9, -0.8, 0.4][i]
         out.append(rl.TrainSeq([3, 4, 5 + i % 3], completion, [1] * len(completion), advantage))
     return out
 
 
-def main(out: str, engine_kind: str) -> None:
-    D.init_distributed()
+def build(engine_kind: str, bf16: bool) -> D.TrainEngine:
     model = tiny_model()
-    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
-    parallel = D.ParallelConfig(use_deepspeed=engine_kind == "ds3", deepspeed_stage=3, bf16=False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    engine = D.build_engine(model, optimizer, None, parallel, max_grad_norm=1.0, micro_batch=2)
-    assert engine.kind == (
-        "deepspeed" if engine_kind == "ds3" else ("ddp" if D.world_size() > 1 else "single")
+    if engine_kind == "fsdp":
+        model.gradient_checkpointing_enable()
+    parallel = D.ParallelConfig(
+        use_deepspeed=engine_kind == "ds3", deepspeed_stage=3, fsdp=engine_kind == "fsdp", bf16=bf16
     )
-    cfg = RLTrainerConfig(num_minibatches=2, micro_batch=2, temperature=0.7, eps_low=0.2, eps_high=0.2)
-    losses = [rl.gspo_update(engine, sequences(), cfg, pad_id=0, iteration=i)["loss"] for i in range(3)]
-    with D.gathered_parameters(engine):
-        params = {name: p.detach().clone().cpu() for name, p in engine.module.named_parameters()}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return D.build_engine(model, optimizer, None, parallel, max_grad_norm=1.0, micro_batch=1)
+
+
+def checkpointed(engine: D.TrainEngine, folder: Path, bf16: bool) -> D.TrainEngine:
+    """The engine rebuilt from the full state it saves (as checkpoint.py writes and reads it)."""
+    from posttrain_trainer import fsdp
+
+    weights = fsdp.full_model_state(engine.model)
+    optim = fsdp.full_optimizer_state(engine.model, engine.optimizer)
     if D.is_main():
+        torch.save({"weights": weights, "optim": optim}, folder / "state.pt")
+    D.barrier()
+    fresh = build("fsdp", bf16)
+    saved = torch.load(folder / "state.pt", weights_only=False)
+    fsdp.load_full_state(fresh.model, fresh.optimizer, saved["weights"], saved["optim"])
+    return fresh
+
+
+def kl_run(out: str, engine_kind: str, bf16: bool) -> None:
+    """Two updates with beta > 0 against the initial weights: the first one's KL is exactly 0."""
+    import copy
+
+    engine = build(engine_kind, bf16)
+    frozen = copy.deepcopy(tiny_model()).eval()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    cfg = RLTrainerConfig(
+        num_minibatches=1, micro_batch=1, temperature=0.7, eps_low=0.2, eps_high=0.2, beta=0.1
+    )
+    ref_fn = rl.local_reference_fn(engine, D.shard_frozen(engine, frozen), cfg.temperature)
+    kls = [
+        rl.gspo_update(engine, sequences(7), cfg, pad_id=0, iteration=i, ref_fn=ref_fn)["kl"]
+        for i in range(2)
+    ]
+    if D.is_main():
+        torch.save({"kl": kls, "engine": engine.kind}, out)
+
+
+def main(out: str, engine_kind: str, *flags: str) -> None:
+    D.init_distributed()
+    bf16 = "bf16" in flags
+    if "beta" in flags:
+        kl_run(out, engine_kind, bf16)
+        D.barrier()
+        D.shutdown()
+        return
+    initial = {name: p.detach().clone() for name, p in tiny_model().named_parameters()}
+    engine = build(engine_kind, bf16)
+    expected = {"ds3": "deepspeed", "fsdp": "fsdp"}.get(
+        engine_kind, "ddp" if D.world_size() > 1 else "single"
+    )
+    assert engine.kind == expected, (engine.kind, expected)
+    cfg = RLTrainerConfig(num_minibatches=2, micro_batch=1, temperature=0.7, eps_low=0.2, eps_high=0.2)
+    losses = []
+    for i in range(3):
+        if i == 2 and "resume" in flags:
+            engine = checkpointed(engine, Path(out).parent, bf16)
+        losses.append(rl.gspo_update(engine, sequences(8 - i), cfg, pad_id=0, iteration=i)["loss"])
+    with D.full_weights(engine) as state:
+        if state is None:
+            state = {name: p.detach().clone().cpu() for name, p in engine.module.named_parameters()}
+    if D.is_main():
+        params = {name: state[name].float() for name in initial}
         torch.save({"losses": losses, "params": params, "initial": initial, "engine": engine.kind}, out)
     D.barrier()
     D.shutdown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

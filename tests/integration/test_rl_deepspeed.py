@@ -1,6 +1,6 @@
 """The GSPO update under DeepSpeed ZeRO-3: two processes (gloo, CPU) give the losses and parameters of one
 process without DeepSpeed, over three updates of two optimizer steps each (a variable number of micro-batches
-per step: two on one rank, one on each of two): losses to 1e-5, parameters to 5e-5."""
+per step, some of them empty on one rank: rl_update_worker.py): losses to 1e-5, parameters to 5e-5."""
 
 from __future__ import annotations
 
@@ -16,26 +16,33 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("rl_update_worker.py")
 
 
-def _run(out: Path, nproc: int, engine: str) -> dict:
+def _run(out: Path, nproc: int, engine: str, *flags: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
-           str(WORKER), str(out), engine]  # fmt: skip
+           str(WORKER), str(out), engine, *flags]  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return torch.load(out)
+
+
+def compare_runs(one: dict, two: dict, loss_tol: float, param_tol: float) -> None:
+    """The largest loss and parameter differences (printed) within the tolerances; the updates moved the
+    weights (the comparison is not of two untouched models)."""
+    assert one["params"].keys() == two["params"].keys()
+    loss_gap = max(abs(a - b) for a, b in zip(one["losses"], two["losses"], strict=True))
+    param_gap = max((two["params"][n] - p).abs().max().item() for n, p in one["params"].items())
+    moved = max((one["params"][n] - p).abs().max().item() for n, p in one["initial"].items())
+    print(f"loss gap {loss_gap:.2e}, parameter gap {param_gap:.2e}, largest move {moved:.2e}")
+    assert loss_gap <= loss_tol and param_gap <= param_tol, (loss_gap, param_gap)
+    assert moved > 1e-3
 
 
 def test_zero3_two_ranks_match_one_rank(tmp_path):
     one = _run(tmp_path / "one.pt", 1, "ddp")
     zero3 = _run(tmp_path / "zero3.pt", 2, "ds3")
     assert (one["engine"], zero3["engine"]) == ("single", "deepspeed")
-    assert zero3["losses"] == pytest.approx(one["losses"], abs=1e-5)
-    assert one["params"].keys() == zero3["params"].keys()
-    for name, p in one["params"].items():
-        # AdamW divides by the root of tiny second moments: measured 1.1e-5 apart, against moves of 6e-2
-        assert torch.allclose(zero3["params"][name], p, atol=5e-5), name
-    moved = max((one["params"][n] - p).abs().max().item() for n, p in one["initial"].items())
-    assert moved > 1e-3  # the updates changed the weights: the comparison is not of two untouched models
+    # AdamW divides by the root of tiny second moments: parameters measured 1.1e-5 apart, against moves of 6e-2
+    compare_runs(one, zero3, 1e-5, 5e-5)
 
 
 def _trainer_run(tmp: Path, model_dir: Path, taskapp, storage: dict, nproc: int, parallelism: dict | None):

@@ -424,3 +424,18 @@ def test_tags_become_strings():
 )
 def test_infer_type(raw, kind):
     assert infer_type(raw) == kind
+
+
+def test_fsdp_is_one_sharding_of_gspo_full_fine_tuning():
+    full = {"model__trainer_mode": "full"}
+    config, warnings = load_rl(rl(**full, training__parallelism={"fsdp": True}))
+    assert config.training.parallelism.fsdp and warnings == []
+    both = problems(load_rl, rl(**full, training__parallelism={"fsdp": True, "use_deepspeed": True}))
+    assert "use_deepspeed" in both["training.parallelism.fsdp"]
+    lora = problems(load_rl, rl(training__parallelism={"fsdp": True}))
+    assert 'trainer_mode = "lora"' in lora["training.parallelism.fsdp"]
+    _, warnings = load_sft(sft(hyperparameters__parallelism={"fsdp": True}))
+    assert any(w.startswith("hyperparameters.parallelism.fsdp") for w in warnings), warnings
+    restem = rl(**full, training__parallelism={"fsdp": True}, algorithm__variety="restem", algorithm__method=DELETE)
+    _, warnings = load_rl(restem)
+    assert any(w.startswith("training.parallelism.fsdp: ReST-EM") for w in warnings), warnings

@@ -55,6 +55,15 @@ BAD = {
         "training.num_minibatches",
     ),
     "eps_low above 1": (_edit("[training]", "[training]\neps_low = 3.0"), "training.eps_low"),
+    "fsdp with DeepSpeed": (
+        _edit("[training.lora]", "[training.parallelism]\nfsdp = true\nuse_deepspeed = true\n\n[training.lora]")
+        .replace('trainer_mode = "lora"', 'trainer_mode = "full"'),
+        "training.parallelism.fsdp",
+    ),
+    "fsdp with LoRA": (
+        _edit("[training.lora]", "[training.parallelism]\nfsdp = true\n\n[training.lora]"),
+        "training.parallelism.fsdp",
+    ),
 }
 
 

@@ -115,3 +115,17 @@ def test_trainer_settings_document_every_field_and_are_named_apart_from_the_api(
         assert settings.__name__ not in api_names
         undocumented = [f.name for f in dataclasses.fields(settings) if not f.metadata.get("help")]
         assert undocumented == [], settings.__name__
+
+
+def test_fsdp_is_read_from_parallelism_and_refused_beside_deepspeed_or_lora():
+    from posttrain_trainer.rl_config import RLConfigError, parse_rl_config
+
+    def config(parallelism: dict, mode: str = "full") -> dict:
+        return {"model": {"trainer_mode": mode}, "training": {"group_size": 2, "parallelism": parallelism}}
+
+    assert parse_rl_config(config({"fsdp": True})).parallel.fsdp
+    assert not parse_rl_config(config({})).parallel.fsdp
+    with pytest.raises(RLConfigError, match="training.parallelism.fsdp and use_deepspeed"):
+        parse_rl_config(config({"fsdp": True, "use_deepspeed": True}))
+    with pytest.raises(RLConfigError, match="training.parallelism.fsdp .* not trainer_mode = 'lora'"):
+        parse_rl_config(config({"fsdp": True}, mode="lora"))

@@ -54,15 +54,19 @@ def finalize(
     metrics_lines: list[dict[str, Any]] | None = None,
     extra_files: dict[str, Path] | None = None,
     client=None,
+    state: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, str]]:
     """Rank 0 only. Saves final/ locally, uploads everything under storage.prefix when the job has storage
-    (else the artifacts are local paths under workdir). Returns (fine_tuned_model, artifacts)."""
+    (else the artifacts are local paths under workdir). Returns (fine_tuned_model, artifacts). `state`: a
+    sharded model's gathered full weights (distributed.full_weights)."""
     from posttrain_trainer.modeling import save_final
 
     model_id = job_model_id(job)
     workdir = Path(job.workdir)
     final_dir = workdir / "final"
-    save_final(model, tokenizer, final_dir, base_model=job.base_model, base_model_path=job.model_path)
+    save_final(
+        model, tokenizer, final_dir, base_model=job.base_model, base_model_path=job.model_path, state=state
+    )
     metrics_path = workdir / "metrics.jsonl"
     metrics_path.write_text("".join(json.dumps(line, default=str) + "\n" for line in (metrics_lines or [])))
     config_path = workdir / "config.json"

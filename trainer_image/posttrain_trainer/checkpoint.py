@@ -5,7 +5,9 @@ the RNG states of every rank, the data position and the step. trainer_state.json
 checkpoint without it is incomplete (the job died while saving) and is ignored on resume.
 
 DeepSpeed: every rank saves its own ZeRO shards with engine.save_checkpoint into a rank-local folder and
-uploads them under step-N/deepspeed/; rank 0 adds the common files.
+uploads them under step-N/deepspeed/; rank 0 adds the common files. FSDP2: the full model and optimizer
+state are gathered onto rank 0, which writes them as model.pt / optimizer.pt (optimizer state keyed by
+parameter name); on resume every rank reads them and keeps its shards (fsdp.py).
 
 Retention: [training] keep_checkpoints (default DEFAULT_KEEP_CHECKPOINTS; 0 keeps every one). After a
 checkpoint is complete, rank 0 deletes the complete checkpoints older than the newest `keep`, and the
@@ -79,8 +81,14 @@ def tensor_fingerprint(obj: Any) -> str:
 
 
 def optimizer_fingerprint(engine: D.TrainEngine) -> str:
+    """Collective under FSDP2 (the state is gathered; "" on ranks other than 0)."""
     if engine.kind == "deepspeed":
         return ""  # sharded state lives inside DeepSpeed
+    if engine.kind == "fsdp":
+        from posttrain_trainer.fsdp import full_optimizer_state
+
+        state = full_optimizer_state(engine.model, engine.optimizer)
+        return tensor_fingerprint(state) if D.is_main() else ""
     return tensor_fingerprint(engine.optimizer.state_dict())
 
 
@@ -90,6 +98,17 @@ def trainable_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     if len(trainable) == sum(1 for _ in module.parameters()):
         return {k: v.detach().cpu().clone() for k, v in full.items()}
     return {k: full[k].detach().cpu().clone() for k in trainable if k in full}
+
+
+def _train_state(engine: D.TrainEngine) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(trainable weights, optimizer state) on rank 0, ({}, {}) elsewhere; collective under FSDP2."""
+    if engine.kind == "fsdp":
+        from posttrain_trainer import fsdp
+
+        return fsdp.full_model_state(engine.model), fsdp.full_optimizer_state(engine.model, engine.optimizer)
+    if not D.is_main():
+        return {}, {}
+    return trainable_state_dict(engine.module), engine.optimizer.state_dict()
 
 
 def save_checkpoint(
@@ -112,18 +131,22 @@ def save_checkpoint(
         shutil.rmtree(local)
     local.mkdir(parents=True, exist_ok=True)
     rngs = D.gather_objects(rng_state())
+    fingerprint = ""
 
     if engine.kind == "deepspeed":
         engine.model.save_checkpoint(str(local / "deepspeed"), tag="state", save_latest=False)
         s3.upload_dir(client, local / "deepspeed", bucket, key_prefix + "deepspeed/")
-    elif D.is_main():
-        torch.save(trainable_state_dict(engine.module), local / "model.pt")
-        torch.save(engine.optimizer.state_dict(), local / "optimizer.pt")
-        if engine.scheduler is not None:
-            torch.save(engine.scheduler.state_dict(), local / "scheduler.pt")
-        for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
-            if (local / name).exists():
-                s3.upload_file(client, local / name, bucket, key_prefix + name)
+    else:
+        weights, optim = _train_state(engine)
+        if D.is_main():
+            fingerprint = tensor_fingerprint(optim)
+            torch.save(weights, local / "model.pt")
+            torch.save(optim, local / "optimizer.pt")
+            if engine.scheduler is not None:
+                torch.save(engine.scheduler.state_dict(), local / "scheduler.pt")
+            for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
+                if (local / name).exists():
+                    s3.upload_file(client, local / name, bucket, key_prefix + name)
     D.barrier()
     if D.is_main():
         torch.save(rngs, local / "rng.pt")
@@ -133,7 +156,7 @@ def save_checkpoint(
             "world_size": D.world_size(),
             "engine": engine.kind,
             "data": data_state or {},
-            "optimizer_fingerprint": optimizer_fingerprint(engine),
+            "optimizer_fingerprint": fingerprint,
             "saved_at": time.time(),
             **(extra or {}),
         }
@@ -210,12 +233,18 @@ def load_checkpoint(
             if s3.exists(client, bucket, key_prefix + name):
                 s3.download_file(client, s3.s3_uri(bucket, key_prefix + name), local / name)
         weights = torch.load(local / "model.pt", map_location="cpu", weights_only=False)
-        missing, unexpected = engine.module.load_state_dict(weights, strict=False)
-        if unexpected or any(k in weights for k in missing):
-            raise RuntimeError(f"checkpoint step-{step} does not fit the model: unexpected={unexpected[:5]}")
-        engine.optimizer.load_state_dict(
-            torch.load(local / "optimizer.pt", map_location="cpu", weights_only=False)
-        )
+        optim = torch.load(local / "optimizer.pt", map_location="cpu", weights_only=False)
+        if engine.kind == "fsdp":
+            from posttrain_trainer.fsdp import load_full_state
+
+            load_full_state(engine.model, engine.optimizer, weights, optim)
+        else:
+            missing, unexpected = engine.module.load_state_dict(weights, strict=False)
+            if unexpected or any(k in weights for k in missing):
+                raise RuntimeError(
+                    f"checkpoint step-{step} does not fit the model: unexpected={unexpected[:5]}"
+                )
+            engine.optimizer.load_state_dict(optim)
         if engine.scheduler is not None and (local / "scheduler.pt").exists():
             engine.scheduler.load_state_dict(torch.load(local / "scheduler.pt", weights_only=False))
     s3.download_file(client, s3.s3_uri(bucket, key_prefix + "rng.pt"), local / "rng.pt")

@@ -1,22 +1,24 @@
-"""torch.distributed from the torchrun environment, and the training engine (DDP or DeepSpeed ZeRO).
+"""torch.distributed from the torchrun environment, and the training engine (DDP, DeepSpeed ZeRO or FSDP2).
 
 What runs where (measured, see docs/deepspeed-cpu.md and tests/integration/test_trainer_*):
 - CPU (gloo): single process, DDP over N processes, DeepSpeed ZeRO 0-3 (fp32, and bf16 at stage >= 1;
-  bf16 at stage 0 drifts, so bf16 is forced to stage >= 1 here). The DeepSpeed shared-memory comm op is
-  disabled on CPU (its JIT compile takes ~85 s and changes nothing).
+  bf16 at stage 0 drifts, so bf16 is forced to stage >= 1 here), FSDP2 (fsdp.py). The DeepSpeed
+  shared-memory comm op is disabled on CPU (its JIT compile takes ~85 s and changes nothing).
 - GPU only: NCCL, DeepSpeed fused optimizers (we always pass a torch AdamW, so no op is JIT-compiled on either).
 - Precision on both: posttrain.hardware decides from the device's native bf16 and parallelism.bf16 /
   parallelism.force_bf16 (bf16 autocast with fp32 master weights where bf16 is native, fp32 elsewhere).
 
 Loss convention for every engine: the caller passes a loss already normalised for the whole optimizer step
 (all ranks, all accumulation micro-batches), as if computed in one process. DDP averages gradients over
-ranks, so the engine multiplies by world_size; DeepSpeed is told not to rescale by its accumulation count."""
+ranks, so the engine multiplies by world_size (DDP and FSDP2); DeepSpeed is told not to rescale by its
+accumulation count."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,11 +122,12 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 @dataclass
 class ParallelConfig:
-    """hyperparameters.parallelism (synth): use_deepspeed, deepspeed_stage, bf16, force_bf16,
+    """hyperparameters.parallelism (synth): use_deepspeed, deepspeed_stage, fsdp, bf16, force_bf16,
     activation_checkpointing."""
 
     use_deepspeed: bool = False
     deepspeed_stage: int = 2
+    fsdp: bool = False  # FSDP2 (fsdp.py); RL full fine-tuning only
     bf16: bool | None = None  # None = auto: bf16 where the hardware has it natively (posttrain.hardware)
     force_bf16: bool = False  # bf16 even where it is emulated (slow)
     activation_checkpointing: bool = False
@@ -135,11 +138,12 @@ class ParallelConfig:
         raw = dict(raw or {})
         known = {
             k: raw.pop(k)
-            for k in ("use_deepspeed", "deepspeed_stage", "bf16", "force_bf16", "activation_checkpointing")
+            for k in ("use_deepspeed", "deepspeed_stage", "fsdp", "bf16", "force_bf16", "activation_checkpointing")
             if k in raw
         }
         cfg = cls(**known)
         cfg.use_deepspeed = bool(cfg.use_deepspeed)
+        cfg.fsdp = bool(cfg.fsdp)
         cfg.deepspeed_stage = int(cfg.deepspeed_stage or 0)
         cfg.force_bf16 = bool(cfg.force_bf16)
         cfg.extras = raw
@@ -148,6 +152,16 @@ class ParallelConfig:
     def precision(self, lora_policy: bool = False) -> hardware.Precision:
         """The dtypes of this run on this machine (posttrain.hardware's decision table)."""
         return hardware.plan(self.bf16, self.force_bf16, lora_policy)
+
+
+def drop_fsdp(parallel: ParallelConfig, trainer: str) -> None:
+    """FSDP2 shards RL's full fine-tuning only: `trainer` (SFT, ReST-EM) trains under DDP or DeepSpeed and
+    says so."""
+    if parallel.fsdp:
+        if is_main():
+            print(f"[posttrain] {trainer}: fsdp is for RL full fine-tuning; training under DDP or DeepSpeed",
+                  flush=True)  # fmt: skip
+        parallel.fsdp = False
 
 
 def use_bf16(cfg: ParallelConfig) -> bool:
@@ -187,7 +201,7 @@ def _prepare_deepspeed_cpu() -> None:
 
 
 class TrainEngine:
-    """One interface over single-process, DDP and DeepSpeed training.
+    """One interface over single-process, DDP, DeepSpeed and FSDP2 training.
 
     Use: `out = engine.model(**batch)`; `engine.backward(loss, boundary=last_micro_batch)`; after the boundary
     backward, `engine.step()` (clips, steps optimizer + scheduler, zeroes grads; returns the grad norm)."""
@@ -206,17 +220,18 @@ class TrainEngine:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.kind = kind  # "single" | "ddp" | "deepspeed"
+        self.kind = kind  # "single" | "ddp" | "deepspeed" | "fsdp"
         self.grad_accum = grad_accum
         self.max_grad_norm = max_grad_norm
-        self.autocast_dtype = autocast_dtype
+        self.autocast_dtype = autocast_dtype  # FSDP2: the dtype its mixed precision computes in
+        self.mesh: Any = None  # FSDP2: the device mesh the weights are sharded over
 
     @property
     def module(self) -> torch.nn.Module:
         return unwrap(self.model)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.autocast_dtype is None or self.kind == "deepspeed":
+        if self.autocast_dtype is None or self.kind in ("deepspeed", "fsdp"):  # they cast the weights
             return contextlib.nullcontext()
         return torch.autocast(device_type=device().type, dtype=self.autocast_dtype)
 
@@ -229,7 +244,9 @@ class TrainEngine:
             self.model.backward(loss * world_size(), scale_wrt_gas=False)
             self.model.step()
             return
-        scaled = loss * world_size() if self.kind == "ddp" else loss
+        # FSDP2 reduce-scatters every micro-batch's gradients onto the shards (no no_sync: the sharded
+        # gradients accumulate, the full ones are never kept)
+        scaled = loss * world_size() if self.kind in ("ddp", "fsdp") else loss
         if self.kind == "ddp" and not boundary:
             with self.model.no_sync():
                 scaled.backward()
@@ -242,7 +259,9 @@ class TrainEngine:
             return None if norm is None else float(norm)
         norm = None
         if self.max_grad_norm:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.max_grad_norm))
+            total = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.max_grad_norm)
+            full = getattr(total, "full_tensor", None)  # FSDP2: a DTensor over the sharded gradients
+            norm = float(full() if full is not None else total)
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
@@ -257,6 +276,35 @@ def zero_stage(engine: TrainEngine) -> int:
     if engine.kind != "deepspeed":
         return 0
     return int(engine.model.zero_optimization_stage())
+
+
+def shards_parameters(engine: TrainEngine) -> bool:
+    """Whether every rank must run each forward pass together (the weights are gathered in it)."""
+    return engine.kind == "fsdp" or zero_stage(engine) >= 3
+
+
+@contextlib.contextmanager
+def full_weights(engine: TrainEngine) -> Iterator[dict[str, torch.Tensor] | None]:
+    """Collective (every rank enters it): the full weights for rank 0 to save or sync. Under FSDP2 it
+    yields the full state dict on rank 0's CPU ({} elsewhere); under ZeRO-3 it gathers the parameters into
+    the module for the duration and yields None (read the module), as every other engine does."""
+    if engine.kind == "fsdp":
+        from posttrain_trainer.fsdp import full_model_state
+
+        yield full_model_state(engine.model)
+        return
+    with gathered_parameters(engine):
+        yield None
+
+
+def shard_frozen(engine: TrainEngine, module: torch.nn.Module | None) -> torch.nn.Module | None:
+    """A frozen copy (the KL reference) sharded as the policy is under FSDP2, with its mixed precision, so
+    that identical weights give identical logprobs; unchanged under every other engine."""
+    if module is None or engine.kind != "fsdp":
+        return module
+    from posttrain_trainer import fsdp
+
+    return fsdp.shard(module, engine.mesh, engine.autocast_dtype == torch.bfloat16)
 
 
 def gathered_parameters(engine: TrainEngine) -> contextlib.AbstractContextManager:
@@ -279,8 +327,14 @@ def build_engine(
     micro_batch: int = 1,
     max_grad_norm: float | None = 1.0,
 ) -> TrainEngine:
-    """DeepSpeed ZeRO when parallel.use_deepspeed and it can run here, else DDP (world > 1) or plain."""
+    """DeepSpeed ZeRO when parallel.use_deepspeed and it can run here, FSDP2 when parallel.fsdp under
+    torchrun, else DDP (world > 1) or plain."""
     bf16 = use_bf16(parallel)
+    if parallel.fsdp:
+        if is_distributed():
+            return _fsdp_engine(model, optimizer, scheduler, bf16, grad_accum, max_grad_norm)
+        if is_main():
+            print("[posttrain] FSDP requested but not launched under torchrun; training unsharded", flush=True)
     if parallel.use_deepspeed:
         ok, why = deepspeed_available()
         if ok:
@@ -340,3 +394,23 @@ def _deepspeed_engine(model, optimizer, scheduler, parallel, bf16, grad_accum, m
     return TrainEngine(
         engine, opt, sched, kind="deepspeed", grad_accum=grad_accum, max_grad_norm=max_grad_norm
     )
+
+
+def _fsdp_engine(model, optimizer, scheduler, bf16, grad_accum, max_grad_norm):
+    from posttrain_trainer import fsdp
+
+    names = {id(p): name for name, p in model.named_parameters()}
+    mesh = fsdp.mesh()
+    fsdp.shard(model, mesh, bf16)
+    fsdp.repoint_optimizer(optimizer, names, model)
+    engine = TrainEngine(
+        model,
+        optimizer,
+        scheduler,
+        kind="fsdp",
+        grad_accum=grad_accum,
+        max_grad_norm=max_grad_norm,
+        autocast_dtype=torch.bfloat16 if bf16 else None,
+    )
+    engine.mesh = mesh
+    return engine

@@ -74,7 +74,8 @@ def chunked_logprobs(
             out.append(_chunk_logprobs(project, h, t, temperature))
     if not out:
         return flat_hidden.new_zeros(shape, dtype=torch.float32)
-    return torch.cat(out).view(shape)
+    # a copy (B x T floats), not a view: FSDP2 warns about a view returned from a sharded model's forward
+    return torch.cat(out).view(shape).clone()
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

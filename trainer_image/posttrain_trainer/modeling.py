@@ -221,9 +221,13 @@ def render_chat(tokenizer, messages: list[dict[str, Any]], *, add_generation_pro
 
 @torch.no_grad()
 def merge_to_full_state_dict(
-    model: torch.nn.Module, dtype: torch.dtype | None = torch.bfloat16
+    model: torch.nn.Module,
+    dtype: torch.dtype | None = torch.bfloat16,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Full-model weights (base keys, e.g. model.layers.0.self_attn.q_proj.weight) with any LoRA merged in.
+    `state`: the full weights already gathered from a sharded model (distributed.full_weights), read instead
+    of the model's own tensors.
 
     Computed out of place (W + sum of the active adapters' deltas), so the training model is never touched
     (a merge/unmerge cycle would drift the base weights by float rounding on every weight sync). A tied
@@ -233,14 +237,17 @@ def merge_to_full_state_dict(
     model = unwrap(model)
     peft = is_peft(model)
     base = model.get_base_model() if peft else model
-    state: dict[str, torch.Tensor] = {}
+    weights: dict[str, torch.Tensor] = {}
     from posttrain_trainer import quantization
 
-    for key, tensor in quantization.dense_state_dict(base).items():  # QLoRA: NF4 dequantized
+    if state is not None and peft:
+        raise ValueError("a gathered state dict is only read for a full model, not a LoRA")
+    source = state if state is not None else quantization.dense_state_dict(base)  # QLoRA: NF4 dequantized
+    for key, tensor in source.items():
         if "lora_" in key or "modules_to_save" in key:
             continue
         key = key.replace(".base_layer.", ".")
-        state[key] = tensor.detach()
+        weights[key] = tensor.detach()
     if peft:
         from peft.tuners.lora import LoraLayer
 
@@ -252,17 +259,22 @@ def merge_to_full_state_dict(
             for adapter in module.active_adapters:
                 if adapter in module.lora_A:
                     merged += module.get_delta_weight(adapter).to(weight.dtype)
-            state[f"{name}.weight"] = merged
-    out = {k: v.to(dtype or v.dtype).clone().contiguous().cpu() for k, v in state.items()}
+            weights[f"{name}.weight"] = merged
+    out = {k: v.to(dtype or v.dtype).clone().contiguous().cpu() for k, v in weights.items()}
     if getattr(base.config, "tie_word_embeddings", False):
         out.pop("lm_head.weight", None)
     return out
 
 
 def save_merged(
-    model: torch.nn.Module, tokenizer, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16
+    model: torch.nn.Module,
+    tokenizer,
+    out_dir: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """A plain HF folder (config, safetensors, tokenizer) with LoRA merged: what vLLM reloads in weight sync."""
+    """A plain HF folder (config, safetensors, tokenizer) with LoRA merged: what vLLM reloads in weight sync.
+    `state`: a sharded model's gathered full weights (see merge_to_full_state_dict)."""
     from safetensors.torch import save_file
 
     from posttrain_trainer.distributed import unwrap
@@ -271,8 +283,8 @@ def save_merged(
     out_dir.mkdir(parents=True, exist_ok=True)
     model = unwrap(model)
     base = model.get_base_model() if is_peft(model) else model
-    state = merge_to_full_state_dict(model, dtype)
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    merged = merge_to_full_state_dict(model, dtype, state)
+    save_file(merged, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config = base.config.to_dict()
     config["dtype"] = str(dtype).replace("torch.", "")
     config.pop("torch_dtype", None)
@@ -294,9 +306,11 @@ def save_final(
     base_model: str,
     base_model_path: str,
     merged: bool = False,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """The job's final model: full weights (bf16 safetensors), or a LoRA adapter plus posttrain-base.json
-    naming the base model (id and path/URI). merged=True writes full merged weights even for LoRA."""
+    naming the base model (id and path/URI). merged=True writes full merged weights even for LoRA.
+    `state`: a sharded model's gathered full weights (see merge_to_full_state_dict)."""
     from posttrain_trainer.distributed import unwrap
 
     out_dir = Path(out_dir)
@@ -309,7 +323,7 @@ def save_final(
             json.dumps({"base_model": base_model, "model_path": base_model_path})
         )
         return out_dir
-    save_merged(model, tokenizer, out_dir)
+    save_merged(model, tokenizer, out_dir, state=state)
     (out_dir / BASE_REF_FILE).write_text(
         json.dumps({"base_model": base_model, "model_path": base_model_path, "merged": True})
     )

@@ -151,6 +151,7 @@ def m_step(
     scheduler = build_scheduler(
         optimizer, total_steps=max(1, total), warmup_ratio=cfg.warmup_ratio, name=cfg.lr_scheduler
     )
+    D.drop_fsdp(cfg.parallel, "ReST-EM")
     engine = D.build_engine(
         model,
         optimizer,

@@ -32,7 +32,10 @@ Dropout is off during RL: with a clip band of 4e-4, dropout noise alone would pu
 update runs in train mode with every dropout disabled (modeling.train_without_dropout), so that activation
 checkpointing recomputes (it does nothing in eval mode). DeepSpeed (ZeRO 1-3, `parallelism.use_deepspeed`,
 `deepspeed_stage`) shards full fine-tuning; each optimizer step's boundary is set by the update (its
-micro-batch count varies), and weight sync and the final save gather ZeRO-3's partitioned weights."""
+micro-batch count varies), and weight sync and the final save gather ZeRO-3's partitioned weights. FSDP2
+(`parallelism.fsdp`, fsdp.py) shards full fine-tuning too; a beta > 0 frozen reference is sharded alike, and
+the full state dict is gathered onto rank 0 for weight sync, the final save and checkpoints. Under either,
+every rank runs every forward pass together (an empty micro-batch runs a discarded one)."""
 
 from __future__ import annotations
 
@@ -256,7 +259,7 @@ def _logprobs(module: torch.nn.Module, engine: D.TrainEngine, batch: gspo.TokenB
 @torch.no_grad()
 def _prepare(
     engine: D.TrainEngine,
-    plans: list[list[list[TrainSeq]]],
+    minibatches: list[list[TrainSeq]],
     cfg: RLTrainerConfig,
     pad_id: int,
     ref_fn: RefFn | None,
@@ -264,13 +267,20 @@ def _prepare(
     """Old (and reference) logprobs with the pre-update weights, same micro-batch composition as the update.
     The first mini-batch runs on the pre-update weights, so its old logprobs are its own logprobs, detached
     (ratio exactly 1): no extra forward pass for it; with one mini-batch per iteration (on-policy GSPO)
-    that is the whole batch."""
+    that is the whole batch. Where the weights are sharded, a rank with an empty micro-batch runs the same
+    forward passes on a stand-in sequence and drops them: the others wait for its share of each gather."""
     prepared: list[list[PreparedMicro | None]] = []
-    for index, plan in enumerate(plans):
+    for index, minibatch in enumerate(minibatches):
         row: list[PreparedMicro | None] = []
-        for micro in plan:
+        for micro in _micro_plan(minibatch, cfg.micro_batch):
             if not micro:
                 row.append(None)
+                if D.shards_parameters(engine):
+                    stand_in = _collate(minibatch[:1], pad_id)
+                    if index > 0:
+                        _logprobs(engine.module, engine, stand_in, cfg.temperature)
+                    if ref_fn is not None and cfg.beta and getattr(ref_fn, "collective", False):
+                        ref_fn(minibatch[:1], stand_in)
                 continue
             batch = _collate(micro, pad_id)
             old = _logprobs(engine.module, engine, batch, cfg.temperature) if index > 0 else None
@@ -341,7 +351,7 @@ def gspo_update(
         return {"loss": 0.0, "optimizer_steps": 0, "policy_tokens": 0, "tokens": 0, "seconds": 0.0}
     minibatches = _shuffled_minibatches(seqs, cfg, iteration)
     train_without_dropout(engine.module)  # train(): activation checkpointing recomputes; no dropout
-    prepared = _prepare(engine, [_micro_plan(mb, cfg.micro_batch) for mb in minibatches], cfg, pad_id, ref_fn)
+    prepared = _prepare(engine, minibatches, cfg, pad_id, ref_fn)
     totals, grad_norms = UpdateTotals(), []
     for mb, row in zip(minibatches, prepared, strict=True):
         for k, item in enumerate(row):
@@ -406,8 +416,9 @@ def endpoint_reference_fn(
 
 def local_reference_fn(engine: D.TrainEngine, frozen: torch.nn.Module | None, temperature: float) -> RefFn:
     """A frozen local reference: `frozen` (a copy of the initial full model), or for LoRA the base model
-    (the adapter disabled). It runs under the policy's autocast, so that identical weights give identical
-    logprobs (KL exactly 0 at step 0)."""
+    (the adapter disabled). It runs under the policy's autocast (FSDP2: the copy is sharded with the
+    policy's mixed precision), so that identical weights give identical logprobs (KL exactly 0 at step 0).
+    `score.collective`: its forward gathers sharded weights, so every rank must call it together."""
 
     def score(micro: list[TrainSeq], batch: gspo.TokenBatch) -> torch.Tensor:
         dev = D.device()
@@ -420,6 +431,7 @@ def local_reference_fn(engine: D.TrainEngine, frozen: torch.nn.Module | None, te
             with module.disable_adapter():
                 return gspo.token_logprobs(module, ids, mask, **kwargs)
 
+    score.collective = engine.kind == "fsdp" if frozen is not None else D.shards_parameters(engine)
     return score
 
 
@@ -470,7 +482,7 @@ def build_policy(
     model, tokenizer = load_for_training(job, cfg, precision)
     frozen = None
     if cfg.beta and not job.endpoints.reference and not is_peft(model):
-        frozen = copy.deepcopy(model).eval().to(D.device())
+        frozen = copy.deepcopy(model).eval().to(D.device())  # before the policy is sharded
         for p in frozen.parameters():
             p.requires_grad_(False)
     optimizer = build_optimizer(model, lr=cfg.learning_rate)
@@ -489,7 +501,7 @@ def build_policy(
         micro_batch=cfg.micro_batch,
     )
     engine.module.eval()  # dropout off (see the module docstring); gradients still flow
-    return engine, tokenizer, frozen
+    return engine, tokenizer, D.shard_frozen(engine, frozen)
 
 
 def iteration_record(
@@ -717,9 +729,9 @@ class RLRun:
     def sync(self, version: int) -> dict[str, Any]:
         """Push the weights to the rollout servers (collective); returns rank 0's sync metrics."""
         out: dict[str, Any] = {}
-        with D.gathered_parameters(self.engine):  # ZeRO-3: the full weights on every rank while rank 0 writes
+        with D.full_weights(self.engine) as state:  # sharded engines: gathered while rank 0 writes
             if D.is_main():
-                result = self.syncer.sync(self.engine.module, self.tokenizer, version, self.sync_format)
+                result = self.syncer.sync(self.engine.module, self.tokenizer, version, self.sync_format, state)
                 out = result.as_metrics()
                 self.reporter.event(
                     "weight_sync", **out, path=result.path, format=self.sync_format, pruned=result.pruned
@@ -783,7 +795,7 @@ class RLRun:
             "batch_size": self.cfg.batch_size,
         }
         saved = None
-        with D.gathered_parameters(self.engine):  # ZeRO-3: the full weights on every rank while rank 0 saves
+        with D.full_weights(self.engine) as state:  # sharded engines: gathered while rank 0 saves
             if D.is_main():
                 job = self.job
                 curve = plot_curves(
@@ -798,6 +810,7 @@ class RLRun:
                     metrics_lines=self.history,
                     extra_files={"reward_curve": curve} if curve else None,
                     client=self.store.client,
+                    state=state,
                 )
         if D.is_main():
             final = self.reporter.final(

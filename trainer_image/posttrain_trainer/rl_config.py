@@ -205,6 +205,15 @@ def _check(cfg: RLTrainerConfig) -> None:
         )
     if not math.isfinite(cfg.tis_cap) or cfg.tis_cap < 1:
         raise RLConfigError(f"training.tis_cap = {cfg.tis_cap}: use a number >= 1")
+    if cfg.parallel.fsdp and cfg.parallel.use_deepspeed:
+        raise RLConfigError(
+            "training.parallelism.fsdp and use_deepspeed are both set: keep one (fsdp = false or "
+            "use_deepspeed = false)"
+        )
+    if cfg.parallel.fsdp and cfg.trainer_mode != "full":
+        raise RLConfigError(
+            f"training.parallelism.fsdp shards full fine-tuning only, not trainer_mode = {cfg.trainer_mode!r}"
+        )
     if cfg.gspo_variant not in gspo.GSPO_VARIANTS:
         raise RLConfigError(
             f"training.gspo_variant = {cfg.gspo_variant!r}: use one of {', '.join(gspo.GSPO_VARIANTS)}"

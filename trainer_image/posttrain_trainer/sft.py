@@ -157,6 +157,7 @@ def build_engine(cfg: SFTTrainerConfig, model: torch.nn.Module, plan: BatchPlan,
         if D.is_main():
             print("[posttrain] QLoRA: DeepSpeed ZeRO cannot shard 4-bit weights; using DDP", flush=True)
         cfg.parallel.use_deepspeed = False
+    D.drop_fsdp(cfg.parallel, "SFT")
     return D.build_engine(
         model,
         optimizer,

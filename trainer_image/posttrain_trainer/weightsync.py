@@ -101,7 +101,9 @@ class WeightSyncer:
         self.timeout_s = timeout_s
         self.dtype = dtype
 
-    def save(self, model: torch.nn.Module, tokenizer, version: int, fmt: str) -> Path:
+    def save(self, model: torch.nn.Module, tokenizer, version: int, fmt: str, state=None) -> Path:
+        """The weights of `version` in a folder the servers can read; `state`: a sharded model's gathered
+        full weights (distributed.full_weights), written instead of the module's."""
         from posttrain_trainer.distributed import unwrap
         from posttrain_trainer.modeling import save_merged
 
@@ -116,7 +118,7 @@ class WeightSyncer:
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
         else:
-            save_merged(model, tokenizer, tmp, dtype=self.dtype)
+            save_merged(model, tokenizer, tmp, dtype=self.dtype, state=state)
         tmp.rename(out)  # the server never sees a half-written folder
         return out
 
@@ -178,9 +180,11 @@ class WeightSyncer:
             answers.append(response.json() if response.content else {})
         return answers
 
-    def sync(self, model: torch.nn.Module, tokenizer, version: int, fmt: str = "full") -> SyncResult:
+    def sync(
+        self, model: torch.nn.Module, tokenizer, version: int, fmt: str = "full", state=None
+    ) -> SyncResult:
         started = time.perf_counter()
-        local = self.save(model, tokenizer, version, fmt)
+        local = self.save(model, tokenizer, version, fmt, state)
         saved = time.perf_counter()
         path = self.upload(local, version)
         uploaded = time.perf_counter()

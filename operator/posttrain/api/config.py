@@ -450,7 +450,28 @@ def _rl_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) ->
     )
     if wants_vision and not config.model.supports_vision:
         warnings.append("rollout asks for vision but the model does not support it (model.supports_vision)")
+    _rl_fsdp_rules(config, problems, warnings)
     _judge_rules(config, problems, warnings)
+
+
+def _rl_fsdp_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) -> None:
+    """training.parallelism.fsdp (FSDP2) shards GSPO's full fine-tuning; it is one sharding or the other."""
+    parallelism = config.training.parallelism if config.training else None
+    if parallelism is None or not parallelism.fsdp:
+        return
+    if is_restem(config):
+        warnings.append("training.parallelism.fsdp: ReST-EM trains under DDP or DeepSpeed; fsdp is ignored")
+        return
+    if parallelism.use_deepspeed:
+        problems.append(Problem("fsdp and use_deepspeed are both set: each shards the model its own way",
+                                field="training.parallelism.fsdp",
+                                fix="keep one: fsdp = false or use_deepspeed = false"))  # fmt: skip
+    mode = config.model.trainer_mode if config.model else None
+    if mode in ("lora", "qlora"):
+        problems.append(Problem(f'fsdp shards full fine-tuning only, not trainer_mode = "{mode}"',
+                                field="training.parallelism.fsdp",
+                                fix='set fsdp = false (an adapter\'s gradients and optimizer state are small) '
+                                    'or trainer_mode = "full"'))  # fmt: skip
 
 
 def _judge_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) -> None:
@@ -587,6 +608,9 @@ def _sft_rules(config: SFTConfig, problems: list[Problem], warnings: list[str]) 
                 fix='use train_kind = "fft" with variety "fft" and "peft" with "lora"',
             )
         )
+    if hp.parallelism is not None and hp.parallelism.fsdp:
+        warnings.append("hyperparameters.parallelism.fsdp: FSDP shards RL full fine-tuning only; this SFT job "
+                        "trains under DDP (or DeepSpeed ZeRO with use_deepspeed = true)")  # fmt: skip
     mode = config.training.mode if config.training else None
     if mode == "full_finetune" and variety != "fft" or mode == "lora" and variety == "fft":
         problems.append(Problem(f'training.mode = "{mode}" contradicts variety = "{variety}"', field="training.mode",

@@ -261,7 +261,9 @@ class ParallelismConfig(Section):
 
     use_deepspeed: bool | None = Field(None, description="Train with DeepSpeed.")
     deepspeed_stage: int | None = Field(None, ge=0, le=3, description="ZeRO stage.")
-    fsdp: bool | None = Field(None, description="FSDP.")
+    fsdp: bool | None = Field(
+        None, description="FSDP2 sharding of RL full fine-tuning (not with use_deepspeed, LoRA or QLoRA)."
+    )
     bf16: bool | None = Field(
         None,
         description="bf16 autocast where the hardware has native bf16 (GPUs with bf16, CPUs with "

@@ -1,0 +1,124 @@
+"""`posttrain train --local --type rl --nproc-per-node 2` with full fine-tuning sharded over the two trainer
+ranks (DeepSpeed ZeRO-3, and FSDP2): the job completes and prints its fine_tuned_model, and the weights the rollout
+server was last given (gathered from the shards at the final evaluation's weight sync) are exactly the saved
+final model's, with every tensor at its full shape and moved by training (the overlong penalty gives the
+random model's groups different rewards)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+RL_TOML = """
+[algorithm]
+type = "online"
+method = "policy_gradient"
+variety = "gspo"
+
+[compute]
+gpu_type = "CPU"
+gpu_count = 2
+
+[compute.topology]
+gpus_for_vllm = 1
+gpus_for_training = 1
+reference_placement = "none"
+
+[vllm]
+max_model_len = 256
+
+[model]
+base = "posttrain/tiny-random-qwen2"
+trainer_mode = "full"
+label = "{label}"
+
+[rollout]
+env_name = "math"
+policy_name = "math-single-step"
+max_turns = 1
+episodes_per_batch = 8
+max_concurrent_rollouts = 8
+
+[rollout.env_config]
+difficulty = "easy"
+
+[rollout.policy_config]
+temperature = 1.0
+max_tokens = 32
+
+[evaluation]
+instances = 1
+every_n_iters = 2
+seeds = [100]
+
+[training]
+num_epochs = 1
+iterations_per_epoch = 2
+max_turns = 1
+batch_size = 2
+group_size = 4
+learning_rate = 1e-3
+# The random model never solves a problem (reward 0): a response cut at max_tokens loses 1, one that ends
+# on its own keeps 0, so most groups carry a gradient and the weights move.
+overlong = "penalty"
+
+[training.parallelism]
+{parallelism}
+"""
+
+# engine -> ([training.parallelism], the engine the trainer reports)
+SHARDED = {
+    "zero3": ("use_deepspeed = true\ndeepspeed_stage = 3", "deepspeed"),
+    "fsdp": ("fsdp = true", "fsdp"),
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_tiny_dir() -> Path:
+    """The tiny random Qwen2 with head_dim 32 (vLLM's CPU attention rejects head_dim 16)."""
+    from posttrain.modelzoo import build_tiny_model
+
+    return build_tiny_model(REPO / ".models" / "tiny-random-qwen2-hd32", hidden_size=128)
+
+
+@pytest.mark.parametrize("engine", sorted(SHARDED))
+def test_rl_local_two_ranks_sharded_serves_what_it_trains(engine, vllm_tiny_dir, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    toml = tmp_path / "rl.toml"
+    toml.write_text(RL_TOML.format(label=f"rl-{engine}", parallelism=SHARDED[engine][0]))
+    env = {k: v for k, v in os.environ.items() if k not in ("TASK_APP_URL", "KUBECONFIG")}
+    done = subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", "train", "--local", "--runs-dir", str(tmp_path / "runs"),
+         "--type", "rl", "--config", str(toml), "--nproc-per-node", "2", "--model-path", str(vllm_tiny_dir)],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert re.search(r"^\s+step 2/2\s+mean_return [0-9.]+", out, re.M), out
+    assert re.search(rf"^fine_tuned_model: rl:posttrain/tiny-random-qwen2:local\.rl-{engine}\.[0-9a-f]{{8}}$",
+                     out, re.M), out  # fmt: skip
+    run_dir = Path(re.search(r"run folder (\S+)", out).group(1))
+    manifest = (run_dir / "work" / "manifest.json").read_text()
+    assert f'"engine": "{SHARDED[engine][1]}"' in manifest and '"world_size": 2' in manifest, manifest
+    # v1 after iteration 1, v2 (the final weights) before the final evaluation (every_n_iters = 2 = the
+    # iteration count: no evaluation in between)
+    served = load_file(next((run_dir / "weights" / "v2").glob("*.safetensors")))
+    final = load_file(run_dir / "work" / "final" / "model.safetensors")
+    base = load_file(next(vllm_tiny_dir.glob("*.safetensors")))
+    assert served.keys() == final.keys() and set(final) <= set(base)
+    for key, tensor in final.items():
+        assert tensor.shape == base[key].shape, key  # gathered, not one rank's shard
+        assert torch.equal(served[key], tensor), key
+    moved = max((final[k].float() - base[k].float()).abs().max().item() for k in final)
+    assert moved > 1e-3, "no group had mixed rewards in two iterations (rare: most groups of 4 are mixed)"
