@@ -299,8 +299,14 @@ def full_weights(engine: TrainEngine) -> Iterator[dict[str, torch.Tensor] | None
 
 def shard_frozen(engine: TrainEngine, module: torch.nn.Module | None) -> torch.nn.Module | None:
     """A frozen copy (the KL reference) sharded as the policy is under FSDP2, with its mixed precision, so
-    that identical weights give identical logprobs; unchanged under every other engine."""
-    if module is None or engine.kind != "fsdp":
+    that identical weights give identical logprobs; under DeepSpeed, in the dtype DeepSpeed holds the
+    policy's weights in (bf16 mode casts the module itself, there is no autocast to share); unchanged under
+    every other engine."""
+    if module is None:
+        return module
+    if engine.kind == "deepspeed":
+        return module.to(next(engine.module.parameters()).dtype)
+    if engine.kind != "fsdp":
         return module
     from posttrain_trainer import fsdp
 
