@@ -482,7 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     if (args.prompts * args.group) % args.minibatches:
         parser.error("--prompts x --group must divide into --minibatches")
     args.runs_dir = args.runs_dir.resolve()
-    result = run(args)
+    from posttrain.local.processes import sigterm_as_keyboard_interrupt
+
+    with sigterm_as_keyboard_interrupt():  # a timeout's SIGTERM still stops every server this started
+        result = run(args)
     ours, trl = result["series"]["posttrain"], result["series"]["trl"]
     summary = {
         "bench": "rl_iteration",
