@@ -375,6 +375,15 @@ def run_interleaved(path: Path, batches: list[list[dict[str, Any]]], args, work:
     }
 
 
+def uptime() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "uptime unavailable"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_trainer_gspo")
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
@@ -399,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     precision = hardware.plan(None if args.precision == "auto" else False)
     machine = hardware.probe().describe()
-    print(f"machine: {machine}; {os.cpu_count()} cores, torch {torch.get_num_threads()} threads", flush=True)
+    print(f"machine: {machine}; {os.cpu_count()} cores, torch {torch.get_num_threads()} threads; {uptime()}")
     print(f"precision (both sides): {precision.describe()}", flush=True)
     path = model_dir(args.model)
     batches = sample_rollouts(path, args)
@@ -430,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             "excluded_rollout_reward_seconds": [round(s, 3) for s in result["excluded_trl_seconds"]],
         },
         "ratio_of_median_tokens_per_second": round(ratio, 3),
+        "uptime": uptime(),
     }
     print(json.dumps(summary, indent=2))
     for name, series in (("posttrain", ours), ("TRL", trl)):
