@@ -12,9 +12,12 @@ RLRun driven in this process instead of under torchrun. One iteration = RLRun.st
 task app (vLLM samples, the app scores), GSPO update, weight sync to the rollout server (safetensors written,
 vLLM reloads). No evaluation, no checkpoint.
 
-TRL: GRPOTrainer with use_vllm=True, vllm_mode="server" against `trl vllm-serve` first. If that cannot run,
-its error is printed and the closest set-up that runs is used: vllm_mode="colocate" (vLLM inside the trainer
-process, weights loaded in place), else TRL's own transformers generate (use_vllm=False). Its reward
+TRL: GRPOTrainer with use_vllm=True, vllm_mode="server" against `trl vllm-serve` first ("server"), then
+against the vLLM command `trl vllm-serve` runs, started as vLLM's own OpenAI server module ("server-vllm";
+TRL's deprecation note says to run vLLM directly). Whichever cannot run prints its error, and the closest
+set-up that runs is used: vllm_mode="colocate" (vLLM inside the trainer process, weights loaded in place;
+one weight sync is tried before it counts as running), else TRL's own transformers generate
+(use_vllm=False). Its reward
 function scores with the task app's own make_problem/score. One iteration = one generation batch: from
 Trainer's on_step_begin of its first optimizer step to on_step_end of its last; that includes the weight
 sync of the previous update (TRL syncs before generating), the generation, the rewards and the update.
@@ -222,16 +225,26 @@ class TRLSide:
         self.vllm_env["VLLM_CACHE_ROOT"] = str(args.runs_dir / "cache" / "vllm")
         self.vllm_env["TORCHINDUCTOR_CACHE_DIR"] = str(args.runs_dir / "cache" / "vllm" / "torchinductor")
 
-    def start_server(self) -> str:
+    def start_server(self, mode: str) -> str:
+        """`trl vllm-serve` ("server"), or ("server-vllm") the vLLM server command it runs, started as vLLM's
+        own OpenAI server module (what TRL's deprecation note says to run instead)."""
         from posttrain import reaper
         from posttrain.localhost import free_port, stop_group
+        from trl.scripts.vllm_serve import ScriptArguments, build_command
 
         port = free_port()
-        argv = [str(Path(sys.executable).parent / "trl"), "vllm-serve", "--model", str(self.model_dir),
-                "--host", "127.0.0.1", "--port", str(port), "--max_model_len", "512",
-                "--dtype", self.precision.vllm]  # fmt: skip
-        log = self.work / "trl-vllm-serve.log"
-        print(f"[trl] $ {' '.join(argv[1:])} (log {log})", flush=True)
+        model = str(self.model_dir)
+        if mode == "server":
+            argv = [str(Path(sys.executable).parent / "trl"), "vllm-serve", "--model", model,
+                    "--host", "127.0.0.1", "--port", str(port), "--max_model_len", "512",
+                    "--dtype", self.precision.vllm]  # fmt: skip
+        else:
+            command = build_command(ScriptArguments(model=model, host="127.0.0.1", port=port, max_model_len=512,
+                                                    dtype=self.precision.vllm))  # fmt: skip
+            argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                    *command[command.index(model) + 1 :]]  # fmt: skip
+        log = self.work / f"trl-{mode}.log"
+        print(f"[trl] $ {' '.join(argv)} (log {log})", flush=True)
         with log.open("ab") as out:
             proc = subprocess.Popen(argv, env=self.vllm_env, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
@@ -248,7 +261,9 @@ class TRLSide:
             wait_health(url, proc, self.args.server_timeout)
         except (RuntimeError, TimeoutError) as err:
             stop()
-            raise RuntimeError(f"trl vllm-serve {err}; log tail:\n{log_tail(log)}") from err
+            raise RuntimeError(
+                f"{argv[1] if mode == 'server' else 'vLLM'} {err}; log tail:\n{log_tail(log)}"
+            ) from err
         return url
 
     def build(self, modes: list[str]):
@@ -256,8 +271,10 @@ class TRLSide:
             started = time.monotonic()
             try:
                 trainer = self._trainer(mode)
+                if getattr(trainer, "vllm_generation", None) is not None:
+                    trainer.vllm_generation.sync_weights()  # what each iteration does after the first
             except Exception as err:  # noqa: BLE001 - any failure of a mode is reported and the next one tried
-                if mode == "server" and self.stop_server is not None:
+                if mode.startswith("server") and self.stop_server is not None:
                     self.stop_server()  # its vLLM would sit beside the next attempt's
                 text = error_text(err)
                 self.attempts.append({"mode": mode, "ok": False, "error": text,
@@ -290,13 +307,13 @@ class TRLSide:
             return [app.score(problems[s], t)[0] for s, t in zip(seed, texts, strict=True)]
 
         vllm: dict[str, Any] = {"use_vllm": False}
-        if mode in ("server", "colocate"):
-            vllm = {"use_vllm": True, "vllm_mode": mode, "vllm_max_model_length": 512,
+        if mode in ("server", "server-vllm", "colocate"):
+            vllm = {"use_vllm": True, "vllm_mode": mode.split("-")[0], "vllm_max_model_length": 512,
                     "vllm_importance_sampling_correction": False}  # fmt: skip
-            if mode == "server":
+            if mode.startswith("server"):
                 from posttrain.localhost import free_port
 
-                vllm.update(vllm_server_base_url=self.start_server(), vllm_group_port=free_port(),
+                vllm.update(vllm_server_base_url=self.start_server(mode), vllm_group_port=free_port(),
                             vllm_server_timeout=60.0)  # fmt: skip
             else:
                 for key in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CACHE_ROOT",
@@ -356,7 +373,9 @@ def run(args) -> dict[str, Any]:
     print(f"machine: {machine}; {os.cpu_count()} cores; {uptime()}", flush=True)
     print(f"precision (both sides): {precision.describe()}", flush=True)
     model_dir = modelzoo.convert_smollm2(REPO / ".models" / "smollm2-135m-instruct")
-    modes = {"auto": ["server", "colocate", "transformers"]}.get(args.trl_mode, [args.trl_mode])
+    modes = {"auto": ["server", "server-vllm", "colocate", "transformers"]}.get(
+        args.trl_mode, [args.trl_mode]
+    )
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-rl-iteration-") as tmp:
         work = Path(tmp)
         ours = Posttrain(args, work, stack)
@@ -471,10 +490,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minibatches", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--lr", type=float, default=1e-6)
-    parser.add_argument("--trl-mode", choices=["auto", "server", "colocate", "transformers"], default="auto",
-                        help="auto: vLLM server mode, else colocate, else TRL's own generate")  # fmt: skip
+    parser.add_argument("--trl-mode", choices=["auto", "server", "server-vllm", "colocate", "transformers"], default="auto",
+                        help="auto: each in this order until one runs")  # fmt: skip
     parser.add_argument(
-        "--server-timeout", type=float, default=420.0, help="seconds for `trl vllm-serve` to start"
+        "--server-timeout", type=float, default=300.0, help="seconds for a TRL vLLM server to start"
     )
     parser.add_argument("--runs-dir", type=Path, default=REPO / ".runs")
     parser.add_argument("--json-out", type=Path, default=REPO / "bench-results" / "rl_iteration.json")
