@@ -17,10 +17,10 @@ against the vLLM command `trl vllm-serve` runs, started as vLLM's own OpenAI ser
 TRL's deprecation note says to run vLLM directly). Whichever cannot run prints its error, and the closest
 set-up that runs is used: vllm_mode="colocate" (vLLM inside the trainer process, weights loaded in place;
 one weight sync is tried before it counts as running), else TRL's own transformers generate
-(use_vllm=False). Its reward
-function scores with the task app's own make_problem/score. One iteration = one generation batch: from
-Trainer's on_step_begin of its first optimizer step to on_step_end of its last; that includes the weight
-sync of the previous update (TRL syncs before generating), the generation, the rewards and the update.
+(use_vllm=False). Its reward function scores with the task app's own make_problem/score. One iteration =
+one generation batch: from Trainer's on_step_begin of its first optimizer step to on_step_end of its last;
+that includes the weight sync of the previous update (TRL syncs before generating), the generation, the
+rewards and the update.
 vllm_importance_sampling_correction is off (posttrain, by default, recomputes old logprobs without it).
 
 Printed: per side the median and spread (min, IQR, max) of the seconds per iteration over the timed repeats
