@@ -9,7 +9,7 @@ way a user runs it. Needs root, `make k8s-bins node-bins images` (make e2e build
  4. hack/e2e/rl.toml -> `posttrain convert` -> `kubectl apply`; follows `kubectl get rljobs` through
     Verifying -> Provisioning -> Running -> Succeeded; after the first checkpoint it SIGKILLs the trainer's
     container (crictl stop -t 0) and checks the replacement pod logs the step it resumed at;
- 5. checks the trainer patched status.progress as its own ServiceAccount, downloads the fine-tuned model
+ 5. checks the trainer patched status.progress as the trainer ServiceAccount, held to its own job, downloads the fine-tuned model
     from the printed S3 URI and loads it with transformers;
  6. an RLJob whose Secret holds a wrong key reaches Failed, and no trainer Job or pod is ever created;
  7. examples/demo/sft.toml (its dataset uploaded to S3) -> convert -> apply -> Succeeded;
@@ -235,22 +235,34 @@ def resumed_step(kube: Kube, killed_uid: str) -> int:
 
 
 def check_trainer_identity(kube: Kube, job: dict) -> None:
-    """status.progress came from the trainer, as ServiceAccount <job>-trainer, which may patch this job's
-    status and nothing else."""
+    """status.progress came from the trainer, as the namespace's ServiceAccount posttrain-trainer, which
+    the admission policy posttrain-trainer-own-job lets patch this job's status and no other's (checked
+    with a server-side dry run as that ServiceAccount from the trainer's pod: the pod name is what the
+    policy reads from a pod-bound token)."""
     progress = (job.get("status") or {}).get("progress") or {}
     if not progress.get("step"):
         raise E2EError(f"status.progress was never written: {job.get('status')}")
-    sa = f"{RL_NAME}-trainer"
+    sa = "posttrain-trainer"
     trainer_job = kube.json("-n", NS, "get", "jobs", f"{RL_NAME}-trainer")
     if trainer_job["spec"]["template"]["spec"]["serviceAccountName"] != sa:
-        raise E2EError("the trainer pods do not run as the per-job ServiceAccount")
+        raise E2EError("the trainer pods do not run as the namespace's trainer ServiceAccount")
     user = f"system:serviceaccount:{NS}:{sa}"
-    can = kube.run("auth", "can-i", "patch", f"rljobs.posttrain.dev/{RL_NAME}", "--subresource=status",
-                   "-n", NS, f"--as={user}", check=False).strip()  # fmt: skip
-    other = kube.run("auth", "can-i", "patch", f"rljobs.posttrain.dev/{WRONG_NAME}", "--subresource=status",
-                     "-n", NS, f"--as={user}", check=False).strip()  # fmt: skip
-    if can != "yes" or other != "no":
-        raise E2EError(f"{user}: patch own status {can!r}, another job's {other!r}")
+    pod = job_pods(kube, RL_NAME, "trainer")[0]["metadata"]["name"]
+
+    def may_patch(from_pod: str) -> str:
+        proc = subprocess.run(
+            [kubectl_path(), f"--kubeconfig={kube.kubeconfig}", "-n", NS, "patch", "rljob", RL_NAME,
+             "--subresource=status", "--type=merge", "-p", '{"status":{"progress":{"step":1}}}',
+             "--dry-run=server", f"--as={user}",
+             f"--as-user-extra=authentication.kubernetes.io/pod-name={from_pod}"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        return "yes" if proc.returncode == 0 else proc.stderr.strip()[-300:]
+
+    # its own trainer pod may; another job's trainer pod (e2e-other's) may not
+    can, other = may_patch(pod), may_patch("e2e-other-trainer-0-bcdfg")
+    if can != "yes" or "a trainer may patch only its own job" not in other:
+        raise E2EError(f"{user}: patch from its own pod {pod} {can!r}, from another job's pod {other!r}")
     managers = {m.get("manager") for m in job["metadata"].get("managedFields", [])
                 if m.get("subresource") == "status" and "f:progress" in json.dumps(m.get("fieldsV1", {}))}  # fmt: skip
     for pod in job_pods(kube, RL_NAME, "trainer"):

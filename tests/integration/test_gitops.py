@@ -95,10 +95,12 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
 
 @pytest.fixture(scope="module")
 def platform(cluster) -> str:
-    """The cluster with the platform's Namespace and CRDs really applied: a dry-run cannot establish a CRD or
+    """The cluster with the platform's Namespace, CRDs and trainer policy really applied: a dry-run cannot establish a CRD or
     create a namespace, so objects that need them are dry-run against the real ones."""
     kcfg = kubeconfig_of(cluster)
-    prereqs = [d for d in render("overlays/dev") if d["kind"] in {"Namespace", "CustomResourceDefinition"}]
+    # (and the trainer's admission policy, which the operator looks for at start)
+    kinds = {"Namespace", "CustomResourceDefinition", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    prereqs = [d for d in render("overlays/dev") if d["kind"] in kinds]
     prereqs += [d for d in render("overlays/namespaced") if d["kind"] == "Namespace" and d not in prereqs]
     kubectl(kcfg, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=dump(prereqs))
     names = [f"crd/{d['metadata']['name']}" for d in prereqs if d["kind"] == "CustomResourceDefinition"]
@@ -401,25 +403,33 @@ def test_no_diff_after_the_operator_reconciled(platform, namespace, math_taskapp
             want = "Healthy" if obj["kind"] == "TaskApp" else "Progressing"
             assert hs["status"] == want, (obj.get("status"), hs)
 
-        # The trainer's identity the operator rendered: PATCH on exactly its own job's status.
+        # The trainer's identity the operator made: PATCH on job status for the namespace's one trainer
+        # ServiceAccount, which the installed admission policy holds to the pod's own job
+        # (tests/integration/test_trainer_identity.py shows the refusal with real pod-bound tokens).
+        roles = yaml.safe_load(kubectl(kcfg, "get", "roles", "-n", ns, "-o", "yaml").stdout)["items"]
+        trainer_rules = [
+            rule
+            for role in roles
+            for rule in role.get("rules", [])
+            if any(r.endswith("/status") for r in rule.get("resources", []))
+        ]
+        assert trainer_rules == [
+            {
+                "apiGroups": ["posttrain.dev"],
+                "resources": ["rljobs/status", "sftjobs/status"],
+                "verbs": ["patch"],
+            }
+        ], trainer_rules
+        policy = yaml.safe_load(
+            kubectl(kcfg, "get", "validatingadmissionpolicybinding", "posttrain-trainer-own-job", "-o", "yaml").stdout
+        )
+        assert policy["spec"]["validationActions"] == ["Deny"], policy
         for d in docs:
             if d["kind"] != "RLJob":
                 continue
-            roles = yaml.safe_load(kubectl(kcfg, "get", "roles", "-n", ns, "-o", "yaml").stdout)["items"]
-            mine = [
-                rule
-                for role in roles
-                for rule in role.get("rules", [])
-                if d["metadata"]["name"] in (rule.get("resourceNames") or [])
-            ]
-            assert mine == [
-                {
-                    "apiGroups": ["posttrain.dev"],
-                    "resources": ["rljobs/status"],
-                    "resourceNames": [d["metadata"]["name"]],
-                    "verbs": ["patch"],
-                }
-            ], mine
+            jobs = yaml.safe_load(kubectl(kcfg, "get", "jobs", "-n", ns, "-o", "yaml").stdout)["items"]
+            mine = [j for j in jobs if j["metadata"]["labels"].get("posttrain.dev/job") == d["metadata"]["name"]]
+            assert [j["spec"]["template"]["spec"]["serviceAccountName"] for j in mine] == ["posttrain-trainer"]
 
         # The ClusterRole was enough: no request of the operator was forbidden.
         if own_token and enforced:

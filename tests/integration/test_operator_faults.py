@@ -244,17 +244,19 @@ def test_a_restricted_namespace_runs_a_job(env: Env, math_taskapp: Any) -> None:
     assert [p.metadata.name for p in policies] == ["locked-network"]
     token = env.core.read_namespaced_secret("locked-rollout-token", env.ns)
     assert token.metadata.owner_references[0].name == "locked" and token.data["token"]
-    # Someone deletes the trainer's Role and the job's NetworkPolicy: the operator makes them again.
+    # Someone deletes the trainer's Role (the namespace's) and the job's NetworkPolicy: the operator makes
+    # them again.
     rbac = client.RbacAuthorizationV1Api(env.api)
     networking = client.NetworkingV1Api(env.api)
-    old = (rbac.read_namespaced_role("locked-trainer", env.ns).metadata.uid, policies[0].metadata.uid)
-    rbac.delete_namespaced_role("locked-trainer", env.ns)
+    role = "posttrain-trainer-status"
+    old = (rbac.read_namespaced_role(role, env.ns).metadata.uid, policies[0].metadata.uid)
+    rbac.delete_namespaced_role(role, env.ns)
     networking.delete_namespaced_network_policy("locked-network", env.ns)
 
     def remade() -> bool:
         try:
             new = (
-                rbac.read_namespaced_role("locked-trainer", env.ns).metadata.uid,
+                rbac.read_namespaced_role(role, env.ns).metadata.uid,
                 networking.read_namespaced_network_policy("locked-network", env.ns).metadata.uid,
             )
         except ApiException:

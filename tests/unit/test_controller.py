@@ -174,7 +174,9 @@ class FakeRuntime:
 
 def _rendered() -> render.Rendered:
     job = parse_job(job_object("RLJob", rl_spec(model={"base": "m"})))
-    return render.render_rljob(job, OperatorSettings(), render.TaskAppTarget("http://t", "s"))
+    # (the per-job trainer identity: the mode whose children a deleted one must be made again of)
+    settings = OperatorSettings(trainer_identity="job")
+    return render.render_rljob(job, settings, render.TaskAppTarget("http://t", "s"))
 
 
 def test_ensure_children_applies_only_missing_or_drifted() -> None:
@@ -216,7 +218,7 @@ def test_ensure_children_applies_only_missing_or_drifted() -> None:
 def test_expected_of_names_every_watched_child() -> None:
     exp = expected_of(_rendered())
     assert exp.trainer == "j-trainer" and exp.deployments == {"j-rollout": 1}
-    assert set(exp.others) == {"ConfigMap/j-config", "Service/j-rollout", "Service/j-trainer"}
+    assert set(exp.others) == {"ConfigMap/j-config", "Service/j-rollout"}  # one trainer pod: no Service
 
 
 def test_namespace_terminating_is_told_apart_from_rbac_denials():

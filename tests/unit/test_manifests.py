@@ -19,8 +19,14 @@ OVERLAYS = ["overlays/dev", "overlays/prod", "overlays/dev-node"]
 NAMESPACED = "overlays/namespaced"  # the multi-tenant install: a Role per served namespace
 KUSTOMIZATIONS = [*OVERLAYS, NAMESPACED, "argocd"]
 # Cluster-scoped rows of the operator's README table: a namespaced install has no cluster-wide grant of
-# these but the read-only CRD list (kopf) and, for kopf's peering, none at all.
-CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions"), ("kopf.dev", "clusterkopfpeerings")}
+# these but the read-only CRD list (kopf) and, for kopf's peering and the trainer policy's read, none at
+# all (its operator runs the per-job trainer identity).
+CLUSTER_SCOPED = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"),
+    ("kopf.dev", "clusterkopfpeerings"),
+    ("admissionregistration.k8s.io", "validatingadmissionpolicies"),
+    ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"),
+}
 
 needs_kubectl = pytest.mark.skipif(
     shutil.which("kubectl") is None, reason="kubectl (with kustomize) not installed"

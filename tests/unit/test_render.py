@@ -9,6 +9,7 @@ from fixtures.jobs import RL_SPEC, UID, job_object, sft_spec
 from posttrain.api.jobfile import JobFile
 from posttrain.controller import render
 from posttrain.controller.objects import Job, parse_job, parse_task_app
+from posttrain.controller.render.identity import POLICY_SERVICE_ACCOUNT, render_namespace_identity
 from posttrain.controller.render.model import model_location
 from posttrain.controller.render.taskapp import TaskAppTarget, render_task_app, task_app_target
 from posttrain.controller.settings import OperatorSettings
@@ -62,8 +63,7 @@ def test_rljob_children_topology_and_labels() -> None:
         ("NetworkPolicy", "math-rl-network"),
         ("Service", "math-rl-reference"),
         ("Service", "math-rl-rollout"),
-        ("Service", "math-rl-trainer"),
-    ]
+    ]  # a one-pod trainer is its own rendezvous: no headless Service
     for child in out.children:
         meta = child["metadata"]
         assert meta["namespace"] == "team-a"
@@ -258,15 +258,8 @@ def test_sftjob_children_dataset_configmap() -> None:
         dataset={"configMapRef": {"name": "sft1-data", "key": "train.jsonl"}},
     )
     out = render.render_sftjob(parse_job(job_object("SFTJob", spec, name="sft1")), SETTINGS)
-    assert sorted(c["kind"] for c in out.children) == [
-        "ConfigMap",
-        "Job",
-        "NetworkPolicy",
-        "Role",
-        "RoleBinding",
-        "Service",
-        "ServiceAccount",
-    ]
+    # (the trainer's identity is the namespace's, a one-pod trainer needs no rendezvous Service)
+    assert sorted(c["kind"] for c in out.children) == ["ConfigMap", "Job", "NetworkPolicy"]
     pod = by(out.children, "Job", "trainer")["spec"]["template"]["spec"]
     assert "initContainers" not in pod
     assert {"name": "data", "configMap": {"name": "sft1-data"}} in pod["volumes"]
@@ -327,7 +320,7 @@ def test_task_app_image_children() -> None:
 
 
 def test_per_job_trainer_identity() -> None:
-    out = render.render_rljob(rljob(), SETTINGS, TARGET)
+    out = render.render_rljob(rljob(), SETTINGS.model_copy(update={"trainer_identity": "job"}), TARGET)
     role = by(out.children, "Role", "trainer")
     assert role["rules"] == [
         {
@@ -341,12 +334,36 @@ def test_per_job_trainer_identity() -> None:
     assert binding["subjects"][0]["name"] == by(out.children, "ServiceAccount", "trainer")["metadata"]["name"]
     pod = by(out.children, "Job", "trainer")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "math-rl-trainer"
-    shared = OperatorSettings(per_job_trainer_identity=False)
-    out = render.render_rljob(rljob(), shared, TARGET)
-    assert not [c for c in out.children if c["kind"] in ("Role", "RoleBinding", "ServiceAccount")]
-    assert by(out.children, "Job", "trainer")["spec"]["template"]["spec"]["serviceAccountName"] == (
-        "posttrain-trainer"
-    )
+    for mode in ("namespace", "static"):
+        shared = OperatorSettings(trainer_identity=mode)
+        out = render.render_rljob(rljob(), shared, TARGET)
+        assert not [c for c in out.children if c["kind"] in ("Role", "RoleBinding", "ServiceAccount")]
+        assert by(out.children, "Job", "trainer")["spec"]["template"]["spec"]["serviceAccountName"] == (
+            "posttrain-trainer"
+        )
+
+
+def test_namespace_trainer_identity() -> None:
+    """One ServiceAccount, Role and RoleBinding per namespace, owned by no job and outside the children's
+    watches (no job label); the Role is what the admission policy narrows to the pod's own job."""
+    sa, role, binding = render_namespace_identity("team-a", SETTINGS)
+    assert [o["kind"] for o in (sa, role, binding)] == ["ServiceAccount", "Role", "RoleBinding"]
+    for obj in (sa, role, binding):
+        assert obj["metadata"]["namespace"] == "team-a" and "ownerReferences" not in obj["metadata"]
+        assert "posttrain.dev/job" not in obj["metadata"]["labels"]
+    assert sa["metadata"]["name"] == POLICY_SERVICE_ACCOUNT == SETTINGS.trainer_service_account
+    assert role["rules"] == [
+        {"apiGroups": ["posttrain.dev"], "resources": ["rljobs/status", "sftjobs/status"], "verbs": ["patch"]}
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "posttrain-trainer", "namespace": "team-a"}]
+
+
+def test_a_multi_node_trainer_gets_its_rendezvous_service_and_a_single_pod_does_not() -> None:
+    single = render.render_rljob(rljob(), SETTINGS, TARGET)
+    pod = by(single.children, "Job", "trainer")["spec"]["template"]["spec"]
+    assert "subdomain" not in pod and env_of(pod["containers"][0])["MASTER_ADDR"] == "127.0.0.1"
+    assert not [c for c in single.children if c["kind"] == "Service" and c["metadata"]["name"] == "math-rl-trainer"]
 
 
 def test_kueue_owns_suspend_while_queued() -> None:

@@ -17,12 +17,28 @@ from typing import Any
 
 import kopf
 
-from posttrain.controller.runtime import Key, runtime_of
-from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, MANAGER, load_settings
+from posttrain.controller.render.names import ROLE_TRAINER
+from posttrain.controller.runtime import Key, namespace_identity_key, runtime_of
+from posttrain.controller.settings import (
+    LABEL_JOB,
+    LABEL_KIND,
+    LABEL_MANAGED_BY,
+    LABEL_ROLE,
+    MANAGER,
+    load_settings,
+)
 from posttrain.controller.status import DeploymentObs, PodObs, TrainerObs
 from posttrain.controller.wake import child_wakes, pod_wakes
 
 SELECTOR = {LABEL_JOB: kopf.PRESENT, LABEL_MANAGED_BY: MANAGER}
+# The trainer's identity kinds are also watched for the namespace's own identity (render/identity.py), which
+# belongs to no job: these watches select on the operator's label alone (it makes no others of them).
+IDENTITY_SELECTOR = {LABEL_MANAGED_BY: MANAGER}
+IDENTITY_WATCHES = {
+    ("v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io/v1", "roles"),
+    ("rbac.authorization.k8s.io/v1", "rolebindings"),
+}
 # (group/version, plural) of every child kind the operator watches.
 WATCHED_CHILDREN = (
     ("apps/v1", "deployments"),
@@ -37,8 +53,10 @@ WATCHED_CHILDREN = (
 )
 
 
-def child_selector() -> str:
-    """The label selector of the children's watches, as the API server takes it."""
+def child_selector(group_version: str = "", plural: str = "") -> str:
+    """The label selector of a child kind's watch, as the API server takes it."""
+    if (group_version, plural) in IDENTITY_WATCHES:
+        return f"{LABEL_MANAGED_BY}={MANAGER}"
     return f"{LABEL_MANAGED_BY}={MANAGER},{LABEL_JOB}"
 
 
@@ -109,7 +127,10 @@ async def posttrain_configmaps(meta: Any, memo: Any, **_: Any) -> dict[Key, str]
 async def _supporting(kind: str, meta: Any, memo: Any) -> dict[Key, str] | None:
     key = parent_key(meta)
     if key is None:
-        return None
+        labels = meta.get("labels") or {}
+        if LABEL_JOB in labels or labels.get(LABEL_ROLE) != ROLE_TRAINER:
+            return None
+        key = namespace_identity_key(meta.get("namespace") or "")
     return {key: f"{kind}/{meta['name']}"}
 
 
@@ -118,17 +139,17 @@ async def posttrain_networkpolicies(meta: Any, memo: Any, **_: Any) -> dict[Key,
     return await _supporting("NetworkPolicy", meta, memo)
 
 
-@kopf.index("", "v1", "serviceaccounts", labels=SELECTOR)
+@kopf.index("", "v1", "serviceaccounts", labels=IDENTITY_SELECTOR)
 async def posttrain_serviceaccounts(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
     return await _supporting("ServiceAccount", meta, memo)
 
 
-@kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=SELECTOR)
+@kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=IDENTITY_SELECTOR)
 async def posttrain_roles(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
     return await _supporting("Role", meta, memo)
 
 
-@kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=SELECTOR)
+@kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=IDENTITY_SELECTOR)
 async def posttrain_rolebindings(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
     return await _supporting("RoleBinding", meta, memo)
 

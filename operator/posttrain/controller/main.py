@@ -19,9 +19,10 @@ from posttrain.controller import (  # noqa: F401 - importing registers the handl
     taskapp_index,
 )
 from posttrain.controller.children import WATCHED_CHILDREN, child_selector
-from posttrain.controller.kube import Kube
+from posttrain.controller.kube import Kube, is_own_session
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.settings import ANNOTATION_PREFIX, FINALIZER, OperatorSettings, load_settings
+from posttrain.controller.trainer_identity import resolve_trainer_identity
 
 logger = logging.getLogger("posttrain.operator")
 _CONFIG: dict[str, Any] = {}  # set by run() before kopf starts: settings, kubeconfig
@@ -55,11 +56,13 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     # The API server filters the children's watches: events of Pods, ConfigMaps, ... that the operator
     # did not make never reach this process (kopf's own label filters would only drop them here).
     for group_version, plural in WATCHED_CHILDREN:
-        settings.watching.label_selectors[group_version, plural] = child_selector()
+        settings.watching.label_selectors[group_version, plural] = child_selector(group_version, plural)
     settings.networking.error_backoffs = [0.5, 1, 2, 3, 5, 8]
     settings.batching.idle_timeout = 60.0
     op_settings: OperatorSettings = _CONFIG.get("settings") or load_settings()
-    memo.runtime = Runtime(settings=op_settings, kube=Kube.from_env(_CONFIG.get("kubeconfig")))
+    kube = Kube.from_env(_CONFIG.get("kubeconfig"))
+    op_settings = await resolve_trainer_identity(kube, op_settings)
+    memo.runtime = Runtime(settings=op_settings, kube=kube)
     logger.info(
         "posttrain operator: namespaces=%s trainer=%s rollout=%s",
         op_settings.namespace or "<all>",
@@ -87,7 +90,8 @@ _KOPF_REQUESTS: collections.Counter[str] = collections.Counter()
 
 def count_kopf_requests() -> None:
     """Opt-in (POSTTRAIN_COUNT_KOPF_REQUESTS=1, for the benchmark): count kopf's own API requests (watches,
-    finalizer/annotation patches, Events) by wrapping aiohttp's request method."""
+    finalizer/annotation patches, Events) by wrapping aiohttp's request method (the operator's own client,
+    on aiohttp too, is left out: it counts its requests itself)."""
     import aiohttp
 
     original = aiohttp.ClientSession._request
@@ -95,7 +99,8 @@ def count_kopf_requests() -> None:
         return
 
     async def counted(self: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        _KOPF_REQUESTS[method.upper()] += 1
+        if not is_own_session(self):  # the operator's own client counts its requests itself
+            _KOPF_REQUESTS[method.upper()] += 1
         return await original(self, method, *args, **kwargs)
 
     counted._posttrain_counted = True  # type: ignore[attr-defined]

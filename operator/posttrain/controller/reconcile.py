@@ -29,7 +29,7 @@ from posttrain.controller.render.model import bucket
 from posttrain.controller.render.names import SERVER_ROLES, child_name
 from posttrain.controller.render.taskapp import TaskAppTarget, task_app_target
 from posttrain.controller.render.token import render_token_secret
-from posttrain.controller.runtime import Key, Runtime
+from posttrain.controller.runtime import Key, Runtime, namespace_identity_key
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
 from posttrain.controller.spec_errors import SpecError, render_failure_message, unprocessable_message
 from posttrain.controller.status import (
@@ -39,7 +39,6 @@ from posttrain.controller.status import (
     INVALID_SPEC,
     PENDING,
     PROVISIONING,
-    RUNNING,
     SUCCEEDED,
     SUSPENDED,
     TERMINAL,
@@ -71,8 +70,9 @@ from posttrain.controller.verify import (
 
 logger = logging.getLogger(__name__)
 KIND_LABELS = {"RLJob": "rljob", "SFTJob": "sftjob", "TaskApp": "taskapp"}
-# Events are for people: a job started, paused or ended. Pending/Verifying/Provisioning are in its status.
-EVENT_PHASES = {RUNNING, SUSPENDED, SUCCEEDED, FAILED}
+# Events are for people to look at: a job paused or ended. The way there (Pending, Verifying,
+# Provisioning, Running) is in its status; a Running job is the normal case, not news.
+EVENT_PHASES = {SUSPENDED, SUCCEEDED, FAILED}
 APPLY_GRACE = 15.0  # seconds to wait for our own apply to show up in the watch before re-applying
 
 
@@ -134,12 +134,14 @@ def key_of(owner: Owner) -> Key:
     return (owner.namespace, KIND_LABELS[owner.kind], owner.name)
 
 
-SUPPORTING_INDEXES = (
-    "posttrain_networkpolicies",
-    "posttrain_serviceaccounts",
-    "posttrain_roles",
-    "posttrain_rolebindings",
-)
+IDENTITY_INDEXES = ("posttrain_serviceaccounts", "posttrain_roles", "posttrain_rolebindings")
+SUPPORTING_INDEXES = ("posttrain_networkpolicies", *IDENTITY_INDEXES)
+
+
+def namespace_identity_seen(owner: Owner, indexes: dict[str, Any]) -> set[str]:
+    """The namespace's trainer identity as the operator's watches hold it ("Kind/name")."""
+    key = namespace_identity_key(owner.namespace)
+    return {name for index in IDENTITY_INDEXES for name in indexes.get(index, {}).get(key, [])}
 
 
 def observe(key: Key, indexes: dict[str, Any]) -> Observed:
@@ -624,6 +626,7 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
         desired = derive(observed)
     if plan is not None and desired["phase"] not in TERMINAL:
         try:
+            await rt.identities.ensure(rt.kube, rt.settings, owner.namespace, namespace_identity_seen(owner, indexes))
             await ensure_token_secret(rt, job, plan.rendered, observed, state)
             if await ensure_children(rt, plan.rendered.children, observed, state):
                 desired = derive(with_applied(observed, plan.rendered.children))

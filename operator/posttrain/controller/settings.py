@@ -3,6 +3,8 @@ keyword arguments in tests. Nothing secret lives here: S3 and judge keys are onl
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -49,10 +51,16 @@ class OperatorSettings(BaseSettings):
     s3_secret_name: str = "posttrain-s3"  # keys S3_ACCESS_KEY_ID / S3_SECRET_ACCESS_KEY
     base_model_uri: str = "{base}"  # how a base model id becomes the trainer/vLLM model path
 
-    # Trainer pods patch their job's status.progress/result. Default: a per-job ServiceAccount + Role
-    # (PATCH on exactly this job's status) + RoleBinding, owned by the job. Off: the shared ServiceAccount
-    # below (manifests/base/trainer-rbac.yaml binds it in each job namespace).
-    per_job_trainer_identity: bool = True
+    # Trainer pods patch their job's status.progress/result, and only their own job's (manifests/README.md,
+    # "Trainer identity"):
+    #  namespace  the ServiceAccount below, with a Role (PATCH on rljobs/status, sftjobs/status) and its
+    #             RoleBinding, made by the operator once per namespace; the ValidatingAdmissionPolicy of
+    #             manifests/base/trainer-policy.yaml narrows it to the pod's own job. Where the operator
+    #             cannot see that policy it uses `job` instead (controller/trainer_identity.py).
+    #  job        a ServiceAccount + Role (PATCH on exactly this job's status) + RoleBinding per job, owned
+    #             by the job (three more writes per job).
+    #  static     the ServiceAccount below, bound by whoever installs posttrain (base/trainer-rbac.yaml).
+    trainer_identity: Literal["namespace", "job", "static"] = "namespace"
     trainer_service_account: str = "posttrain-trainer"
     # A trainer pod that fails (not disrupted, not a configuration error) is replaced this many times per
     # node before the job fails (controller/render/trainer_policy.py).

@@ -6,8 +6,8 @@ posttrain.dev/role), one module each:
   ConfigMap  <job>-config     job.json (the trainer job file, no secrets) + config.toml    jobfile.py
   NetworkPolicy <job>-network only the job's own pods (and its TaskApp's) get in           network.py
   Deployment+Service <job>-rollout, -reference (dedicated), -judge (self-hosted)           servers.py
-  ServiceAccount, Role, RoleBinding <job>-trainer: PATCH on this job's status only         identity.py
-  Service + Indexed Job <job>-trainer: torchrun, one pod per node                          trainer.py
+  ServiceAccount, Role, RoleBinding <job>-trainer (trainer_identity=job only)              identity.py
+  Indexed Job <job>-trainer: torchrun, one pod per node (+ headless Service: > 1 node)     trainer.py
 An SFTJob has the same without servers. The RLJob's token Secret <job>-rollout-token (token.py) is made by
 the controller, since its content is random. Every pod is locked down (security.py); names (names.py),
 metadata, scheduling, resources and images (pods.py), the GPU split (posttrain.api.topology) and the
@@ -75,7 +75,7 @@ def render_rljob(job: Job, settings: OperatorSettings, task_app: TaskAppTarget) 
 
 
 def render_sftjob(job: Job, settings: OperatorSettings) -> Rendered:
-    """Every child of an SFTJob: the ConfigMap, the trainer Job and its headless Service."""
+    """Every child of an SFTJob: the ConfigMap, the NetworkPolicy and the trainer."""
     spec = job.sft
     topo = sft_topology(spec.compute)
     train, train_volume = dataset_path(spec.dataset)

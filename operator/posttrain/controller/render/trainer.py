@@ -1,6 +1,7 @@
 """Pure: a job's trainer, an Indexed Job of `nodes` pods (one per node, completions = parallelism = nodes)
-running torchrun, and the headless Service that gives pod 0 the stable DNS name torchrun's rendezvous
-needs (<job>-trainer-0.<job>-trainer.<namespace>.svc).
+running torchrun, and, when there is more than one pod, the headless Service that gives pod 0 the stable
+DNS name torchrun's rendezvous needs (<job>-trainer-0.<job>-trainer.<namespace>.svc). A single pod is its
+own rendezvous (127.0.0.1): no other pod ever looks it up.
 
 Each pod mounts the job's ConfigMap (the job file at /etc/posttrain/job.json), a /workspace emptyDir and a
 memory-backed /dev/shm.
@@ -24,6 +25,7 @@ CONFIG_MOUNT = "/etc/posttrain"
 JOBFILE_PATH = f"{CONFIG_MOUNT}/job.json"
 DATA_MOUNT = "/data"
 WORKDIR = "/workspace"
+LOOPBACK = "127.0.0.1"
 TASK_APP_KEY_ENV = "ENVIRONMENT_API_KEY"
 VERIFY_TASK_APP = (
     'for i in $(seq 1 30); do posttrain verify-task-app "$TASK_APP_URL" --no-rollout && exit 0; '
@@ -34,7 +36,7 @@ VERIFY_TASK_APP = (
 def torchrun_env(job: Job, settings: OperatorSettings, topo: Topology) -> list[dict[str, Any]]:
     """torchrun's rendezvous: node count and rank (the pod's completion index), pod 0 as the master."""
     name = trainer_name(job.owner.name)
-    master = f"{name}-0.{name}.{job.owner.namespace}.svc"
+    master = f"{name}-0.{name}.{job.owner.namespace}.svc" if topo.nodes > 1 else LOOPBACK
     port = str(settings.master_port)
     rank = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
     return [
@@ -152,11 +154,10 @@ def trainer_pod(
         "volumeMounts": mounts,
         "workingDir": WORKDIR,
     }
-    pod: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "subdomain": trainer_name(job.owner.name),
-        "serviceAccountName": trainer_service_account(job.owner, settings),
-    }
+    pod: dict[str, Any] = {"restartPolicy": "Never"}
+    if topo.nodes > 1:
+        pod["subdomain"] = trainer_name(job.owner.name)  # pod 0's DNS name under the headless Service
+    pod["serviceAccountName"] = trainer_service_account(job.owner, settings)
     init = init_containers(image, settings, task_app, wait_for)
     if init:
         pod["initContainers"] = init
@@ -213,7 +214,8 @@ def render_trainer(
     judge_env: list[dict[str, Any]] | None = None,
     dataset_volume: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """[headless Service, Indexed Job]."""
+    """[headless Service, Indexed Job], or [Indexed Job] for a single pod."""
     pod = trainer_pod(job, settings, topo, task_app=task_app, wait_for=wait_for or [],
                       judge_env=judge_env or [], dataset_volume=dataset_volume)  # fmt: skip
-    return [trainer_service(job, settings), trainer_job(job, settings, topo, pod)]
+    rendezvous = [trainer_service(job, settings)] if topo.nodes > 1 else []
+    return [*rendezvous, trainer_job(job, settings, topo, pod)]
