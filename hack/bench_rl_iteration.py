@@ -269,6 +269,7 @@ class TRLSide:
     def build(self, modes: list[str]):
         for mode in modes:
             started = time.monotonic()
+            environ = dict(os.environ)
             try:
                 trainer = self._trainer(mode)
                 if getattr(trainer, "vllm_generation", None) is not None:
@@ -276,6 +277,13 @@ class TRLSide:
             except Exception as err:  # noqa: BLE001 - any failure of a mode is reported and the next one tried
                 if mode.startswith("server") and self.stop_server is not None:
                     self.stop_server()  # its vLLM would sit beside the next attempt's
+                # colocate sets RANK/WORLD_SIZE/MASTER_* for vLLM: left behind, the next trainer would wrap
+                # itself in DDP without a process group
+                os.environ.clear()
+                os.environ.update(environ)
+                from accelerate.state import AcceleratorState
+
+                AcceleratorState._reset_state(True)
                 text = error_text(err)
                 self.attempts.append({"mode": mode, "ok": False, "error": text,
                                       "seconds": round(time.monotonic() - started, 1)})  # fmt: skip
