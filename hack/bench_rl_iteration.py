@@ -1,0 +1,559 @@
+"""One whole RL iteration (rollouts, update, weight sync) of posttrain against TRL's GRPOTrainer, in the same
+process, interleaved (TRL iteration k, posttrain iteration k, TRL k + 1, ...), on the same model
+(SmolLM2-135M-Instruct from posttrain.modelzoo), the same task and reward (the bundled math task app,
+examples/taskapps/math/app.py: its problems for the same seeds, its score), the same batch (--prompts x
+--group samples, temperature 1, at most --max-tokens new tokens), the same update (GSPO sequence ratio, clip
+3e-4/4e-4, beta 0, --minibatches optimizer steps per iteration, every sequence trained, full fine-tuning,
+AdamW at --lr) and the same precision (posttrain.hardware's decision, printed).
+
+posttrain: the `posttrain train --local` machinery (posttrain.local.runner.LocalRun: embedded S3, the math
+task app, the policy's rollout server = vLLM behind posttrain_rollout, the job file), with the trainer's
+RLRun driven in this process instead of under torchrun. One iteration = RLRun.step(): rollouts through the
+task app (vLLM samples, the app scores), GSPO update, weight sync to the rollout server (safetensors written,
+vLLM reloads). No evaluation, no checkpoint.
+
+TRL: GRPOTrainer with use_vllm=True, vllm_mode="server" against `trl vllm-serve` first ("server"), then
+against the vLLM command `trl vllm-serve` runs, started as vLLM's own OpenAI server module ("server-vllm";
+TRL's deprecation note says to run vLLM directly). Whichever cannot run prints its error, and the closest
+set-up that runs is used: vllm_mode="colocate" (vLLM inside the trainer process, weights loaded in place;
+one weight sync is tried before it counts as running), else TRL's own transformers generate
+(use_vllm=False). Its reward function scores with the task app's own make_problem/score. One iteration =
+one generation batch: from Trainer's on_step_begin of its first optimizer step to on_step_end of its last;
+that includes the weight sync of the previous update (TRL syncs before generating), the generation, the
+rewards and the update.
+vllm_importance_sampling_correction is off (posttrain, by default, recomputes old logprobs without it).
+
+Printed: per side the median and spread (min, IQR, max) of the seconds per iteration over the timed repeats
+(the first iteration of each side is the warm-up), the same for sampled completion tokens per second of the
+whole iteration (tokens counted from what each side trained on: posttrain's policy_tokens, TRL's
+completion_mask), the median time per phase, and the ratio of the medians. Server start-up is not timed.
+
+Not a test: `make bench` or `.venv/bin/python hack/bench_rl_iteration.py [--repeats 5] [--trl-mode auto]`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from abtiming import Series, ratio_of_medians, spread_line
+
+REPO = Path(__file__).resolve().parents[1]
+MATH_APP = REPO / "examples" / "taskapps" / "math" / "app.py"
+ENV_CONFIG = {"difficulty": "medium"}
+EPS_LOW, EPS_HIGH = 3e-4, 4e-4
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+def math_app():
+    spec = importlib.util.spec_from_file_location("posttrain_bench_math_app", MATH_APP)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rl_toml(args, iterations: int) -> str:
+    samples = args.prompts * args.group
+    return f"""
+[algorithm]
+type = "online"
+method = "policy_gradient"
+variety = "gspo"
+
+[compute]
+gpu_type = "CPU"
+gpu_count = 2
+
+[compute.topology]
+type = "single_node_split"
+gpus_for_vllm = 1
+gpus_for_training = 1
+gpus_for_ref = 0
+reference_placement = "none"
+
+[vllm]
+max_model_len = 512
+
+[model]
+base = "HuggingFaceTB/SmolLM2-135M-Instruct"
+trainer_mode = "full"
+label = "bench-rl-iteration"
+
+[rollout]
+env_name = "math"
+policy_name = "math-single-step"
+max_turns = 1
+episodes_per_batch = {samples}
+max_concurrent_rollouts = {samples}
+batches_per_step = 1
+
+[rollout.env_config]
+difficulty = "{ENV_CONFIG["difficulty"]}"
+
+[rollout.policy_config]
+temperature = 1.0
+top_p = 1.0
+max_tokens = {args.max_tokens}
+
+[training]
+num_epochs = 1
+iterations_per_epoch = {iterations}
+max_turns = 1
+batch_size = {args.prompts}
+group_size = {args.group}
+learning_rate = {args.lr}
+lr_scheduler = "constant"
+num_minibatches = {args.minibatches}
+micro_batch = {samples // args.minibatches}
+skip_zero_advantage = false
+log_interval = 1
+weight_sync_interval = 1
+"""
+
+
+class Posttrain:
+    """`posttrain train --local`'s services (S3, task app, rollout server, job file) and RLRun in-process."""
+
+    def __init__(self, args, work: Path, stack: contextlib.ExitStack):
+        from posttrain.api import convert
+        from posttrain.api.config import normalized_config
+        from posttrain.local.processes import ProcessSet
+        from posttrain.local.runner import LocalOptions, LocalRun
+
+        config_path = work / "bench-rl-iteration.toml"
+        # two more iterations than run: RLRun syncs after every iteration but the last of its total
+        config_path.write_text(rl_toml(args, args.repeats + 3))
+        _, config, warnings = convert.load(
+            config_path.read_text(), kind="rl", file=str(config_path), model=None
+        )
+        for warning in warnings:
+            print(f"[posttrain] config warning: {warning}", flush=True)
+        opts = LocalOptions(kind="rl", config_path=config_path, config=normalized_config(config),
+                            name="bench-rl-iteration", runs_dir=args.runs_dir)  # fmt: skip
+        run = LocalRun(opts)
+        run.check_inputs()
+        run.procs = stack.enter_context(ProcessSet(run.run_dir / "pids.json"))
+        stack.callback(lambda: run.s3 is not None and run.s3.stop())
+        started = time.monotonic()
+        run.start_storage()
+        run.verify()
+        job_path = run.provision()
+        self.startup_seconds = time.monotonic() - started
+        print(
+            f"[posttrain] services up in {self.startup_seconds:.0f} s; run folder {run.run_dir}", flush=True
+        )
+        os.environ.update(run.child_env)  # S3, the task app's key, the rollout server's token, the S3 cache
+        from posttrain.api.jobfile import load_jobfile
+        from posttrain_trainer.rl import RLRun
+        from posttrain_trainer.rollouts import RolloutLoop
+
+        loop = stack.enter_context(RolloutLoop())
+        self.rl = RLRun(load_jobfile(job_path), loop)
+        self.rl.connect()
+        self.run = run
+
+    def iteration(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        self.rl.step()
+        seconds = time.perf_counter() - started
+        record = self.rl.history[-1]
+        return {
+            "seconds": seconds,
+            "tokens": int(record["policy_tokens"]),
+            "mean_reward": record["mean_return"],
+            "rollout": record["rollout_seconds"],
+            "update": record["update_seconds"],
+            "sync": record.get("weight_sync_seconds") or 0.0,
+            "failed_rollouts": record["failed_rollouts"],
+        }
+
+
+def wait_health(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with code {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise TimeoutError(f"not healthy after {timeout:.0f} s")
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def error_text(err: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(err), err)).strip()
+
+
+class TRLSide:
+    """TRL's GRPOTrainer on the math task; build() tries the vLLM modes in order."""
+
+    def __init__(self, args, model_dir: Path, work: Path, precision, stack: contextlib.ExitStack):
+        self.args, self.model_dir, self.work, self.precision, self.stack = (
+            args,
+            model_dir,
+            work,
+            precision,
+            stack,
+        )
+        self.attempts: list[dict[str, Any]] = []
+        self.stop_server = None
+        from posttrain_rollout import vllm_args
+
+        self.vllm_env = vllm_args.vllm_env(None, work / "trl-vllm", cpu=vllm_args.is_cpu_backend())
+        self.vllm_env["VLLM_CACHE_ROOT"] = str(args.runs_dir / "cache" / "vllm")
+        self.vllm_env["TORCHINDUCTOR_CACHE_DIR"] = str(args.runs_dir / "cache" / "vllm" / "torchinductor")
+
+    def start_server(self, mode: str) -> str:
+        """`trl vllm-serve` ("server"), or ("server-vllm") the vLLM server command it runs, started as vLLM's
+        own OpenAI server module (what TRL's deprecation note says to run instead)."""
+        from posttrain import reaper
+        from posttrain.localhost import free_port, stop_group
+        from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+        port = free_port()
+        model = str(self.model_dir)
+        if mode == "server":
+            argv = [str(Path(sys.executable).parent / "trl"), "vllm-serve", "--model", model,
+                    "--host", "127.0.0.1", "--port", str(port), "--max_model_len", "512",
+                    "--dtype", self.precision.vllm]  # fmt: skip
+        else:
+            command = build_command(ScriptArguments(model=model, host="127.0.0.1", port=port, max_model_len=512,
+                                                    dtype=self.precision.vllm))  # fmt: skip
+            argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                    *command[command.index(model) + 1 :]]  # fmt: skip
+        log = self.work / f"trl-{mode}.log"
+        print(f"[trl] $ {' '.join(argv)} (log {log})", flush=True)
+        with log.open("ab") as out:
+            proc = subprocess.Popen(argv, env=self.vllm_env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        reaper.watch(proc.pid)
+
+        def stop() -> None:
+            stop_group(proc, grace=20)
+            reaper.unwatch(proc.pid)
+
+        self.stack.callback(stop)
+        self.stop_server = stop
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_health(url, proc, self.args.server_timeout)
+        except (RuntimeError, TimeoutError) as err:
+            stop()
+            raise RuntimeError(
+                f"{argv[1] if mode == 'server' else 'vLLM'} {err}; log tail:\n{log_tail(log)}"
+            ) from err
+        return url
+
+    def build(self, modes: list[str]):
+        for mode in modes:
+            started = time.monotonic()
+            environ = dict(os.environ)
+            try:
+                trainer = self._trainer(mode)
+                if getattr(trainer, "vllm_generation", None) is not None:
+                    trainer.vllm_generation.sync_weights()  # what each iteration does after the first
+            except Exception as err:  # noqa: BLE001 - any failure of a mode is reported and the next one tried
+                if mode.startswith("server") and self.stop_server is not None:
+                    self.stop_server()  # its vLLM would sit beside the next attempt's
+                # colocate sets RANK/WORLD_SIZE/MASTER_* for vLLM: left behind, the next trainer would wrap
+                # itself in DDP without a process group
+                os.environ.clear()
+                os.environ.update(environ)
+                from accelerate.state import AcceleratorState
+
+                AcceleratorState._reset_state(True)
+                text = error_text(err)
+                self.attempts.append({"mode": mode, "ok": False, "error": text,
+                                      "seconds": round(time.monotonic() - started, 1)})  # fmt: skip
+                print(f"[trl] vllm_mode={mode!r} cannot run here: {text}", flush=True)
+                continue
+            self.attempts.append({"mode": mode, "ok": True, "seconds": round(time.monotonic() - started, 1)})
+            print(f"[trl] using {mode} ({time.monotonic() - started:.0f} s to build)", flush=True)
+            self.mode = mode
+            return trainer
+        raise SystemExit(f"no TRL set-up runs here: {json.dumps(self.attempts, indent=2)}")
+
+    def _trainer(self, mode: str):
+        import torch
+        from datasets import Dataset
+        from posttrain_trainer.modeling import load_tokenizer
+        from transformers import AutoModelForCausalLM
+        from trl import GRPOConfig, GRPOTrainer
+
+        args = self.args
+        app = math_app()
+        seeds = list(range((args.repeats + 1) * args.prompts))
+        problems = {s: app.make_problem(s, ENV_CONFIG) for s in seeds}
+        data = Dataset.from_list(
+            [{"prompt": [{"role": "user", "content": problems[s]["question"]}], "seed": s} for s in seeds]
+        )
+
+        def math_reward(completions, seed, **kwargs) -> list[float]:
+            texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+            return [app.score(problems[s], t)[0] for s, t in zip(seed, texts, strict=True)]
+
+        vllm: dict[str, Any] = {"use_vllm": False}
+        if mode in ("server", "server-vllm", "colocate"):
+            vllm = {"use_vllm": True, "vllm_mode": mode.split("-")[0], "vllm_max_model_length": 512,
+                    "vllm_importance_sampling_correction": False}  # fmt: skip
+            if mode.startswith("server"):
+                from posttrain.localhost import free_port
+
+                vllm.update(vllm_server_base_url=self.start_server(mode), vllm_group_port=free_port(),
+                            vllm_server_timeout=60.0)  # fmt: skip
+            else:
+                for key in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CACHE_ROOT",
+                            "TORCHINDUCTOR_CACHE_DIR"):  # fmt: skip
+                    os.environ.setdefault(key, self.vllm_env[key])
+        samples = args.prompts * args.group
+        config = GRPOConfig(
+            output_dir=str(self.work / f"trl-{mode}"),
+            per_device_train_batch_size=samples // args.minibatches,
+            steps_per_generation=args.minibatches,
+            gradient_accumulation_steps=1,
+            num_generations=args.group,
+            num_iterations=1,
+            max_steps=(args.repeats + 1) * args.minibatches,
+            learning_rate=args.lr,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            max_grad_norm=1.0,
+            weight_decay=0.0,
+            optim="adamw_torch",
+            importance_sampling_level="sequence",
+            loss_type="grpo",
+            epsilon=EPS_LOW,
+            epsilon_high=EPS_HIGH,
+            beta=0.0,
+            temperature=1.0,
+            top_p=1.0,
+            max_completion_length=args.max_tokens,
+            shuffle_dataset=False,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            use_cpu=not torch.cuda.is_available(),
+            bf16=self.precision.bf16,
+            gradient_checkpointing=False,  # GRPOConfig's default is True; posttrain's is off
+            disable_dropout=True,
+            seed=42,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            **vllm,
+        )
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        return GRPOTrainer(model=model, reward_funcs=math_reward, args=config, train_dataset=data,
+                           processing_class=load_tokenizer(self.model_dir))  # fmt: skip
+
+
+def run(args) -> dict[str, Any]:
+    import torch
+    from posttrain import hardware, modelzoo
+    from transformers import TrainerCallback
+
+    threads = max(1, min(4, os.cpu_count() or 1))
+    torch.set_num_threads(threads)
+    precision = hardware.plan()
+    machine = hardware.probe().describe()
+    print(f"machine: {machine}; {os.cpu_count()} cores; {uptime()}", flush=True)
+    print(f"precision (both sides): {precision.describe()}", flush=True)
+    model_dir = modelzoo.convert_smollm2(REPO / ".models" / "smollm2-135m-instruct")
+    modes = {"auto": ["server", "server-vllm", "colocate", "transformers"]}.get(
+        args.trl_mode, [args.trl_mode]
+    )
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-rl-iteration-") as tmp:
+        work = Path(tmp)
+        ours = Posttrain(args, work, stack)
+        trl_side = TRLSide(args, model_dir, work, precision, stack)
+        trainer = trl_side.build(modes)
+        series = {"posttrain": Series("posttrain"), "trl": Series("TRL")}
+        phases: dict[str, list[dict[str, float]]] = {"posttrain": [], "trl": []}
+        rewards: dict[str, list[float]] = {"posttrain": [], "trl": []}
+
+        class Interleave(TrainerCallback):
+            def __init__(self) -> None:
+                self.t0 = None
+                self.tokens = 0
+                self.inside = {"generate": 0.0, "sync": 0.0, "reward": 0.0}
+                self.rewards: list[float] = []
+
+            def on_step_begin(self, targs, state, control, **kw):
+                if self.t0 is None:
+                    torch.set_num_threads(threads)  # in-process vLLM may change it: the same for both sides
+                    self.t0 = time.perf_counter()
+
+            def on_step_end(self, targs, state, control, **kw):
+                if state.global_step % args.minibatches:
+                    return
+                seconds = time.perf_counter() - self.t0
+                k = state.global_step // args.minibatches - 1
+                reward = statistics.fmean(self.rewards) if self.rewards else None
+                split = {"rollout": self.inside["generate"] - self.inside["sync"] + self.inside["reward"],
+                         "sync": self.inside["sync"]}  # fmt: skip
+                split["update"] = seconds - split["rollout"] - split["sync"]
+                if k > 0:
+                    series["trl"].add(seconds, self.tokens)
+                    phases["trl"].append(split)
+                    rewards["trl"].append(reward)
+                _print("TRL", k, seconds, self.tokens, reward, split)
+                torch.set_num_threads(threads)
+                it = ours.iteration()
+                if k > 0:
+                    series["posttrain"].add(it["seconds"], it["tokens"])
+                    phases["posttrain"].append({p: it[p] for p in ("rollout", "update", "sync")})
+                    rewards["posttrain"].append(it["mean_reward"])
+                _print("posttrain", k, it["seconds"], it["tokens"], it["mean_reward"], it)
+                self.t0, self.tokens, self.rewards = None, 0, []
+                self.inside = dict.fromkeys(self.inside, 0.0)
+
+        interleave = Interleave()
+        trainer.add_callback(interleave)
+
+        def timed(method, key):
+            def wrapper(*a, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return method(*a, **kw)
+                finally:
+                    interleave.inside[key] += time.perf_counter() - t0
+
+            return wrapper
+
+        trainer._generate = timed(trainer._generate, "generate")
+        calculate_rewards = timed(trainer._calculate_rewards, "reward")
+
+        def scored(*a, **kw):  # the task's mean reward of this generation batch
+            rewards = calculate_rewards(*a, **kw)
+            interleave.rewards.append(float(torch.nanmean(rewards)))
+            return rewards
+
+        trainer._calculate_rewards = scored
+        generation = getattr(trainer, "vllm_generation", None)
+        if generation is not None:
+            generation.sync_weights = timed(generation.sync_weights, "sync")
+        compute_loss = trainer.compute_loss
+
+        def counted(model, inputs, *a, **kw):
+            interleave.tokens += int(inputs["completion_mask"].sum())
+            return compute_loss(model, inputs, *a, **kw)
+
+        trainer.compute_loss = counted
+        trainer.train()
+        return {
+            "machine": machine,
+            "precision": precision.describe(),
+            "trl_attempts": trl_side.attempts,
+            "trl_mode": trl_side.mode,
+            "series": series,
+            "phases": phases,
+            "rewards": rewards,
+            "posttrain_startup_seconds": round(ours.startup_seconds, 1),
+        }
+
+
+def _print(side: str, k: int, seconds: float, tokens: int, reward, split: dict[str, Any]) -> None:
+    parts = ", ".join(f"{p} {split[p]:.1f} s" for p in ("rollout", "update", "sync"))
+    reward_text = f"{reward:.3f}" if isinstance(reward, int | float) else "-"
+    print(f"  iteration {k}{' (warm-up)' if k == 0 else ''} {side:>9}: {seconds:.1f} s ({parts}), "
+          f"{tokens} sampled tokens trained, mean reward {reward_text}", flush=True)  # fmt: skip
+
+
+def uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "uptime unavailable"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="timed iterations per side (after a warm-up)")
+    parser.add_argument("--prompts", type=int, default=4, help="prompts (groups) per iteration")
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--minibatches", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--trl-mode", choices=["auto", "server", "server-vllm", "colocate", "transformers"], default="auto",
+                        help="auto: each in this order until one runs")  # fmt: skip
+    parser.add_argument(
+        "--server-timeout", type=float, default=300.0, help="seconds for a TRL vLLM server to start"
+    )
+    parser.add_argument("--runs-dir", type=Path, default=REPO / ".runs")
+    parser.add_argument("--json-out", type=Path, default=REPO / "bench-results" / "rl_iteration.json")
+    args = parser.parse_args(argv)
+    if (args.prompts * args.group) % args.minibatches:
+        parser.error("--prompts x --group must divide into --minibatches")
+    args.runs_dir = args.runs_dir.resolve()
+    from posttrain.local.processes import sigterm_as_keyboard_interrupt
+
+    with sigterm_as_keyboard_interrupt():  # a timeout's SIGTERM still stops every server this started
+        result = run(args)
+    ours, trl = result["series"]["posttrain"], result["series"]["trl"]
+    summary = {
+        "bench": "rl_iteration",
+        "machine": result["machine"],
+        "precision": result["precision"],
+        "batch": f"{args.prompts} prompts x {args.group}, <= {args.max_tokens} new tokens, "
+        f"{args.minibatches} optimizer steps",
+        "order": "interleaved per iteration: TRL, posttrain, TRL, ... (iteration 0 = warm-up of both)",
+        "trl_attempts": result["trl_attempts"],
+        "trl_mode": result["trl_mode"],
+        "posttrain": {
+            **ours.as_dict(),
+            "phases": result["phases"]["posttrain"],
+            "mean_reward": result["rewards"]["posttrain"],
+        },  # fmt: skip
+        "trl": {**trl.as_dict(), "phases": result["phases"]["trl"], "mean_reward": result["rewards"]["trl"]},
+        "posttrain_services_startup_seconds": result["posttrain_startup_seconds"],
+        "seconds_ratio_trl_over_posttrain": round(ratio_of_medians(trl.seconds, ours.seconds), 3),
+        "throughput_ratio_posttrain_over_trl": round(ratio_of_medians(ours.throughput, trl.throughput), 3),
+        "uptime": uptime(),
+    }
+    print(json.dumps(summary, indent=2))
+    for name, side in (("posttrain", "posttrain"), ("TRL", "trl")):
+        s = summary[side]
+        medians = {p: statistics.median(x[p] for x in s["phases"]) for p in ("rollout", "update", "sync")}
+        print(f"{name:>9}: {spread_line(s['seconds_summary'], 's/iteration')}; "
+              f"{spread_line(s['tokens_per_second_summary'], 'sampled tokens/s', '.0f')}; median rollout "
+              f"{medians['rollout']:.1f} s, update {medians['update']:.1f} s, sync {medians['sync']:.1f} s")  # fmt: skip
+    for attempt in result["trl_attempts"]:
+        if not attempt["ok"]:
+            print(f"TRL vllm_mode={attempt['mode']!r} did not run: {attempt['error']}")
+    print(
+        f"RL iteration (rollouts + update + weight sync) posttrain vs TRL GRPOTrainer ({result['trl_mode']}): "
+        f"{summary['seconds_ratio_trl_over_posttrain']:.2f}x (median seconds per iteration TRL / posttrain), "
+        f"{summary['throughput_ratio_posttrain_over_trl']:.2f}x in sampled tokens/s; {args.repeats} interleaved "
+        f"repeats, SmolLM2-135M, {args.prompts}x{args.group} rollouts; {result['machine']}"
+    )
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
