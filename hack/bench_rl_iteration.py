@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from abtiming import Series, ratio_of_medians, spread_line
+from trl_gspo import gspo_grpo_config
 
 REPO = Path(__file__).resolve().parents[1]
 MATH_APP = REPO / "examples" / "taskapps" / "math" / "app.py"
@@ -300,7 +301,7 @@ class TRLSide:
         from datasets import Dataset
         from posttrain_trainer.modeling import load_tokenizer
         from transformers import AutoModelForCausalLM
-        from trl import GRPOConfig, GRPOTrainer
+        from trl import GRPOTrainer
 
         args = self.args
         app = math_app()
@@ -328,39 +329,18 @@ class TRLSide:
                             "TORCHINDUCTOR_CACHE_DIR"):  # fmt: skip
                     os.environ.setdefault(key, self.vllm_env[key])
         samples = args.prompts * args.group
-        config = GRPOConfig(
-            output_dir=str(self.work / f"trl-{mode}"),
-            per_device_train_batch_size=samples // args.minibatches,
-            steps_per_generation=args.minibatches,
-            gradient_accumulation_steps=1,
-            num_generations=args.group,
-            num_iterations=1,
+        config = gspo_grpo_config(
+            str(self.work / f"trl-{mode}"),
+            samples=samples,
+            minibatches=args.minibatches,
+            group=args.group,
             max_steps=(args.repeats + 1) * args.minibatches,
-            learning_rate=args.lr,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            max_grad_norm=1.0,
-            weight_decay=0.0,
-            optim="adamw_torch",
-            importance_sampling_level="sequence",
-            loss_type="grpo",
-            epsilon=EPS_LOW,
-            epsilon_high=EPS_HIGH,
-            beta=0.0,
-            temperature=1.0,
-            top_p=1.0,
-            max_completion_length=args.max_tokens,
-            shuffle_dataset=False,
-            logging_steps=1,
-            report_to="none",
-            save_strategy="no",
-            use_cpu=not torch.cuda.is_available(),
+            lr=args.lr,
+            eps_low=EPS_LOW,
+            eps_high=EPS_HIGH,
+            max_tokens=args.max_tokens,
             bf16=self.precision.bf16,
-            gradient_checkpointing=False,  # GRPOConfig's default is True; posttrain's is off
-            disable_dropout=True,
-            seed=42,
-            dataloader_num_workers=0,
-            disable_tqdm=True,
+            top_p=1.0,
             **vllm,
         )
         torch.manual_seed(0)

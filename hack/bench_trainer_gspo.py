@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from abtiming import Series, ratio_of_medians, spread_line
+from trl_gspo import gspo_grpo_config
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -226,7 +227,7 @@ def run_interleaved(path: Path, batches: list[list[dict[str, Any]]], args, work:
     from datasets import Dataset
     from posttrain_trainer.modeling import load_tokenizer
     from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     ours = Posttrain(path, args, None if args.precision == "auto" else False)
     tokenizer = load_tokenizer(path)
@@ -299,38 +300,17 @@ def run_interleaved(path: Path, batches: list[list[dict[str, Any]]], args, work:
             self.step_seconds, self.tokens, self.padded, self.outside = 0.0, 0, 0, 0.0
 
     interleave = Interleave()
-    config = GRPOConfig(
-        output_dir=str(work / "trl"),
-        per_device_train_batch_size=sequences_per_batch // args.minibatches,
-        steps_per_generation=args.minibatches,
-        gradient_accumulation_steps=1,
-        num_generations=args.group,
-        num_iterations=1,
+    config = gspo_grpo_config(
+        str(work / "trl"),
+        samples=sequences_per_batch,
+        minibatches=args.minibatches,
+        group=args.group,
         max_steps=len(batches) * args.minibatches,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        max_grad_norm=1.0,
-        weight_decay=0.0,
-        optim="adamw_torch",
-        importance_sampling_level="sequence",
-        loss_type="grpo",
-        epsilon=EPS_LOW,
-        epsilon_high=EPS_HIGH,
-        beta=0.0,
-        temperature=1.0,
-        max_completion_length=args.max_tokens,
-        shuffle_dataset=False,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=not torch.cuda.is_available(),
+        lr=args.lr,
+        eps_low=EPS_LOW,
+        eps_high=EPS_HIGH,
+        max_tokens=args.max_tokens,
         bf16=precision.bf16,
-        gradient_checkpointing=False,  # GRPOConfig's default is True; posttrain's is off
-        disable_dropout=True,
-        seed=42,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
     )
     trainer = GRPOTrainer(
         model=model,
