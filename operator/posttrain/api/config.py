@@ -71,7 +71,7 @@ def _tags(value: Any) -> Any:
 
 
 class RLConfig(Section):
-    """A synth RL TOML (docs/synth-compat.md section 1), after the lenient aliases are resolved."""
+    """A synth RL TOML ([algorithm], [model], [rollout], [training], ...), after the lenient aliases are resolved."""
 
     algorithm: AlgorithmConfig = Field(description="(online, policy_gradient, gspo).")
     services: ServicesConfig | None = Field(None, description="Task app and judge URLs.")
@@ -94,7 +94,7 @@ class RLConfig(Section):
 
 
 class SFTConfig(Section):
-    """A synth SFT TOML (docs/synth-compat.md section 2), after the lenient aliases are resolved."""
+    """A synth SFT TOML ([job], [model], [data], [training], ...), after the lenient aliases are resolved."""
 
     algorithm: AlgorithmConfig = Field(description="(offline, sft, fft|lora).")
     job: SFTJobSection = Field(description="Base model and training data.")

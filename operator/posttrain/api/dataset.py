@@ -1,4 +1,4 @@
-"""SFT JSONL rules (docs/synth-compat.md 2.4): the one place they live. `posttrain validate` / `convert` / `train` check a dataset with
+"""SFT JSONL rules (synth's chat-format dataset rows): the one place they live. `posttrain validate` / `convert` / `train` check a dataset with
 `validate_jsonl`, and the trainer (posttrain_trainer.sft_data.parse_jsonl, which ships with this package)
 refuses a row with the same `check_row`, so a dataset that validates is one the trainer takes.
 
