@@ -45,7 +45,6 @@ async def resolve_trainer_identity(kube: Kube, settings: OperatorSettings) -> Op
     """The settings to run with: mode `namespace` only where the policy holds it to the pod's own job."""
     if settings.trainer_identity != "namespace":
         return settings
-    why = None
     if settings.trainer_service_account != POLICY_SERVICE_ACCOUNT:
         why = f"the ServiceAccount {settings.trainer_service_account} is not the one it matches"
     else:
