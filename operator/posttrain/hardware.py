@@ -182,20 +182,27 @@ def cpu_flags_bf16(cpuinfo: str | None = None) -> bool:
     return False
 
 
+def native_cpu_bf16(mkldnn_bf16: bool | None, flags_bf16: bool) -> bool:
+    """Whether bf16 matrix multiplies run natively here. torch's oneDNN answer decides where torch can give
+    one: it runs them, and it says no where the CPU has the flags but oneDNN may not use them
+    (ONEDNN_MAX_CPU_ISA=AVX2, a build without the kernels); there bf16 is emulated, ~150x slower than fp32.
+    The CPU flags decide only where torch cannot answer."""
+    return mkldnn_bf16 if mkldnn_bf16 is not None else flags_bf16
+
+
 @functools.lru_cache(maxsize=1)
 def probe() -> Capability:
-    """This process's device: CUDA when torch sees a GPU, else the CPU. CPU bf16 is native when torch's
-    oneDNN says so or the CPU flags list AVX512-BF16/AMX."""
+    """This process's device: CUDA when torch sees a GPU, else the CPU (bf16 per native_cpu_bf16)."""
     import torch
 
     try:
-        mkldnn_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        mkldnn_bf16: bool | None = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
-        mkldnn_bf16 = False
+        mkldnn_bf16 = None
     cpu = {
         "cpu_model": cpu_model_name(),
         "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
-        "cpu_bf16": mkldnn_bf16 or cpu_flags_bf16(),
+        "cpu_bf16": native_cpu_bf16(mkldnn_bf16, cpu_flags_bf16()),
     }
     if torch.cuda.is_available():
         return Capability(

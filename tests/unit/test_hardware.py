@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from posttrain import hardware
 from posttrain.hardware import Capability, decide, requested_precision
@@ -91,6 +93,27 @@ def test_cpu_flags_and_model_name_from_cpuinfo():
     assert not hardware.cpu_flags_bf16(epyc) and not hardware.cpu_flags_bf16("")
     assert hardware.cpu_model_name(amx) == "Intel(R) Xeon(R) Platinum 8480+"
     assert hardware.cpu_model_name(epyc) == "AMD EPYC"
+
+
+def test_onednn_decides_native_bf16_where_torch_can_answer():
+    """A CPU with the flags but a oneDNN that may not use them (capped, or built without the kernels) runs
+    bf16 emulated: not native. The flags decide only where torch has no answer."""
+    assert hardware.native_cpu_bf16(True, False) is True
+    assert hardware.native_cpu_bf16(False, True) is False
+    assert hardware.native_cpu_bf16(None, True) is True
+    assert hardware.native_cpu_bf16(None, False) is False
+
+
+def test_onednn_capped_at_avx2_means_fp32_on_any_cpu():
+    """ONEDNN_MAX_CPU_ISA=AVX2 (what an AVX2-only CPU gives oneDNN) makes the real probe choose fp32, also on
+    a CPU whose flags list AVX512-BF16."""
+    import subprocess
+    import sys
+
+    code = "from posttrain import hardware; c = hardware.probe(); print(c.cpu_bf16, hardware.plan().compute)"
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "float32"], out.stdout + out.stderr
 
 
 def test_probe_describes_this_machine():

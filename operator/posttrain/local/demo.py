@@ -55,7 +55,7 @@ def train(kind: str, config: Path, runs_dir: Path, name: str, nproc: int, extra:
             "--runs-dir", str(runs_dir), "--name", name, "--nproc-per-node", str(nproc), *extra]  # fmt: skip
     print(f"$ posttrain {' '.join(argv[3:])}", flush=True)
     fine_tuned = None
-    from posttrain.local.processes import die_with_parent, sigterm_as_keyboard_interrupt
+    from posttrain.local.processes import die_with_parent, forwarding_signals
 
     # The job stops everything it started on SIGTERM; the parent-death signal delivers one when the demo
     # itself is killed outright (its own reaper covers the job being killed outright).
@@ -65,24 +65,19 @@ def train(kind: str, config: Path, runs_dir: Path, name: str, nproc: int, extra:
     ) as proc:  # fmt: skip
         assert proc.stdout is not None
         run_dir = None
-        with sigterm_as_keyboard_interrupt():  # later signals are ignored until the job has stopped
-            try:
-                for line in proc.stdout:
-                    print(f"  | {line}", end="", flush=True)
-                    if line.startswith("fine_tuned_model:"):
-                        fine_tuned = line.split(":", 1)[1].strip()
-                    match = re.search(r"run folder (\S+)", line)
-                    if match:
-                        run_dir = Path(match.group(1))
-                code = proc.wait()
-            except KeyboardInterrupt:
-                # `posttrain train --local` stops everything it started on SIGTERM (it ignores this one when
-                # the group's signal reached it first); its last lines say where it stopped.
-                proc.terminate()
-                for line in proc.stdout:
-                    print(f"  | {line}", end="", flush=True)
-                proc.wait(120)
-                raise
+        # A signal is passed on to the job and the relay goes on to the job's last line: raising in the
+        # middle of a read would drop what was already read (the job's "phase: Failed" among it).
+        with forwarding_signals(proc) as interrupted:
+            for line in proc.stdout:
+                print(f"  | {line}", end="", flush=True)
+                if line.startswith("fine_tuned_model:"):
+                    fine_tuned = line.split(":", 1)[1].strip()
+                match = re.search(r"run folder (\S+)", line)
+                if match:
+                    run_dir = Path(match.group(1))
+            code = proc.wait()
+        if interrupted:
+            raise KeyboardInterrupt
     if code != 0 or not fine_tuned or run_dir is None:
         raise SystemExit(f"{kind} job failed (exit {code}); see the lines above")
     return {**json.loads((run_dir / "result.json").read_text()), "run_dir": str(run_dir)}

@@ -10,8 +10,9 @@ import contextlib
 import json
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -167,6 +168,32 @@ def sigterm_as_keyboard_interrupt():
     try:
         yield
     finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def forwarding_signals(child: subprocess.Popen, grace: float = 120.0) -> Iterator[list[int]]:
+    """For a process that relays a child's output: SIGTERM and SIGINT are noted (in the yielded list) and
+    passed on to `child` as one SIGTERM, and nothing is raised, so the relay reads on to the child's last
+    line; the caller raises KeyboardInterrupt once the child is gone. A child still running `grace` seconds
+    after the signal is killed (it would otherwise hold the relay forever)."""
+    received: list[int] = []
+    killer = threading.Timer(grace, child.kill)
+    killer.daemon = True
+
+    def handler(signum: int, frame: object) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+            killer.start()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        killer.cancel()
         for sig, old in previous.items():
             signal.signal(sig, old)
 
