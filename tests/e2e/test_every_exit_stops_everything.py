@@ -20,57 +20,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from fixtures.tiny_rl import tiny_rl_toml
 
 pytestmark = [pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 MARK = "POSTTRAIN_TEST_RUN_MARK"
 
-RL_TOML = """
-[algorithm]
-type = "online"
-method = "policy_gradient"
-variety = "gspo"
-
-[compute]
-gpu_type = "CPU"
-gpu_count = 2
-
-[compute.topology]
-gpus_for_vllm = 1
-gpus_for_training = 1
-reference_placement = "none"
-
-[vllm]
-max_model_len = 256
-
-[model]
-base = "posttrain/tiny-random-qwen2"
-trainer_mode = "lora"
-label = "survivors"
-
-[rollout]
-env_name = "math"
-policy_name = "math-single-step"
-max_turns = 1
-episodes_per_batch = 4
-max_concurrent_rollouts = 4
-
-[rollout.env_config]
-difficulty = "easy"
-
-[rollout.policy_config]
-temperature = 1.0
-max_tokens = 8
-
-[training]
-num_epochs = 1
-iterations_per_epoch = 500
-max_turns = 1
-batch_size = 2
-group_size = 2
-learning_rate = 1e-4
-"""
+RL_TOML = tiny_rl_toml(label="survivors", iterations=500)
 
 
 def marked_processes(mark: str) -> list[str]:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures.tiny_rl import tiny_rl_toml
 
 pytestmark = [pytest.mark.slow]
 
@@ -40,52 +41,6 @@ n_epochs = 1
 train_kind = "fft"
 batch_size = 4
 sequence_length = 128
-learning_rate = 1e-4
-"""
-
-RL_TOML = """
-[algorithm]
-type = "online"
-method = "policy_gradient"
-variety = "gspo"
-
-[compute]
-gpu_type = "CPU"
-gpu_count = 2
-
-[compute.topology]
-gpus_for_vllm = 1
-gpus_for_training = 1
-reference_placement = "none"
-
-[vllm]
-max_model_len = 256
-
-[model]
-{model_line}
-trainer_mode = "full"
-label = "e2e-rl"
-
-[rollout]
-env_name = "math"
-policy_name = "math-single-step"
-max_turns = 1
-episodes_per_batch = 4
-max_concurrent_rollouts = 4
-
-[rollout.env_config]
-difficulty = "easy"
-
-[rollout.policy_config]
-temperature = 1.0
-max_tokens = 8
-
-[training]
-num_epochs = 1
-iterations_per_epoch = 2
-max_turns = 1
-batch_size = 2
-group_size = 2
 learning_rate = 1e-4
 """
 
@@ -189,7 +144,7 @@ def test_sft_local_end_to_end(sft_job, runs):
 def test_rl_local_chained_from_the_sft_model(sft_job, runs, tmp_path):
     ft_id = re.search(r"^fine_tuned_model: (\S+)$", sft_job, re.M).group(1)
     rl_toml = tmp_path / "rl.toml"
-    rl_toml.write_text(RL_TOML.format(model_line=f'source = "{ft_id}"'))
+    rl_toml.write_text(tiny_rl_toml(label="e2e-rl", trainer_mode="full", model_line=f'source = "{ft_id}"'))
     rl = _train(["--type", "rl", "--config", str(rl_toml), "--nproc-per-node", "2"], runs)
     assert rl.returncode == 0, rl.stdout[-4000:] + rl.stderr[-3000:]
     out = rl.stdout

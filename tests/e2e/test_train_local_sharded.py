@@ -13,66 +13,23 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures.tiny_rl import tiny_rl_toml
 
 pytestmark = [pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 
-RL_TOML = """
-[algorithm]
-type = "online"
-method = "policy_gradient"
-variety = "gspo"
+# The random model never solves a problem (reward 0): a response cut at max_tokens loses 1, one that ends
+# on its own keeps 0, so most groups carry a gradient and the weights move.
+MORE = """overlong = "penalty"
 
-[compute]
-gpu_type = "CPU"
-gpu_count = 2
-
-[compute.topology]
-gpus_for_vllm = 1
-gpus_for_training = 1
-reference_placement = "none"
-
-[vllm]
-max_model_len = 256
-
-[model]
-base = "posttrain/tiny-random-qwen2"
-trainer_mode = "full"
-label = "{label}"
-
-[rollout]
-env_name = "math"
-policy_name = "math-single-step"
-max_turns = 1
-episodes_per_batch = 8
-max_concurrent_rollouts = 8
-
-[rollout.env_config]
-difficulty = "easy"
-
-[rollout.policy_config]
-temperature = 1.0
-max_tokens = 32
+[training.parallelism]
+{parallelism}
 
 [evaluation]
 instances = 1
 every_n_iters = 2
 seeds = [100]
-
-[training]
-num_epochs = 1
-iterations_per_epoch = 2
-max_turns = 1
-batch_size = 2
-group_size = 4
-learning_rate = 1e-3
-# The random model never solves a problem (reward 0): a response cut at max_tokens loses 1, one that ends
-# on its own keeps 0, so most groups carry a gradient and the weights move.
-overlong = "penalty"
-
-[training.parallelism]
-{parallelism}
 """
 
 # engine -> ([training.parallelism], the engine the trainer reports)
@@ -96,7 +53,9 @@ def test_rl_local_two_ranks_sharded_serves_what_it_trains(engine, vllm_tiny_dir,
     from safetensors.torch import load_file
 
     toml = tmp_path / "rl.toml"
-    toml.write_text(RL_TOML.format(label=f"rl-{engine}", parallelism=SHARDED[engine][0]))
+    more = MORE.format(parallelism=SHARDED[engine][0])
+    toml.write_text(tiny_rl_toml(label=f"rl-{engine}", trainer_mode="full", group_size=4, max_tokens=32,
+                                 learning_rate="1e-3", more=more))  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("TASK_APP_URL", "KUBECONFIG")}
     done = subprocess.run(
         [sys.executable, "-m", "posttrain.cli", "train", "--local", "--runs-dir", str(tmp_path / "runs"),
