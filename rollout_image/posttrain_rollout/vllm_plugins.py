@@ -7,14 +7,24 @@ calls `finalize_loading()` on the compiled callable, a method only its own piece
 have. Every start therefore failed with "Compiling model again due to a load failure ... 'function' object
 has no attribute 'finalize_loading'" and compiled again: about 50-70 s of each SmolLM2 server start here.
 torch's own loader has already restored such a callable whole, so there is nothing left to finalize: the
-plugin gives these callables a finalize_loading that does nothing. Callables that have one keep theirs."""
+plugin gives these callables a finalize_loading that does nothing. Callables that have one keep theirs.
+
+Once the cache loads, its key must name the machine: vLLM keys it on the model, its settings and versions,
+not on the instruction sets the compiled C++ was built for, and a model compiled under one (a CPU without
+AVX-512, or torch capped with ATEN_CPU_CAPABILITY) crashed the worker that loaded it under another
+("malloc_consolidate(): invalid chunk size"). The plugin adds the CPU's flags and the vector ISA torch
+compiles for to the key. The two go together: where the key cannot be extended, nothing is loaded."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import logging
+from pathlib import Path
 from typing import Any
 
-_MARK = "_posttrain_finalize_tolerant"
+log = logging.getLogger(__name__)
+_MARK = "_posttrain_patched"
 
 
 def _nothing_to_finalize(*args: Any, **kwargs: Any) -> None:
@@ -29,18 +39,54 @@ def give_loaded_callables_finalize_loading(loaded: Any) -> Any:
     return loaded
 
 
+def machine_factor(torch_capability: str, vec_isa: str, cpuinfo: str) -> str:
+    """What compiled code depends on beyond vLLM's own key: torch's dispatch level, the vector ISA inductor
+    compiles for, and the CPU's instruction-set flags (hashed)."""
+    flags = ""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            flags = " ".join(sorted(value.split()))
+            break
+    digest = hashlib.sha256(flags.encode()).hexdigest()[:16]
+    return f"posttrain-machine:{torch_capability}:{vec_isa}:{digest}"
+
+
+def this_machine_factor() -> str:
+    import torch
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        cpuinfo = ""
+    return machine_factor(str(torch.backends.cpu.get_cpu_capability()), str(pick_vec_isa()), cpuinfo)
+
+
 def load_aot_compiled_models() -> None:
-    """Wrap torch.compiler.load_compiled_function (what vLLM's cache loader calls); idempotent, as vLLM may
-    call a plugin more than once in a process."""
+    """Key vLLM's AOT compile cache on this machine too, then let it load; idempotent, as vLLM may call a
+    plugin more than once in a process."""
     import torch.compiler
 
-    original = torch.compiler.load_compiled_function
-    if getattr(original, _MARK, False):
+    try:
+        from vllm.compilation import caching
+    except ImportError as err:  # another vLLM layout: leave its cache as it is
+        log.warning("posttrain: vLLM's compile cache left as it is (%s)", err)
         return
+    original_load = torch.compiler.load_compiled_function
+    original_factors = getattr(caching, "aot_compile_hash_factors", None)
+    if getattr(original_load, _MARK, False) or original_factors is None:
+        return
+    factor = this_machine_factor()
 
-    @functools.wraps(original)
+    @functools.wraps(original_factors)
+    def aot_compile_hash_factors(vllm_config: Any) -> list[str]:
+        return [*original_factors(vllm_config), factor]
+
+    @functools.wraps(original_load)
     def load_compiled_function(*args: Any, **kwargs: Any) -> Any:
-        return give_loaded_callables_finalize_loading(original(*args, **kwargs))
+        return give_loaded_callables_finalize_loading(original_load(*args, **kwargs))
 
     setattr(load_compiled_function, _MARK, True)
+    caching.aot_compile_hash_factors = aot_compile_hash_factors
     torch.compiler.load_compiled_function = load_compiled_function

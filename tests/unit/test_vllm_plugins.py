@@ -33,15 +33,31 @@ def test_a_callable_with_its_own_finalize_loading_keeps_it():
     assert calls == ["config"]
 
 
-def test_loading_twice_wraps_torch_once():
-    import torch.compiler
+def test_the_machine_factor_names_the_dispatch_level_the_vector_isa_and_the_cpu_flags():
+    zen4 = "model name\t: AMD EPYC\nflags\t\t: avx2 avx512f avx512_bf16\n"
+    reordered = "model name\t: AMD EPYC\nflags\t\t: avx512_bf16 avx2 avx512f\n"
+    avx2_only = "model name\t: AMD EPYC\nflags\t\t: avx2 fma\n"
+    factor = vllm_plugins.machine_factor("AVX512", "avx512", zen4)
+    assert factor.startswith("posttrain-machine:AVX512:avx512:")
+    assert vllm_plugins.machine_factor("AVX512", "avx512", reordered) == factor
+    assert vllm_plugins.machine_factor("AVX512", "avx512", avx2_only) != factor  # the same name, other CPU
+    assert vllm_plugins.machine_factor("AVX2", "avx2", zen4) != factor  # torch capped at AVX2 on the same CPU
 
-    before = torch.compiler.load_compiled_function
+
+def test_loading_twice_wraps_once_and_keys_the_cache_on_this_machine():
+    import torch.compiler
+    from vllm.compilation import caching
+
+    before_load, before_factors = torch.compiler.load_compiled_function, caching.aot_compile_hash_factors
     try:
         vllm_plugins.load_aot_compiled_models()
         wrapped = torch.compiler.load_compiled_function
         vllm_plugins.load_aot_compiled_models()
-        assert torch.compiler.load_compiled_function is wrapped and wrapped is not before
-        assert wrapped.__wrapped__ is before
+        assert torch.compiler.load_compiled_function is wrapped and wrapped is not before_load
+        assert wrapped.__wrapped__ is before_load
+        assert caching.aot_compile_hash_factors.__wrapped__ is before_factors
+        factors = caching.aot_compile_hash_factors(SimpleNamespace(compute_hash=lambda: "config"))
+        assert factors[-1] == vllm_plugins.this_machine_factor() and "config" in factors
     finally:
-        torch.compiler.load_compiled_function = before
+        torch.compiler.load_compiled_function = before_load
+        caching.aot_compile_hash_factors = before_factors
