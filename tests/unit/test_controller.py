@@ -191,7 +191,7 @@ def test_ensure_children_applies_only_missing_or_drifted() -> None:
     full = Observed(
         deployments={"j-rollout": DeploymentObs("j-rollout", "rollout", 1, 1)},
         trainer=TrainerObs(name="j-trainer", active=1),
-        others={"ConfigMap/j-config", "Service/j-rollout", "Service/j-trainer", "NetworkPolicy/j-network"}
+        others={"Service/j-rollout", "Service/j-trainer"}
         | {f"{kind}/j-trainer" for kind in render.IDENTITY_KINDS},
     )
     rt2 = FakeRuntime()
@@ -204,21 +204,21 @@ def test_ensure_children_applies_only_missing_or_drifted() -> None:
     )
     assert asyncio.run(ensure_children(rt2, rendered.children, drift, LoopState())) == 1  # type: ignore[arg-type]
     assert rt2.kube.applied == [("Deployment", "j-rollout")]
-    # Someone deleted the trainer's Role and the NetworkPolicy: both are made again.
+    # Someone deleted the trainer's Role and the rollout Service: both are made again.
     repaired = Observed(
         deployments=full.deployments,
         trainer=full.trainer,
-        others=full.others - {"Role/j-trainer", "NetworkPolicy/j-network"},
+        others=full.others - {"Role/j-trainer", "Service/j-rollout"},
     )
     rt3 = FakeRuntime()
     assert asyncio.run(ensure_children(rt3, rendered.children, repaired, LoopState())) == 2  # type: ignore[arg-type]
-    assert sorted(rt3.kube.applied) == [("NetworkPolicy", "j-network"), ("Role", "j-trainer")]
+    assert sorted(rt3.kube.applied) == [("Role", "j-trainer"), ("Service", "j-rollout")]
 
 
 def test_expected_of_names_every_watched_child() -> None:
     exp = expected_of(_rendered())
     assert exp.trainer == "j-trainer" and exp.deployments == {"j-rollout": 1}
-    assert set(exp.others) == {"ConfigMap/j-config", "Service/j-rollout"}  # one trainer pod: no Service
+    assert set(exp.others) == {"Service/j-rollout"}  # one trainer pod: no Service; the Secret is POSTed
 
 
 def test_namespace_terminating_is_told_apart_from_rbac_denials():
@@ -246,8 +246,6 @@ def test_observe_sees_the_supporting_children_so_they_are_not_applied_again() ->
         "posttrain_deployments": {key: [DeploymentObs("j-rollout", "rollout", 1, 1)]},
         "posttrain_jobs": {key: [TrainerObs(name="j-trainer", active=1)]},
         "posttrain_services": {key: ["j-rollout", "j-trainer"]},
-        "posttrain_configmaps": {key: ["j-config"]},
-        "posttrain_networkpolicies": {key: ["NetworkPolicy/j-network"]},
         "posttrain_serviceaccounts": {key: ["ServiceAccount/j-trainer"]},
         "posttrain_roles": {key: ["Role/j-trainer"]},
         "posttrain_rolebindings": {key: ["RoleBinding/j-trainer"]},

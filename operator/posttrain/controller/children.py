@@ -1,10 +1,12 @@
-"""kopf glue: in-memory indexes of every child the operator made (Deployments, Jobs, Services, ConfigMaps,
-NetworkPolicies and the trainer's identity, labelled posttrain.dev/job; Pods only with
-settings.watch_pods), keyed by (namespace, parent kind, parent name). kopf fills the indexes before any other handler runs after a (re)start, so a
+"""kopf glue: in-memory indexes of every child the operator made (Deployments, Jobs, Services and the
+trainer's identity, labelled posttrain.dev/job; Pods only with settings.watch_pods), keyed by (namespace,
+parent kind, parent name), and of the objects it makes once per namespace (the NetworkPolicy and the
+namespace's trainer identity, controller/namespace_objects.py), keyed by runtime.namespace_objects_key. kopf fills the indexes before any other handler runs after a (re)start, so a
 restarted operator sees the children it made before and never creates them twice, and a child someone
 deleted is made again (on the parent's next resync). An event wakes the parent's reconcile loop only when
-the parent's decision may change (controller/wake.py): readiness or a problem, never a Service's or a
-ConfigMap's own events.
+the parent's decision may change (controller/wake.py): readiness or a problem, never a Service's own
+events. The job's Secret (its job file and rollout token) is not watched: the operator may not list or
+watch Secrets (controller/reconcile.py makes it again when a pod shows it missing).
 
 The API server does the filtering: every watch below carries the label selector of child_selector()
 (kopf's settings.watching.label_selectors, set in controller/main.py), so objects the operator did not
@@ -17,8 +19,8 @@ from typing import Any
 
 import kopf
 
-from posttrain.controller.render.names import ROLE_TRAINER
-from posttrain.controller.runtime import Key, namespace_identity_key, runtime_of
+from posttrain.controller.render.names import ROLE_NETWORK, ROLE_TRAINER
+from posttrain.controller.runtime import Key, namespace_objects_key, runtime_of
 from posttrain.controller.settings import (
     LABEL_JOB,
     LABEL_KIND,
@@ -31,10 +33,11 @@ from posttrain.controller.status import DeploymentObs, PodObs, TrainerObs
 from posttrain.controller.wake import child_wakes, pod_wakes
 
 SELECTOR = {LABEL_JOB: kopf.PRESENT, LABEL_MANAGED_BY: MANAGER}
-# The trainer's identity kinds are also watched for the namespace's own identity (render/identity.py), which
-# belongs to no job: these watches select on the operator's label alone (it makes no others of them).
-IDENTITY_SELECTOR = {LABEL_MANAGED_BY: MANAGER}
-IDENTITY_WATCHES = {
+# The namespace's own objects (the NetworkPolicy, the trainer identity) belong to no job: these watches
+# select on the operator's label alone (it makes no others of these kinds).
+NAMESPACE_SELECTOR = {LABEL_MANAGED_BY: MANAGER}
+NAMESPACE_WATCHES = {
+    ("networking.k8s.io/v1", "networkpolicies"),
     ("v1", "serviceaccounts"),
     ("rbac.authorization.k8s.io/v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "rolebindings"),
@@ -44,7 +47,6 @@ WATCHED_CHILDREN = (
     ("apps/v1", "deployments"),
     ("batch/v1", "jobs"),
     ("v1", "services"),
-    ("v1", "configmaps"),
     ("v1", "pods"),
     ("networking.k8s.io/v1", "networkpolicies"),
     ("v1", "serviceaccounts"),
@@ -55,7 +57,7 @@ WATCHED_CHILDREN = (
 
 def child_selector(group_version: str = "", plural: str = "") -> str:
     """The label selector of a child kind's watch, as the API server takes it."""
-    if (group_version, plural) in IDENTITY_WATCHES:
+    if (group_version, plural) in NAMESPACE_WATCHES:
         return f"{LABEL_MANAGED_BY}={MANAGER}"
     return f"{LABEL_MANAGED_BY}={MANAGER},{LABEL_JOB}"
 
@@ -116,40 +118,32 @@ async def posttrain_services(meta: Any, memo: Any, **_: Any) -> dict[Key, str] |
     return {key: meta["name"]}
 
 
-@kopf.index("", "v1", "configmaps", labels=SELECTOR)
-async def posttrain_configmaps(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
-    key = parent_key(meta)
-    if key is None:
-        return None
-    return {key: meta["name"]}
-
-
 async def _supporting(kind: str, meta: Any, memo: Any) -> dict[Key, str] | None:
     key = parent_key(meta)
     if key is None:
         labels = meta.get("labels") or {}
-        if LABEL_JOB in labels or labels.get(LABEL_ROLE) != ROLE_TRAINER:
+        if LABEL_JOB in labels or labels.get(LABEL_ROLE) not in (ROLE_TRAINER, ROLE_NETWORK):
             return None
-        key = namespace_identity_key(meta.get("namespace") or "")
+        key = namespace_objects_key(meta.get("namespace") or "")
     return {key: f"{kind}/{meta['name']}"}
 
 
-@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=SELECTOR)
+@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=NAMESPACE_SELECTOR)
 async def posttrain_networkpolicies(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
     return await _supporting("NetworkPolicy", meta, memo)
 
 
-@kopf.index("", "v1", "serviceaccounts", labels=IDENTITY_SELECTOR)
+@kopf.index("", "v1", "serviceaccounts", labels=NAMESPACE_SELECTOR)
 async def posttrain_serviceaccounts(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
     return await _supporting("ServiceAccount", meta, memo)
 
 
-@kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=IDENTITY_SELECTOR)
+@kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=NAMESPACE_SELECTOR)
 async def posttrain_roles(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
     return await _supporting("Role", meta, memo)
 
 
-@kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=IDENTITY_SELECTOR)
+@kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=NAMESPACE_SELECTOR)
 async def posttrain_rolebindings(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
     return await _supporting("RoleBinding", meta, memo)
 
@@ -173,7 +167,6 @@ INDEX_NAMES = (
     "posttrain_deployments",
     "posttrain_jobs",
     "posttrain_services",
-    "posttrain_configmaps",
     "posttrain_pods",
     "posttrain_networkpolicies",
     "posttrain_serviceaccounts",
