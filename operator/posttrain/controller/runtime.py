@@ -43,6 +43,7 @@ class Runtime:
     prober: TaskAppProber = field(default_factory=TaskAppProber)
     checks: TtlCache[Attempt] = field(default_factory=TtlCache)
     namespace_objects: NamespaceObjects = field(default_factory=NamespaceObjects)
+    children: Any = None  # controller/child_watch.py's ChildWatches, started by the startup handler
 
     def waker(self, key: Key) -> asyncio.Event:
         """A new loop's wake-up event (replacing a cancelled loop's, of an object of the same name)."""
@@ -62,6 +63,8 @@ class Runtime:
 
     async def close(self) -> None:
         await self.loops.stop()
+        if self.children is not None:
+            await self.children.stop()
         await self.prober.close()
         await self.kube.close()
 
