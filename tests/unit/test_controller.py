@@ -254,3 +254,46 @@ def test_observe_sees_the_supporting_children_so_they_are_not_applied_again() ->
     rt = FakeRuntime()
     assert asyncio.run(ensure_children(rt, rendered.children, observed, LoopState())) == 0  # type: ignore[arg-type]
     assert rt.kube.applied == []
+
+
+def test_the_jobs_secret_is_posted_once_and_again_only_when_a_stuck_job_finds_it_gone() -> None:
+    from posttrain.controller.reconcile import ensure_job_secret
+    from posttrain.controller.status import PodObs
+
+    class SecretKube:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+            self.present = False
+
+        async def create(self, obj: dict[str, Any]) -> bool:
+            self.calls.append("POST")
+            assert set(obj["data"]) == {"job.json", "config.toml", "token"}
+            created, self.present = not self.present, True
+            return created
+
+        async def exists(self, path: str) -> bool:
+            assert path == "/api/v1/namespaces/ns/secrets/j-config"
+            self.calls.append("GET")
+            return self.present
+
+    rendered = _rendered()
+    rt = FakeRuntime()
+    rt.kube = SecretKube()  # type: ignore[assignment]
+    state = LoopState()
+
+    def ensure(stuck: bool, pods: list[PodObs] | None = None) -> list[str]:
+        before = len(rt.kube.calls)  # type: ignore[attr-defined]
+        observed = Observed(pods=pods or [])
+        asyncio.run(ensure_job_secret(rt, rendered, observed, state, stuck))  # type: ignore[arg-type]
+        return rt.kube.calls[before:]  # type: ignore[attr-defined]
+
+    assert ensure(stuck=False) == ["POST"]  # once per loop
+    assert ensure(stuck=False) == []  # every later pass: nothing
+    assert ensure(stuck=True) == ["GET"]  # stuck: is it still there? (metadata only)
+    assert ensure(stuck=True) == []  # not again within a minute
+    rt.kube.present = False  # type: ignore[attr-defined]  # someone deleted it
+    state.secret_checked -= 61
+    assert ensure(stuck=True) == ["GET", "POST"]
+    # a pod that cannot start for want of a Secret: POSTed at once (a 409 when it is there)
+    waiting = PodObs("j-rollout-x", "rollout", "Pending", "rollout: CreateContainerConfigError")
+    assert ensure(stuck=False, pods=[waiting]) == ["POST"]

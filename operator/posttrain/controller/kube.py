@@ -48,6 +48,7 @@ PLURALS = {
 }
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
 WATCH_LINE_MAX = 2**24  # one watch event (one object) may be this long
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 IN_CLUSTER_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 # This client's aiohttp sessions: kopf's share the library, and the benchmark counts kopf's apart
@@ -161,6 +162,7 @@ class Kube:
         absent_ok: bool = False,
         retries: int = 6,
         parse: bool = True,
+        accept: str | None = None,
     ) -> dict[str, Any] | None:
         delay = 0.2
         data = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
@@ -170,6 +172,8 @@ class Kube:
             headers = self._headers()
             if data is not None:
                 headers["Content-Type"] = content_type
+            if accept is not None:
+                headers["Accept"] = accept
             try:
                 async with self._client().request(method, url, data=data, headers=headers, params=params) as rsp:
                     status = rsp.status
@@ -197,6 +201,11 @@ class Kube:
     # --- verbs -------------------------------------------------------------------------------------
     async def get(self, path: str) -> dict[str, Any] | None:
         return await self.request("GET", path, absent_ok=True)
+
+    async def exists(self, path: str) -> bool:
+        """Whether the object is there, from its metadata alone (a Secret's data is never sent)."""
+        found = await self.request("GET", path, absent_ok=True, accept=METADATA_ONLY)
+        return found is not None
 
     async def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
         found = await self.request("GET", path, params={"labelSelector": label_selector})

@@ -74,6 +74,7 @@ KIND_LABELS = {"RLJob": "rljob", "SFTJob": "sftjob", "TaskApp": "taskapp"}
 # Provisioning, Running) is in its status; a Running job is the normal case, not news.
 EVENT_PHASES = {SUSPENDED, SUCCEEDED, FAILED}
 APPLY_GRACE = 15.0  # seconds to wait for our own apply to show up in the watch before re-applying
+SECRET_CHECK_SECONDS = 60.0  # how often a job stuck Provisioning looks whether its Secret is still there
 
 
 def utcnow() -> datetime:
@@ -98,6 +99,7 @@ class LoopState:
     pruned: set[str] = field(default_factory=set)
     invalid: str | None = None  # why the spec cannot be acted on (sticky: a spec does not change)
     secret_ensured: bool = False  # the job's Secret was created (or found) by this loop
+    secret_checked: float = 0.0  # monotonic time a stuck job last looked for its Secret
     spec: tuple[tuple[str, Any], Any] | None = None  # ((uid, generation), the parsed spec)
     provisioning_since: float | None = None  # monotonic time the job was first seen Provisioning
     plan: Plan | None = None  # the children rendered for one (uid, generation, task app)
@@ -249,15 +251,22 @@ async def ensure_children(
 
 
 async def ensure_job_secret(
-    rt: Runtime, job: Job, rendered: render.Rendered, observed: Observed, state: LoopState, stuck: bool
+    rt: Runtime, rendered: render.Rendered, observed: Observed, state: LoopState, stuck: bool
 ) -> None:
     """The job's Secret (job file, TOML, an RLJob's rollout token): created once per loop (a 409 means it
-    exists; the operator never reads it back: it may not list or watch Secrets), and again on each pass of
-    a job stuck Provisioning (its pods were listed) or when a pod cannot start for want of a Secret: someone
-    deleted it, and a pod that mounts it waits in ContainerCreating."""
+    exists; the operator never reads it back: it may not list or watch Secrets), and again when a pod
+    cannot start for want of a Secret (CreateContainerConfigError) or when a job stuck Provisioning finds
+    it gone (a metadata-only GET, at most once a minute): someone deleted it, and a trainer pod that mounts
+    it waits in ContainerCreating."""
     config_error = any("CreateContainerConfigError" in p.problem for p in observed.pods)
-    if state.secret_ensured and not config_error and not stuck:
-        return
+    if state.secret_ensured and not config_error:
+        now = time.monotonic()
+        if not stuck or now - state.secret_checked < SECRET_CHECK_SECONDS:
+            return
+        state.secret_checked = now
+        meta = rendered.secret["metadata"]
+        if await rt.kube.exists(object_path("v1", "Secret", meta["namespace"], meta["name"])):
+            return
     secret = rendered.secret
     if rendered.rollout_token:
         secret = with_token(secret, secrets.token_urlsafe(32))
@@ -631,7 +640,7 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
         try:
             seen = namespace_objects_seen(owner, indexes)
             await rt.namespace_objects.ensure(rt.kube, rt.settings, owner.namespace, seen)
-            await ensure_job_secret(rt, job, plan.rendered, observed, state, stuck)
+            await ensure_job_secret(rt, plan.rendered, observed, state, stuck)
             if await ensure_children(rt, plan.rendered.children, observed, state):
                 desired = derive(with_applied(observed, plan.rendered.children))
         except ChildRefused as refused:
