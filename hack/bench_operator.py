@@ -28,6 +28,7 @@ import concurrent.futures
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -471,7 +472,11 @@ def main() -> int:
         (workdir / "cluster").mkdir()
         dev = DevCluster(workdir / "cluster", nodes=args.nodes, gpus_per_node=args.gpus_per_node, start_timeout=300)
         with dev as cluster:
-            result = run_bench(cluster, args, workdir)
+            try:
+                result = run_bench(cluster, args, workdir)
+            finally:
+                if args.json_file and (workdir / "operator.log").exists():  # kept beside the figures
+                    shutil.copy(workdir / "operator.log", args.json_file.with_suffix(".operator.log"))
     report(result)
     if args.json_file:
         args.json_file.write_text(json.dumps(result, indent=2))
