@@ -1,4 +1,4 @@
-"""The reconcile loop of one job: observe (kopf indexes), parse the job (controller.objects), verify its
+"""The reconcile loop of one job: observe (the in-memory indexes of controller/child_watch.py and kopf), parse the job (controller.objects), verify its
 task app (RLJob), render (pure), apply what is missing or drifted (server-side apply), derive status (pure),
 patch what changed, post an Event per phase transition, and clean up when the job ends. Idempotent:
 running it twice, or after a restart, changes nothing that is already right.
