@@ -1,7 +1,8 @@
-"""The reconcile loop of one job: observe (the in-memory indexes of controller/child_watch.py and kopf), parse the job (controller.objects), verify its
-task app (RLJob), render (pure), apply what is missing or drifted (server-side apply), derive status (pure),
-patch what changed, post an Event per phase transition, and clean up when the job ends. Idempotent:
-running it twice, or after a restart, changes nothing that is already right.
+"""The reconcile loop of one job: observe (the in-memory indexes of controller/child_watch.py and kopf),
+parse the job (controller.objects), verify its task app (RLJob), render (pure), apply what is missing or
+drifted (server-side apply), derive status (pure), patch what changed, post an Event per phase
+transition, and clean up when the job ends. Idempotent: running it twice, or after a restart, changes
+nothing that is already right.
 
 A job always ends with a truthful status: a spec posttrain's models refuse, a spec that cannot be
 rendered, a child the API server refuses with 422, or a status the API server refuses with 422 ends the
