@@ -271,7 +271,10 @@ def apply_jobs(co: Any, ns: str, url: str, jobs: int, rate: float | None, timeou
     running = dict(watcher.running)
     latencies = [running[n] - applied[n] for n in applied if n in running]
     t_end = max(running.values()) if running else time.monotonic()
+    # the slowest jobs: name, apply->Running, seconds after the first apply it was applied
+    slowest = sorted(((running[n] - applied[n], n) for n in applied if n in running), reverse=True)[:10]
     return {
+        "slowest": [[n, round(lat, 2), round(applied[n] - t0, 1)] for lat, n in slowest],
         "jobs": jobs,
         "running": len(running),
         "apply_s": round(apply_s, 2),
