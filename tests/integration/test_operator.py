@@ -9,6 +9,8 @@ job's status subresource)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,7 @@ def test_rljob_full_lifecycle(env: Env, math_taskapp: Any) -> None:
 
     kids = env.children("math-rl")
     uid = env.get("rljobs", "math-rl")["metadata"]["uid"]
-    for kind in ("Deployment", "Job", "Service", "ConfigMap"):
+    for kind in ("Deployment", "Job", "Service", "Secret"):
         for obj in kids[kind]:
             assert obj.metadata.owner_references[0].uid == uid, (kind, obj.metadata.name)
             assert obj.metadata.labels["posttrain.dev/role"] in {"rollout", "trainer", "config"}
@@ -45,9 +47,12 @@ def test_rljob_full_lifecycle(env: Env, math_taskapp: Any) -> None:
     assert kids["Deployment"][0].spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
     trainer = kids["Job"][0]
     assert trainer.spec.completion_mode == "Indexed" and trainer.spec.completions == 1
-    cm = kids["ConfigMap"][0]
-    assert "job.json" in cm.data and cm.data["config.toml"].startswith("[algorithm]")
-    assert KEY not in str(cm.data) and math_taskapp.api_key not in str(cm.data)
+    # One Secret per job: the job file and the TOML the trainer mounts, and the rollout token
+    (secret,) = kids["Secret"]
+    assert secret.metadata.name == "math-rl-config" and set(secret.data) == {"job.json", "config.toml", "token"}
+    files = {k: base64.b64decode(secret.data[k]).decode() for k in ("job.json", "config.toml")}
+    assert json.loads(files["job.json"])["job"]["name"] == "math-rl" and files["config.toml"].startswith("[algorithm]")
+    assert KEY not in str(files) and math_taskapp.api_key not in str(files)
     pods = {p.metadata.labels["posttrain.dev/role"]: p for p in kids["Pod"]}
     assert set(pods) == {"rollout", "trainer"}
 
@@ -228,7 +233,7 @@ def test_operator_killed_mid_provisioning_restarts_without_duplicates(env: Env, 
         ),
     )
     # Kill as soon as provisioning has begun (some children exist, the job is not Running yet).
-    wait_for(lambda: env.children("restart")["ConfigMap"], 30, "first child")
+    wait_for(lambda: env.children("restart")["Secret"], 30, "first child")
     env.operator.kill()
     before = {
         k: sorted((o.metadata.name, o.metadata.uid) for o in v)
@@ -247,7 +252,7 @@ def test_operator_killed_mid_provisioning_restarts_without_duplicates(env: Env, 
     names = {k: [n for n, _ in v] for k, v in after.items()}
     assert names["Deployment"] == ["restart-reference", "restart-rollout"]
     assert names["Job"] == ["restart-trainer"]
-    assert names["ConfigMap"] == ["restart-config"]
+    assert names["Secret"] == ["restart-config"]
     assert sorted(names["Service"]) == ["restart-reference", "restart-rollout"]  # one trainer pod: no Service
     # A second restart when everything is Running changes nothing either.
     env.operator.kill()

@@ -236,28 +236,30 @@ def test_a_restricted_namespace_runs_a_job(env: Env, math_taskapp: Any) -> None:
         assert pod.spec.security_context.run_as_non_root is True
         tokens = pod.spec.automount_service_account_token
         assert tokens is (pod.metadata.labels["posttrain.dev/role"] == "trainer")
+    # One NetworkPolicy for the namespace's jobs, owned by none of them
     policies = (
         client.NetworkingV1Api(env.api)
-        .list_namespaced_network_policy(env.ns, label_selector="posttrain.dev/job=locked")
+        .list_namespaced_network_policy(env.ns, label_selector="app.kubernetes.io/managed-by=posttrain-operator")
         .items
     )
-    assert [p.metadata.name for p in policies] == ["locked-network"]
-    token = env.core.read_namespaced_secret("locked-rollout-token", env.ns)
+    assert [p.metadata.name for p in policies] == ["posttrain-jobs"]
+    assert not policies[0].metadata.owner_references
+    token = env.core.read_namespaced_secret("locked-config", env.ns)
     assert token.metadata.owner_references[0].name == "locked" and token.data["token"]
-    # Someone deletes the trainer's Role (the namespace's) and the job's NetworkPolicy: the operator makes
+    # Someone deletes the trainer's Role and the NetworkPolicy (both the namespace's): the operator makes
     # them again.
     rbac = client.RbacAuthorizationV1Api(env.api)
     networking = client.NetworkingV1Api(env.api)
     role = "posttrain-trainer-status"
     old = (rbac.read_namespaced_role(role, env.ns).metadata.uid, policies[0].metadata.uid)
     rbac.delete_namespaced_role(role, env.ns)
-    networking.delete_namespaced_network_policy("locked-network", env.ns)
+    networking.delete_namespaced_network_policy("posttrain-jobs", env.ns)
 
     def remade() -> bool:
         try:
             new = (
                 rbac.read_namespaced_role(role, env.ns).metadata.uid,
-                networking.read_namespaced_network_policy("locked-network", env.ns).metadata.uid,
+                networking.read_namespaced_network_policy("posttrain-jobs", env.ns).metadata.uid,
             )
         except ApiException:
             return False
@@ -433,7 +435,7 @@ def test_the_namespaced_install_runs_a_job_with_a_role_only(
             env.create("rljobs", rljob("tenant", math_taskapp.url))
             env.wait_phase("rljobs", "tenant", "Running", timeout=60)
             kinds = {k for k, v in env.children("tenant").items() if v}
-            assert kinds == {"Deployment", "Job", "Service", "ConfigMap", "Pod"}
+            assert kinds == {"Deployment", "Job", "Service", "Secret", "Pod"}
             log = env.operator.log_tail(200_000)
             assert " 403" not in log and "Forbidden" not in log, log[-3000:]
     finally:

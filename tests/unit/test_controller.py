@@ -191,7 +191,7 @@ def test_ensure_children_applies_only_missing_or_drifted() -> None:
     full = Observed(
         deployments={"j-rollout": DeploymentObs("j-rollout", "rollout", 1, 1)},
         trainer=TrainerObs(name="j-trainer", active=1),
-        others={"ConfigMap/j-config", "Service/j-rollout", "Service/j-trainer", "NetworkPolicy/j-network"}
+        others={"Service/j-rollout", "Service/j-trainer"}
         | {f"{kind}/j-trainer" for kind in render.IDENTITY_KINDS},
     )
     rt2 = FakeRuntime()
@@ -204,21 +204,21 @@ def test_ensure_children_applies_only_missing_or_drifted() -> None:
     )
     assert asyncio.run(ensure_children(rt2, rendered.children, drift, LoopState())) == 1  # type: ignore[arg-type]
     assert rt2.kube.applied == [("Deployment", "j-rollout")]
-    # Someone deleted the trainer's Role and the NetworkPolicy: both are made again.
+    # Someone deleted the trainer's Role and the rollout Service: both are made again.
     repaired = Observed(
         deployments=full.deployments,
         trainer=full.trainer,
-        others=full.others - {"Role/j-trainer", "NetworkPolicy/j-network"},
+        others=full.others - {"Role/j-trainer", "Service/j-rollout"},
     )
     rt3 = FakeRuntime()
     assert asyncio.run(ensure_children(rt3, rendered.children, repaired, LoopState())) == 2  # type: ignore[arg-type]
-    assert sorted(rt3.kube.applied) == [("NetworkPolicy", "j-network"), ("Role", "j-trainer")]
+    assert sorted(rt3.kube.applied) == [("Role", "j-trainer"), ("Service", "j-rollout")]
 
 
 def test_expected_of_names_every_watched_child() -> None:
     exp = expected_of(_rendered())
     assert exp.trainer == "j-trainer" and exp.deployments == {"j-rollout": 1}
-    assert set(exp.others) == {"ConfigMap/j-config", "Service/j-rollout"}  # one trainer pod: no Service
+    assert set(exp.others) == {"Service/j-rollout"}  # one trainer pod: no Service; the Secret is POSTed
 
 
 def test_namespace_terminating_is_told_apart_from_rbac_denials():
@@ -246,8 +246,6 @@ def test_observe_sees_the_supporting_children_so_they_are_not_applied_again() ->
         "posttrain_deployments": {key: [DeploymentObs("j-rollout", "rollout", 1, 1)]},
         "posttrain_jobs": {key: [TrainerObs(name="j-trainer", active=1)]},
         "posttrain_services": {key: ["j-rollout", "j-trainer"]},
-        "posttrain_configmaps": {key: ["j-config"]},
-        "posttrain_networkpolicies": {key: ["NetworkPolicy/j-network"]},
         "posttrain_serviceaccounts": {key: ["ServiceAccount/j-trainer"]},
         "posttrain_roles": {key: ["Role/j-trainer"]},
         "posttrain_rolebindings": {key: ["RoleBinding/j-trainer"]},
@@ -256,3 +254,46 @@ def test_observe_sees_the_supporting_children_so_they_are_not_applied_again() ->
     rt = FakeRuntime()
     assert asyncio.run(ensure_children(rt, rendered.children, observed, LoopState())) == 0  # type: ignore[arg-type]
     assert rt.kube.applied == []
+
+
+def test_the_jobs_secret_is_posted_once_and_again_only_when_a_stuck_job_finds_it_gone() -> None:
+    from posttrain.controller.reconcile import ensure_job_secret
+    from posttrain.controller.status import PodObs
+
+    class SecretKube:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+            self.present = False
+
+        async def create(self, obj: dict[str, Any]) -> bool:
+            self.calls.append("POST")
+            assert set(obj["data"]) == {"job.json", "config.toml", "token"}
+            created, self.present = not self.present, True
+            return created
+
+        async def exists(self, path: str) -> bool:
+            assert path == "/api/v1/namespaces/ns/secrets/j-config"
+            self.calls.append("GET")
+            return self.present
+
+    rendered = _rendered()
+    rt = FakeRuntime()
+    rt.kube = SecretKube()  # type: ignore[assignment]
+    state = LoopState()
+
+    def ensure(stuck: bool, pods: list[PodObs] | None = None) -> list[str]:
+        before = len(rt.kube.calls)  # type: ignore[attr-defined]
+        observed = Observed(pods=pods or [])
+        asyncio.run(ensure_job_secret(rt, rendered, observed, state, stuck))  # type: ignore[arg-type]
+        return rt.kube.calls[before:]  # type: ignore[attr-defined]
+
+    assert ensure(stuck=False) == ["POST"]  # once per loop
+    assert ensure(stuck=False) == []  # every later pass: nothing
+    assert ensure(stuck=True) == ["GET"]  # stuck: is it still there? (metadata only)
+    assert ensure(stuck=True) == []  # not again within a minute
+    rt.kube.present = False  # type: ignore[attr-defined]  # someone deleted it
+    state.secret_checked -= 61
+    assert ensure(stuck=True) == ["GET", "POST"]
+    # a pod that cannot start for want of a Secret: POSTed at once (a 409 when it is there)
+    waiting = PodObs("j-rollout-x", "rollout", "Pending", "rollout: CreateContainerConfigError")
+    assert ensure(stuck=False, pods=[waiting]) == ["POST"]

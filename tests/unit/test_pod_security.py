@@ -1,5 +1,5 @@
 """What every rendered pod looks like from a security point of view (pure render output): restricted Pod
-Security, no ServiceAccount token where none is needed, the job's NetworkPolicy, the rollout token, and
+Security, no ServiceAccount token where none is needed, the namespace's NetworkPolicy, the rollout token, and
 the trainer Job's handling of lost pods."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from typing import Any
 
 from fixtures.jobs import RL_SPEC, UID, job_object, sft_spec
 from posttrain.controller import render
+from posttrain.controller.namespace_objects import render_namespace_objects
 from posttrain.controller.objects import Job, parse_job, parse_task_app
 from posttrain.controller.render.taskapp import TaskAppTarget, render_task_app
-from posttrain.controller.render.token import render_token_secret
+from posttrain.controller.render.token import with_token
 from posttrain.controller.settings import OperatorSettings
 
 SETTINGS = OperatorSettings(trainer_image="reg/trainer:1", rollout_image="reg/rollout:1")
@@ -104,42 +105,66 @@ def test_run_as_user_zero_keeps_the_images_user() -> None:
         assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def test_network_policy_admits_only_the_job_and_its_task_app() -> None:
-    out = render.render_rljob(rljob(), SETTINGS, TARGET)
-    (policy,) = [c for c in out.children if c["kind"] == "NetworkPolicy"]
-    assert policy["metadata"]["labels"]["posttrain.dev/job"] == "math-rl"
-    own = {"matchLabels": {"posttrain.dev/job": "math-rl", "posttrain.dev/kind": "rljob"}}
-    assert policy["spec"]["podSelector"] == own and policy["spec"]["policyTypes"] == ["Ingress"]
-    assert policy["spec"]["ingress"] == [
-        {"from": [{"podSelector": own}]},
-        {
-            "from": [{"podSelector": {"matchLabels": {"posttrain.dev/job": "math", "posttrain.dev/kind": "taskapp",
-                                                      "posttrain.dev/role": "task-app"}}}],
-            "ports": [{"protocol": "TCP", "port": 8000}],
-        },
-    ]  # fmt: skip
-    # every pod the job runs is selected by it
-    for _, pod_template in [(c["metadata"]["name"], c["spec"]["template"]) for c in out.children
-                            if c["kind"] in ("Deployment", "Job")]:  # fmt: skip
-        labels = pod_template["metadata"]["labels"]
-        assert all(labels.get(k) == v for k, v in own["matchLabels"].items())
-    by_url = render.render_rljob(rljob(taskApp={"url": "http://x"}), SETTINGS, TaskAppTarget("http://x", None))
-    (policy,) = [c for c in by_url.children if c["kind"] == "NetworkPolicy"]
-    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": own}]}]
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels, matchExpressions with In) applied to a pod's labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    return all(e["operator"] == "In" and labels.get(e["key"]) in e["values"]
+               for e in selector.get("matchExpressions", []))  # fmt: skip
 
 
-def test_servers_and_trainer_share_the_rollout_token_secret() -> None:
+def test_the_namespace_network_policy_admits_only_job_pods_and_task_apps_on_the_server_port() -> None:
+    (policy,) = [o for o in render_namespace_objects("team-a", SETTINGS) if o["kind"] == "NetworkPolicy"]
+    meta = policy["metadata"]
+    assert meta["name"] == "posttrain-jobs" and meta["namespace"] == "team-a"
+    assert "ownerReferences" not in meta and "posttrain.dev/job" not in meta["labels"]  # serves every job
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "posttrain-operator"
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    (from_jobs, from_task_apps) = spec["ingress"]
+    assert "ports" not in from_jobs and from_task_apps["ports"] == [{"protocol": "TCP", "port": 8000}]
+    sft = parse_job(job_object("SFTJob", sft_spec(model={"base": "Qwen/Qwen3-0.6B"},
+                                                  dataset={"uri": "s3://b/x.jsonl"}), name="s"))  # fmt: skip
+    templates = [c["spec"]["template"]["metadata"]["labels"]
+                 for rendered in (render.render_rljob(rljob(), SETTINGS, TARGET), render.render_sftjob(sft, SETTINGS))
+                 for c in rendered.children if c["kind"] in ("Deployment", "Job")]  # fmt: skip
+    assert {t["posttrain.dev/role"] for t in templates} == {"rollout", "reference", "judge", "trainer"}
+    for labels in templates:
+        # every pod of every job is guarded, and may reach every other job pod of the namespace
+        assert selects(spec["podSelector"], labels), labels
+        assert selects(from_jobs["from"][0]["podSelector"], labels), labels
+    ta = {"apiVersion": "posttrain.dev/v1alpha1", "kind": "TaskApp",
+          "metadata": {"name": "math", "namespace": "team-a", "uid": "u"},
+          "spec": {"image": "reg/math:1", "port": 8001, "apiKeySecretRef": {"name": "k"}}}  # fmt: skip
+    (dep, _svc) = render_task_app(parse_task_app(ta), SETTINGS)
+    task_app_labels = dep["spec"]["template"]["metadata"]["labels"]
+    # a TaskApp's pods get in on the servers' port only; they are not themselves selected (nor job pods)
+    assert selects(from_task_apps["from"][0]["podSelector"], task_app_labels)
+    assert not selects(from_jobs["from"][0]["podSelector"], task_app_labels)
+    assert not selects(spec["podSelector"], task_app_labels)
+    # a pod someone else runs in the namespace is neither guarded nor let in
+    assert not selects(from_jobs["from"][0]["podSelector"], {"app": "other"})
+    assert not selects(from_task_apps["from"][0]["podSelector"], {"app": "other"})
+
+
+def test_servers_and_trainer_share_the_rollout_token_in_the_jobs_secret() -> None:
     out = render.render_rljob(rljob(), SETTINGS, TARGET)
-    assert out.token_secret == "math-rl-rollout-token"
-    want = {"secretKeyRef": {"name": "math-rl-rollout-token", "key": "token"}}
+    assert out.secret["metadata"]["name"] == "math-rl-config" and out.rollout_token
+    want = {"secretKeyRef": {"name": "math-rl-config", "key": "token"}}
     for _, pod in pods(out.children):
         env = {e["name"]: e.get("valueFrom") for e in pod["containers"][0]["env"]}
         assert env["POSTTRAIN_ROLLOUT_TOKEN"] == want
-    secret = render_token_secret(rljob().owner, "s3cr3t")
+    secret = with_token(out.secret, "s3cr3t")
     assert secret["kind"] == "Secret" and base64.b64decode(secret["data"]["token"]) == b"s3cr3t"
+    assert set(secret["data"]) == {"token", "job.json", "config.toml"}
     assert secret["metadata"]["ownerReferences"][0]["uid"] == UID
-    # the token never appears in what is rendered for the job (ConfigMap, env values)
+    assert "token" not in out.secret["data"]  # with_token copies: the rendered plan stays token-free
+    # the token never appears in what is rendered for the job (children, env values), nor as a file the
+    # trainer mounts (it reads the job file and the TOML from the Secret, the token from its environment)
     assert "s3cr3t" not in str(out.children)
+    (trainer,) = [c for c in out.children if c["kind"] == "Job"]
+    (config,) = [v for v in trainer["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
+    assert [item["key"] for item in config["secret"]["items"]] == ["job.json", "config.toml"]
 
 
 def test_trainer_job_survives_disruptions_and_fails_fast_on_config_errors() -> None:

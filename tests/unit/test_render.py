@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -56,15 +57,15 @@ def test_rljob_children_topology_and_labels() -> None:
         (c["kind"], c["metadata"]["name"]) for c in out.children if c["kind"] not in render.IDENTITY_KINDS
     )
     assert kinds == [
-        ("ConfigMap", "math-rl-config"),
         ("Deployment", "math-rl-reference"),
         ("Deployment", "math-rl-rollout"),
         ("Job", "math-rl-trainer"),
-        ("NetworkPolicy", "math-rl-network"),
         ("Service", "math-rl-reference"),
         ("Service", "math-rl-rollout"),
     ]  # a one-pod trainer is its own rendezvous: no headless Service
-    for child in out.children:
+    assert (out.secret["kind"], out.secret["metadata"]["name"]) == ("Secret", "math-rl-config")
+    assert out.rollout_token
+    for child in [*out.children, out.secret]:
         meta = child["metadata"]
         assert meta["namespace"] == "team-a"
         assert meta["labels"]["posttrain.dev/job"] == "math-rl"
@@ -151,11 +152,16 @@ def test_trainer_indexed_job_torchrun_env() -> None:
     assert not [c for c in out.children if c["metadata"]["labels"]["posttrain.dev/role"] == "reference"]
 
 
-def test_configmap_has_jobfile_and_toml_and_no_secret_values() -> None:
+def secret_files(secret: dict) -> dict[str, str]:
+    return {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+
+
+def test_the_jobs_secret_has_jobfile_and_toml_and_no_secret_values() -> None:
     out = render.render_rljob(rljob(), SETTINGS, TARGET)
-    cm = by(out.children, "ConfigMap", "config")
-    assert cm["data"]["config.toml"].startswith("[algorithm]")
-    jobfile = json.loads(cm["data"]["job.json"])
+    files = secret_files(out.secret)
+    assert sorted(files) == ["config.toml", "job.json"]  # the token is added by the controller
+    assert files["config.toml"].startswith("[algorithm]")
+    jobfile = json.loads(files["job.json"])
     assert jobfile["kind"] == "rl"
     assert jobfile["job"] == {
         "name": "math-rl",
@@ -186,8 +192,7 @@ def test_configmap_has_jobfile_and_toml_and_no_secret_values() -> None:
 
 def test_jobfile_validates_against_trainer_contract() -> None:
     out = render.render_rljob(rljob(), SETTINGS, TARGET)
-    cm = by(out.children, "ConfigMap", "config")
-    parsed = JobFile.model_validate(json.loads(cm["data"]["job.json"]))
+    parsed = JobFile.model_validate(json.loads(secret_files(out.secret)["job.json"]))
     assert parsed == out.jobfile and parsed.kind == "rl" and parsed.plural == "rljobs"
 
 
@@ -259,10 +264,13 @@ def test_sftjob_children_dataset_configmap() -> None:
     )
     out = render.render_sftjob(parse_job(job_object("SFTJob", spec, name="sft1")), SETTINGS)
     # (the trainer's identity is the namespace's, a one-pod trainer needs no rendezvous Service)
-    assert sorted(c["kind"] for c in out.children) == ["ConfigMap", "Job", "NetworkPolicy"]
+    assert sorted(c["kind"] for c in out.children) == ["Job"]
+    assert out.secret["metadata"]["name"] == "sft1-config" and not out.rollout_token
     pod = by(out.children, "Job", "trainer")["spec"]["template"]["spec"]
     assert "initContainers" not in pod
     assert {"name": "data", "configMap": {"name": "sft1-data"}} in pod["volumes"]
+    files = [{"key": "job.json", "path": "job.json"}, {"key": "config.toml", "path": "config.toml"}]
+    assert {"name": "config", "secret": {"secretName": "sft1-config", "items": files}} in pod["volumes"]
     assert out.jobfile.dataset.train == "/data/train.jsonl"
     assert out.jobfile.kind == "sft" and out.jobfile.task_app is None
     assert out.jobfile.config["hyperparameters"]["n_epochs"] == 1

@@ -9,9 +9,10 @@ from typing import Any
 
 import yaml
 from posttrain.controller.kube import KubeError
+from posttrain.controller.namespace_objects import NamespaceObjects
 from posttrain.controller.render.identity import TRAINER_POLICY
 from posttrain.controller.settings import OperatorSettings
-from posttrain.controller.trainer_identity import NamespaceIdentities, resolve_trainer_identity
+from posttrain.controller.trainer_identity import resolve_trainer_identity
 
 POLICY_FILE = Path(__file__).resolve().parents[2] / "manifests/base/trainer-policy.yaml"
 
@@ -68,29 +69,33 @@ def test_the_namespace_identity_only_where_the_policy_holds_it_to_its_job() -> N
     assert mode(PolicyKube({}), trainer_identity="static") == "static"
 
 
-def test_the_namespace_identity_is_applied_once_per_namespace() -> None:
+def test_the_namespace_objects_are_applied_once_per_namespace() -> None:
     kube = PolicyKube({})
-    identities = NamespaceIdentities()
+    objects = NamespaceObjects()
     settings = OperatorSettings()
 
     async def many_jobs() -> list[int]:
-        jobs = [identities.ensure(kube, settings, ns) for ns in ["a"] * 20 + ["b"] * 5]  # type: ignore[arg-type]
+        jobs = [objects.ensure(kube, settings, ns) for ns in ["a"] * 20 + ["b"] * 5]  # type: ignore[arg-type]
         return await asyncio.gather(*jobs)
 
     writes = asyncio.run(many_jobs())
-    assert sum(writes) == 6 and len(kube.applied) == 6
+    assert sum(writes) == 8 and len(kube.applied) == 8
     assert {(ns, kind) for ns, kind, _ in kube.applied} == {
-        (ns, kind) for ns in "ab" for kind in ("ServiceAccount", "Role", "RoleBinding")
+        (ns, kind) for ns in "ab" for kind in ("ServiceAccount", "Role", "RoleBinding", "NetworkPolicy")
     }
-    # Someone deleted the Role: once the watch shows it gone (and our own apply is not just on its way),
-    # the next job's pass applies the three again, once.
-    identities.grace = 0.0
+    # Someone deleted the Role and the NetworkPolicy: once the watch shows them gone (and our own apply is
+    # not just on its way), the next job's pass applies those two again, once.
+    objects.grace = 0.0
     seen = {"ServiceAccount/posttrain-trainer", "RoleBinding/posttrain-trainer-status"}
-    assert asyncio.run(identities.ensure(kube, settings, "a", seen)) == 3  # type: ignore[arg-type]
-    seen.add("Role/posttrain-trainer-status")
-    assert asyncio.run(identities.ensure(kube, settings, "a", seen)) == 0  # type: ignore[arg-type]
+    before = len(kube.applied)
+    assert asyncio.run(objects.ensure(kube, settings, "a", seen)) == 2  # type: ignore[arg-type]
+    assert {kind for _, kind, _ in kube.applied[before:]} == {"Role", "NetworkPolicy"}
+    seen |= {"Role/posttrain-trainer-status", "NetworkPolicy/posttrain-jobs"}
+    assert asyncio.run(objects.ensure(kube, settings, "a", seen)) == 0  # type: ignore[arg-type]
     # A restarted operator whose watch shows them in place writes nothing.
-    fresh = NamespaceIdentities()
+    fresh = NamespaceObjects()
     assert asyncio.run(fresh.ensure(kube, settings, "a", seen)) == 0  # type: ignore[arg-type]
+    # With a per-job trainer identity, the namespace gets its NetworkPolicy only.
     job_mode = OperatorSettings(trainer_identity="job")
-    assert asyncio.run(identities.ensure(kube, job_mode, "c")) == 0  # type: ignore[arg-type]
+    assert asyncio.run(objects.ensure(kube, job_mode, "c")) == 1  # type: ignore[arg-type]
+    assert kube.applied[-1][:2] == ("c", "NetworkPolicy")

@@ -1,15 +1,16 @@
 """Contract: the job file the operator renders (posttrain.controller.render.jobfile) is one the trainer
-accepts (posttrain.api.jobfile.JobFile, read back from the ConfigMap's JSON), with the S3 prefix the
+accepts (posttrain.api.jobfile.JobFile, read back from the JSON in the job's Secret), with the S3 prefix the
 artifacts land under and the fine-tuned model id the trainer derives from it."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 from fixtures.jobs import job_object, sft_spec
 from posttrain.api.jobfile import JobFile
 from posttrain.controller.objects import parse_job
-from posttrain.controller.render.jobfile import render_config_map, render_jobfile
+from posttrain.controller.render.jobfile import render_config_secret, render_jobfile
 from posttrain.controller.settings import load_settings
 from posttrain_trainer.artifacts import job_model_id
 
@@ -22,7 +23,8 @@ def test_operator_jobfile_validates_in_the_trainer():
     rendered = render_jobfile(
         job, load_settings(), dataset={"train": "s3://posttrain/datasets/train.jsonl", "validation": None}
     )
-    parsed = JobFile.model_validate(json.loads(render_config_map(job, rendered)["data"]["job.json"]))
+    text = base64.b64decode(render_config_secret(job, rendered)["data"]["job.json"])
+    parsed = JobFile.model_validate(json.loads(text))
     assert parsed.kind == "sft" and parsed.plural == "sftjobs" and parsed.report.mode == "kubernetes"
     assert parsed.storage.prefix == "jobs/team/demo-1234abcd/"
     assert parsed.dataset.train == "s3://posttrain/datasets/train.jsonl"

@@ -22,6 +22,7 @@ import os
 import ssl
 import time
 import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -46,6 +47,8 @@ PLURALS = {
     "TaskApp": "taskapps",
 }
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
+WATCH_LINE_MAX = 2**24  # one watch event (one object) may be this long
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 IN_CLUSTER_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 # This client's aiohttp sessions: kopf's share the library, and the benchmark counts kopf's apart
@@ -99,6 +102,7 @@ class Kube:
         self._ssl = _ssl_of(verify, cert) if self.host.startswith("https") else False
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None  # made in the event loop, at the first request
+        self._watch_session: aiohttp.ClientSession | None = None
 
     @staticmethod
     def from_env(kubeconfig: str | None = None) -> Kube:
@@ -136,8 +140,9 @@ class Kube:
         return self._session
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._watch_session):
+            if session is not None:
+                await session.close()
 
     def _headers(self) -> dict[str, str]:
         if self._token_file and time.monotonic() - self._token_read > 60:
@@ -157,6 +162,7 @@ class Kube:
         absent_ok: bool = False,
         retries: int = 6,
         parse: bool = True,
+        accept: str | None = None,
     ) -> dict[str, Any] | None:
         delay = 0.2
         data = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
@@ -166,6 +172,8 @@ class Kube:
             headers = self._headers()
             if data is not None:
                 headers["Content-Type"] = content_type
+            if accept is not None:
+                headers["Accept"] = accept
             try:
                 async with self._client().request(method, url, data=data, headers=headers, params=params) as rsp:
                     status = rsp.status
@@ -193,6 +201,11 @@ class Kube:
     # --- verbs -------------------------------------------------------------------------------------
     async def get(self, path: str) -> dict[str, Any] | None:
         return await self.request("GET", path, absent_ok=True)
+
+    async def exists(self, path: str) -> bool:
+        """Whether the object is there, from its metadata alone (a Secret's data is never sent)."""
+        found = await self.request("GET", path, absent_ok=True, accept=METADATA_ONLY)
+        return found is not None
 
     async def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
         found = await self.request("GET", path, params={"labelSelector": label_selector})
@@ -222,6 +235,25 @@ class Kube:
                 return False
             raise
         return True
+
+    async def watch(self, path: str, params: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
+        """The events of one watch request, decoded, until the API server ends it. It runs on a session of
+        its own (a watch holds its connection for minutes: the requests' few connections stay free)."""
+        self.requests["GET"] += 1
+        if self._watch_session is None or self._watch_session.closed:
+            connector = aiohttp.TCPConnector(limit=0, ssl=self._ssl)
+            self._watch_session = aiohttp.ClientSession(connector=connector, read_bufsize=WATCH_LINE_MAX)
+            _OWN_SESSIONS.add(self._watch_session)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=None)
+        url = self.host + path
+        query = {**params, "watch": "true"}
+        async with self._watch_session.get(url, params=query, headers=self._headers(), timeout=timeout) as rsp:
+            if rsp.status >= 400:
+                content = await rsp.read()
+                raise KubeError(rsp.status, f"GET {path} (watch): {content.decode(errors='replace')[:300]}")
+            while line := await rsp.content.readline():
+                if line.strip():
+                    yield json.loads(line)
 
     async def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         return await self.request(

@@ -75,6 +75,8 @@ def on_event(
     """A watch event of an RLJob, SFTJob or TaskApp: start its loop, or wake it when the event changes a
     decision."""
     rt = runtime_of(memo)
+    if rt.children is not None:  # the children's indexes (controller/child_watch.py) beside kopf's
+        indexes = {**indexes, **rt.children.indexes}
     raw = dict(body)
     meta = raw["metadata"]
     key: Key = (meta["namespace"], KIND_LABELS[raw["kind"]], meta["name"])

@@ -18,7 +18,8 @@ from posttrain.controller import (  # noqa: F401 - importing registers the handl
     handlers_taskapp,
     taskapp_index,
 )
-from posttrain.controller.children import WATCHED_CHILDREN, child_selector
+from posttrain.controller.child_watch import ChildWatches, kinds_for
+from posttrain.controller.children import CHILD_SELECTOR, KOPF_WATCHED, kopf_selector, parent_key
 from posttrain.controller.kube import Kube, is_own_session
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.settings import ANNOTATION_PREFIX, FINALIZER, OperatorSettings, load_settings
@@ -53,16 +54,21 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.posting.level = logging.INFO  # our kopf.event() calls: one Event per phase transition
     settings.posting.loggers = False  # handler log lines are not Events (API load)
     settings.watching.server_timeout = 270
-    # The API server filters the children's watches: events of Pods, ConfigMaps, ... that the operator
-    # did not make never reach this process (kopf's own label filters would only drop them here).
-    for group_version, plural in WATCHED_CHILDREN:
-        settings.watching.label_selectors[group_version, plural] = child_selector(group_version, plural)
+    # The API server filters the watches: events of objects the operator did not make never reach this
+    # process (kopf's own label filters would only drop them here).
+    for group_version, plural in KOPF_WATCHED:
+        settings.watching.label_selectors[group_version, plural] = kopf_selector()
     settings.networking.error_backoffs = [0.5, 1, 2, 3, 5, 8]
     settings.batching.idle_timeout = 60.0
     op_settings: OperatorSettings = _CONFIG.get("settings") or load_settings()
     kube = Kube.from_env(_CONFIG.get("kubeconfig"))
     op_settings = await resolve_trainer_identity(kube, op_settings)
-    memo.runtime = Runtime(settings=op_settings, kube=kube)
+    runtime = Runtime(settings=op_settings, kube=kube)
+    namespaces = list(_CONFIG.get("namespaces") or [])
+    runtime.children = ChildWatches(kube, kinds=kinds_for(op_settings.watch_pods), namespaces=namespaces,
+                                    selector=CHILD_SELECTOR, parent_key=parent_key, wake=runtime.wake)  # fmt: skip
+    await runtime.children.start()  # the children's indexes are complete before any job's loop starts
+    memo.runtime = runtime
     logger.info(
         "posttrain operator: namespaces=%s trainer=%s rollout=%s",
         op_settings.namespace or "<all>",
@@ -127,10 +133,10 @@ async def operate(
 ) -> None:
     """Run the operator in the current event loop until stop_flag is set (or forever)."""
     settings = settings or load_settings()
-    _CONFIG.update(settings=settings, kubeconfig=kubeconfig)
+    watched = list(namespaces) or [n.strip() for n in settings.namespace.split(",") if n.strip()]
+    _CONFIG.update(settings=settings, kubeconfig=kubeconfig, namespaces=watched)
     if settings.count_kopf_requests:
         count_kopf_requests()
-    watched = list(namespaces) or [n.strip() for n in settings.namespace.split(",") if n.strip()]
     await kopf.operator(
         clusterwide=not watched,
         namespaces=watched,

@@ -1,7 +1,8 @@
-"""The reconcile loop of one job: observe (kopf indexes), parse the job (controller.objects), verify its
-task app (RLJob), render (pure), apply what is missing or drifted (server-side apply), derive status (pure),
-patch what changed, post an Event per phase transition, and clean up when the job ends. Idempotent:
-running it twice, or after a restart, changes nothing that is already right.
+"""The reconcile loop of one job: observe (the in-memory indexes of controller/child_watch.py and kopf),
+parse the job (controller.objects), verify its task app (RLJob), render (pure), apply what is missing or
+drifted (server-side apply), derive status (pure), patch what changed, post an Event per phase
+transition, and clean up when the job ends. Idempotent: running it twice, or after a restart, changes
+nothing that is already right.
 
 A job always ends with a truthful status: a spec posttrain's models refuse, a spec that cannot be
 rendered, a child the API server refuses with 422, or a status the API server refuses with 422 ends the
@@ -28,8 +29,8 @@ from posttrain.controller.objects import Job, Owner, TaskAppObject, owner_of, pa
 from posttrain.controller.render.model import bucket
 from posttrain.controller.render.names import SERVER_ROLES, child_name
 from posttrain.controller.render.taskapp import TaskAppTarget, task_app_target
-from posttrain.controller.render.token import render_token_secret
-from posttrain.controller.runtime import Key, Runtime, namespace_identity_key
+from posttrain.controller.render.token import with_token
+from posttrain.controller.runtime import Key, Runtime, namespace_objects_key
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
 from posttrain.controller.spec_errors import SpecError, render_failure_message, unprocessable_message
 from posttrain.controller.status import (
@@ -74,6 +75,7 @@ KIND_LABELS = {"RLJob": "rljob", "SFTJob": "sftjob", "TaskApp": "taskapp"}
 # Provisioning, Running) is in its status; a Running job is the normal case, not news.
 EVENT_PHASES = {SUSPENDED, SUCCEEDED, FAILED}
 APPLY_GRACE = 15.0  # seconds to wait for our own apply to show up in the watch before re-applying
+SECRET_CHECK_SECONDS = 60.0  # how often a job stuck Provisioning looks whether its Secret is still there
 
 
 def utcnow() -> datetime:
@@ -97,7 +99,8 @@ class LoopState:
     generation: Any = None
     pruned: set[str] = field(default_factory=set)
     invalid: str | None = None  # why the spec cannot be acted on (sticky: a spec does not change)
-    token_ensured: bool = False  # the RLJob's rollout token Secret was created (or found) by this loop
+    secret_ensured: bool = False  # the job's Secret was created (or found) by this loop
+    secret_checked: float = 0.0  # monotonic time a stuck job last looked for its Secret
     spec: tuple[tuple[str, Any], Any] | None = None  # ((uid, generation), the parsed spec)
     provisioning_since: float | None = None  # monotonic time the job was first seen Provisioning
     plan: Plan | None = None  # the children rendered for one (uid, generation, task app)
@@ -135,13 +138,14 @@ def key_of(owner: Owner) -> Key:
 
 
 IDENTITY_INDEXES = ("posttrain_serviceaccounts", "posttrain_roles", "posttrain_rolebindings")
-SUPPORTING_INDEXES = ("posttrain_networkpolicies", *IDENTITY_INDEXES)
+NAMESPACE_INDEXES = ("posttrain_networkpolicies", *IDENTITY_INDEXES)
 
 
-def namespace_identity_seen(owner: Owner, indexes: dict[str, Any]) -> set[str]:
-    """The namespace's trainer identity as the operator's watches hold it ("Kind/name")."""
-    key = namespace_identity_key(owner.namespace)
-    return {name for index in IDENTITY_INDEXES for name in indexes.get(index, {}).get(key, [])}
+def namespace_objects_seen(owner: Owner, indexes: dict[str, Any]) -> set[str]:
+    """The namespace's own objects (NetworkPolicy, trainer identity) as the operator's watches hold them
+    ("Kind/name")."""
+    key = namespace_objects_key(owner.namespace)
+    return {name for index in NAMESPACE_INDEXES for name in indexes.get(index, {}).get(key, [])}
 
 
 def observe(key: Key, indexes: dict[str, Any]) -> Observed:
@@ -154,11 +158,9 @@ def observe(key: Key, indexes: dict[str, Any]) -> Observed:
             observed.trainer = obs
     for name in indexes.get("posttrain_services", {}).get(key, []):
         observed.others.add(f"Service/{name}")
-    for name in indexes.get("posttrain_configmaps", {}).get(key, []):
-        observed.others.add(f"ConfigMap/{name}")
-    # The NetworkPolicy and the trainer's identity gate nothing, but must be seen: a child that is never
-    # observed would be applied again on every pass.
-    for index in SUPPORTING_INDEXES:
+    # The per-job trainer identity gates nothing, but must be seen: a child that is never observed would be
+    # applied again on every pass.
+    for index in IDENTITY_INDEXES:
         observed.others.update(indexes.get(index, {}).get(key, []))
     observed.pods = [p for p in indexes.get("posttrain_pods", {}).get(key, []) if isinstance(p, PodObs)]
     return observed
@@ -249,18 +251,28 @@ async def ensure_children(
     return applied
 
 
-async def ensure_token_secret(
-    rt: Runtime, job: Job, rendered: render.Rendered, observed: Observed, state: LoopState
+async def ensure_job_secret(
+    rt: Runtime, rendered: render.Rendered, observed: Observed, state: LoopState, stuck: bool
 ) -> None:
-    """The RLJob's rollout token Secret: created once per loop (a 409 means it exists; the operator never
-    reads it back), and again when a pod cannot start for want of a Secret (someone deleted it)."""
-    if not rendered.token_secret:
-        return
+    """The job's Secret (job file, TOML, an RLJob's rollout token): created once per loop (a 409 means it
+    exists; the operator never reads it back: it may not list or watch Secrets), and again when a pod
+    cannot start for want of a Secret (CreateContainerConfigError) or when a job stuck Provisioning finds
+    it gone (a metadata-only GET, at most once a minute): someone deleted it, and a trainer pod that mounts
+    it waits in ContainerCreating."""
     config_error = any("CreateContainerConfigError" in p.problem for p in observed.pods)
-    if state.token_ensured and not config_error:
-        return
-    await rt.kube.create(render_token_secret(job.owner, secrets.token_urlsafe(32)))
-    state.token_ensured = True
+    if state.secret_ensured and not config_error:
+        now = time.monotonic()
+        if not stuck or now - state.secret_checked < SECRET_CHECK_SECONDS:
+            return
+        state.secret_checked = now
+        meta = rendered.secret["metadata"]
+        if await rt.kube.exists(object_path("v1", "Secret", meta["namespace"], meta["name"])):
+            return
+    secret = rendered.secret
+    if rendered.rollout_token:
+        secret = with_token(secret, secrets.token_urlsafe(32))
+    await rt.kube.create(secret)
+    state.secret_ensured = True
 
 
 async def patch_status(
@@ -620,14 +632,16 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
                              bucket=bucket(job.spec, rt.settings), invalid=state.invalid)  # fmt: skip
 
     desired = derive(observed)
-    stuck = stuck_for(state, desired["phase"], time.time(), job.status)
-    if plan is not None and not rt.settings.watch_pods and stuck >= rt.settings.stuck_seconds:
+    stuck_seconds = stuck_for(state, desired["phase"], time.time(), job.status)
+    stuck = plan is not None and stuck_seconds >= rt.settings.stuck_seconds
+    if stuck and not rt.settings.watch_pods:
         observed.pods = await list_pods(rt, owner)
         desired = derive(observed)
     if plan is not None and desired["phase"] not in TERMINAL:
         try:
-            await rt.identities.ensure(rt.kube, rt.settings, owner.namespace, namespace_identity_seen(owner, indexes))
-            await ensure_token_secret(rt, job, plan.rendered, observed, state)
+            seen = namespace_objects_seen(owner, indexes)
+            await rt.namespace_objects.ensure(rt.kube, rt.settings, owner.namespace, seen)
+            await ensure_job_secret(rt, plan.rendered, observed, state, stuck)
             if await ensure_children(rt, plan.rendered.children, observed, state):
                 desired = derive(with_applied(observed, plan.rendered.children))
         except ChildRefused as refused:

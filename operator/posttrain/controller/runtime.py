@@ -11,17 +11,17 @@ from typing import Any
 
 from posttrain.controller.job_loops import JobLoops
 from posttrain.controller.kube import Kube
+from posttrain.controller.namespace_objects import NamespaceObjects
 from posttrain.controller.settings import OperatorSettings
-from posttrain.controller.trainer_identity import NamespaceIdentities
 from posttrain.controller.verify import Attempt, TaskAppProber
 from posttrain.controller.verify_cache import CheckKey, TtlCache
 
 Key = tuple[str, str, str]  # (namespace, kind label: rljob|sftjob|taskapp, name)
 
 
-def namespace_identity_key(namespace: str) -> Key:
-    """The index key of a namespace's trainer identity (render/identity.py), which belongs to no job."""
-    return (namespace, "namespace-identity", "")
+def namespace_objects_key(namespace: str) -> Key:
+    """The index key of a namespace's own objects (controller/namespace_objects.py), which belong to no job."""
+    return (namespace, "namespace", "")
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class Runtime:
     loops: JobLoops = field(default_factory=JobLoops)
     prober: TaskAppProber = field(default_factory=TaskAppProber)
     checks: TtlCache[Attempt] = field(default_factory=TtlCache)
-    identities: NamespaceIdentities = field(default_factory=NamespaceIdentities)
+    namespace_objects: NamespaceObjects = field(default_factory=NamespaceObjects)
+    children: Any = None  # controller/child_watch.py's ChildWatches, started by the startup handler
 
     def waker(self, key: Key) -> asyncio.Event:
         """A new loop's wake-up event (replacing a cancelled loop's, of an object of the same name)."""
@@ -62,6 +63,8 @@ class Runtime:
 
     async def close(self) -> None:
         await self.loops.stop()
+        if self.children is not None:
+            await self.children.stop()
         await self.prober.close()
         await self.kube.close()
 

@@ -81,8 +81,9 @@ class OperatorSettings(BaseSettings):
     # Controller behaviour.
     resync_seconds: float = 60.0  # re-reconcile every job at least this often even without events
     # A status change that only rewords messages (pods ready so far) is written at most this often; the
-    # phase, reasons and conditions' states are written at once.
-    status_message_seconds: float = 10.0
+    # phase, reasons and conditions' states are written at once. 30 s: a job that provisions within half a
+    # minute (nearly all, on a cluster with room) is written twice, Provisioning and Running.
+    status_message_seconds: float = 30.0
     debounce_seconds: float = 0.05  # coalesce bursts of child events into one reconcile
     # Periodic checkpoints unless a job sets training.checkpoint_every: RL iterations / SFT optimizer steps.
     # A replacement trainer pod resumes from the latest one.

@@ -195,7 +195,7 @@ class Observed:
 
     deployments: dict[str, DeploymentObs] = field(default_factory=dict)
     trainer: TrainerObs | None = None
-    others: set[str] = field(default_factory=set)  # names of ConfigMaps / Services that exist
+    others: set[str] = field(default_factory=set)  # "Kind/name" of Services (and identity objects) that exist
     pods: list[PodObs] = field(default_factory=list)
 
 
@@ -206,7 +206,7 @@ class Expected:
     trainer: str
     nodes: int
     deployments: dict[str, int] = field(default_factory=dict)  # name -> replicas
-    others: tuple[str, ...] = ()  # ConfigMap / Service names
+    others: tuple[str, ...] = ()  # "Kind/name" of Services
     roles: dict[str, str] = field(default_factory=dict)  # name -> role, for messages
 
 

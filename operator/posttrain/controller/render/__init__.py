@@ -3,13 +3,13 @@ children. No I/O, no clock, no secrets: Secrets are only ever referenced by name
 
 Children of an RLJob (all in the job's namespace, owned by the job, labelled posttrain.dev/job and
 posttrain.dev/role), one module each:
-  ConfigMap  <job>-config     job.json (the trainer job file, no secrets) + config.toml    jobfile.py
-  NetworkPolicy <job>-network only the job's own pods (and its TaskApp's) get in           network.py
+  Secret     <job>-config     job.json (the trainer job file) + config.toml + rollout token jobfile.py, token.py
   Deployment+Service <job>-rollout, -reference (dedicated), -judge (self-hosted)           servers.py
   ServiceAccount, Role, RoleBinding <job>-trainer (trainer_identity=job only)              identity.py
   Indexed Job <job>-trainer: torchrun, one pod per node (+ headless Service: > 1 node)     trainer.py
-An SFTJob has the same without servers. The RLJob's token Secret <job>-rollout-token (token.py) is made by
-the controller, since its content is random. Every pod is locked down (security.py); names (names.py),
+An SFTJob has the same without servers and without a token. The Secret is made by the controller (once,
+POST), since an RLJob's holds a random token. The namespace's NetworkPolicy (network.py) and trainer
+identity (identity.py) belong to no job. Every pod is locked down (security.py); names (names.py),
 metadata, scheduling, resources and images (pods.py), the GPU split (posttrain.api.topology) and the
 starting weights (model.py) are shared. A TaskApp deployed from an image has its own (taskapp.py)."""
 
@@ -22,10 +22,8 @@ from posttrain.api.jobfile import JobFile
 from posttrain.api.topology import Topology, rl_topology, sft_topology
 from posttrain.controller.objects import Job
 from posttrain.controller.render.identity import IDENTITY_KINDS, render_trainer_identity
-from posttrain.controller.render.jobfile import dataset_path, render_config_map, render_jobfile
+from posttrain.controller.render.jobfile import dataset_path, render_config_secret, render_jobfile
 from posttrain.controller.render.model import model_location
-from posttrain.controller.render.names import token_secret_name
-from posttrain.controller.render.network import render_network_policy
 from posttrain.controller.render.servers import render_servers
 from posttrain.controller.render.taskapp import TaskAppTarget
 from posttrain.controller.render.trainer import render_trainer
@@ -33,7 +31,7 @@ from posttrain.controller.settings import LABEL_ROLE, OperatorSettings
 
 # Children that do not gate the job's phase (they are kept in place, but a job runs without waiting on
 # their watch events).
-SUPPORTING_KINDS = IDENTITY_KINDS | {"NetworkPolicy"}
+SUPPORTING_KINDS = IDENTITY_KINDS
 
 
 @dataclass
@@ -43,7 +41,8 @@ class Rendered:
     children: list[dict[str, Any]]
     topology: Topology
     jobfile: JobFile
-    token_secret: str | None = None  # the Secret the controller makes before the servers (RLJob)
+    secret: dict[str, Any]  # the job's Secret, made by the controller before the children
+    rollout_token: bool = False  # the controller adds a random rollout token to the Secret (RLJob)
 
     def by_role(self, role: str, kind: str | None = None) -> list[dict[str, Any]]:
         return [
@@ -64,18 +63,12 @@ def render_rljob(job: Job, settings: OperatorSettings, task_app: TaskAppTarget) 
     jobfile = render_jobfile(job, settings, task_app=task_app, endpoints=servers.endpoints)
     trainer = render_trainer(job, settings, topo, task_app=task_app, wait_for=servers.urls,
                              judge_env=servers.judge_env)  # fmt: skip
-    children = [
-        render_config_map(job, jobfile),
-        render_network_policy(job.owner, server_port=settings.server_port, task_app=task_app.name),
-        *servers.children,
-        *render_trainer_identity(job.owner, settings),
-        *trainer,
-    ]
-    return Rendered(children, topo, jobfile, token_secret=token_secret_name(job.owner.name))
+    children = [*servers.children, *render_trainer_identity(job.owner, settings), *trainer]
+    return Rendered(children, topo, jobfile, render_config_secret(job, jobfile), rollout_token=True)
 
 
 def render_sftjob(job: Job, settings: OperatorSettings) -> Rendered:
-    """Every child of an SFTJob: the ConfigMap, the NetworkPolicy and the trainer."""
+    """Every child of an SFTJob: the trainer (and its Secret)."""
     spec = job.sft
     topo = sft_topology(spec.compute)
     train, train_volume = dataset_path(spec.dataset)
@@ -84,12 +77,10 @@ def render_sftjob(job: Job, settings: OperatorSettings) -> Rendered:
         validation = None  # one ConfigMap volume only; put both files in the same ConfigMap
     jobfile = render_jobfile(job, settings, dataset={"train": train, "validation": validation})
     children = [
-        render_config_map(job, jobfile),
-        render_network_policy(job.owner, server_port=settings.server_port, task_app=None),
         *render_trainer_identity(job.owner, settings),
         *render_trainer(job, settings, topo, dataset_volume=train_volume or validation_volume),
     ]
-    return Rendered(children, topo, jobfile)
+    return Rendered(children, topo, jobfile, render_config_secret(job, jobfile))
 
 
 def render_job(job: Job, settings: OperatorSettings, task_app: TaskAppTarget | None) -> Rendered:

@@ -1,9 +1,13 @@
-"""Pure: the trainer's job file (posttrain.api.jobfile.JobFile) and the ConfigMap <job>-config that carries
-it (job.json) beside the TOML the job was converted from (config.toml). Never a secret: the trainer finds
-its keys in the environment (S3_*, ENVIRONMENT_API_KEY, <PROVIDER>_API_KEY), filled from Secrets."""
+"""Pure: the trainer's job file (posttrain.api.jobfile.JobFile) and the job's Secret <job>-config that carries
+it (job.json) beside the TOML the job was converted from (config.toml). Neither holds a secret value: the
+trainer finds its keys in the environment (S3_*, ENVIRONMENT_API_KEY, <PROVIDER>_API_KEY), filled from
+Secrets. They travel in a Secret rather than a ConfigMap because an RLJob's Secret holds its rollout token
+too (render/token.py, added by the controller): one object per job instead of two. The Secret is owned by
+the job, so a failed job keeps its configuration until the job is deleted."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -16,7 +20,7 @@ from posttrain.controller.render.model import bucket, model_location
 from posttrain.controller.render.names import ROLE_CONFIG, config_name
 from posttrain.controller.render.pods import child_meta
 from posttrain.controller.render.taskapp import TaskAppTarget
-from posttrain.controller.render.trainer import DATA_MOUNT, TASK_APP_KEY_ENV, WORKDIR
+from posttrain.controller.render.trainer import DATA_MOUNT, JOBFILE_KEY, TASK_APP_KEY_ENV, TOML_KEY, WORKDIR
 from posttrain.controller.render.trainer_policy import checkpoint_every
 from posttrain.controller.settings import OperatorSettings
 
@@ -74,11 +78,14 @@ def render_jobfile(
     )
 
 
-def render_config_map(job: Job, jobfile: JobFile) -> dict[str, Any]:
+def render_config_secret(job: Job, jobfile: JobFile) -> dict[str, Any]:
+    """The job's Secret without the rollout token (the controller adds it to an RLJob's)."""
     text = json.dumps(jobfile.model_dump(mode="json"), indent=2, sort_keys=True)
+    files = {JOBFILE_KEY: text, TOML_KEY: job.spec.original_toml or ""}
     return {
         "apiVersion": "v1",
-        "kind": "ConfigMap",
+        "kind": "Secret",
+        "type": "Opaque",
         "metadata": child_meta(job.owner, config_name(job.owner.name), ROLE_CONFIG),
-        "data": {"job.json": text, "config.toml": job.spec.original_toml or ""},
+        "data": {key: base64.b64encode(value.encode()).decode() for key, value in files.items()},
     }

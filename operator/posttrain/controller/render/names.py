@@ -14,7 +14,6 @@ ROLE_JUDGE = "judge"
 ROLE_CONFIG = "config"
 ROLE_TASK_APP = "task-app"
 ROLE_NETWORK = "network"
-ROLE_TOKEN = "rollout-token"
 SERVER_ROLES = (ROLE_ROLLOUT, ROLE_REFERENCE, ROLE_JUDGE)
 NAME_MAX = 63
 # Indexed Job pods are named (and hostnamed) <job>-<index>: keep room for the index.
@@ -49,15 +48,8 @@ def judge_name(job_name: str) -> str:
 
 
 def config_name(job_name: str) -> str:
+    """The job's Secret: its job file, its TOML and (RLJob) its rollout token (render/jobfile.py)."""
     return child_name(job_name, ROLE_CONFIG)
-
-
-def network_policy_name(job_name: str) -> str:
-    return child_name(job_name, ROLE_NETWORK)
-
-
-def token_secret_name(job_name: str) -> str:
-    return child_name(job_name, ROLE_TOKEN)
 
 
 def task_app_name(task_app_name: str) -> str:

@@ -1,38 +1,52 @@
-"""Pure: the NetworkPolicy of one job. It selects every pod of the job and admits traffic only from the
-job's own pods (trainer, rollout, reference, judge) and, on the servers' port, from the pods of the
-TaskApp the job names (the task app calls the policy's inference URL). Anything else in the cluster is
-refused, so nobody else can reach the servers' weight-sync or capture endpoints, nor the trainer's
-rendezvous port. A task app outside the namespace (spec.taskApp.url) needs one more NetworkPolicy that
-lets it reach the rollout port (policies add up). Takes effect where the cluster's network plugin
-enforces NetworkPolicies."""
+"""Pure: the NetworkPolicy of a namespace's posttrain jobs, one per namespace (made once, like the trainer's
+namespace identity, controller/trainer_identity.py, and made again when someone deletes it). It selects
+every pod of every RLJob and SFTJob of the namespace and admits traffic only from the posttrain job pods of
+the same namespace (trainers, rollout, reference and judge servers) and, on the servers' port, from the
+pods of the namespace's TaskApps (a task app calls the policy's inference URL). Anything else in the
+cluster is refused, so nobody outside the namespace can reach the servers' weight-sync or capture
+endpoints, nor a trainer's rendezvous port.
+
+Within a namespace the policy no longer tells one job's pods from another's (a policy per job cost a write
+and a watched object per job). Isolation between the jobs of one namespace rests on each RLJob's rollout
+token (render/token.py): a rollout server refuses weight-sync and capture requests without its own job's
+token, and the namespace is the boundary between tenants. A task app outside the namespace
+(spec.taskApp.url) needs one more NetworkPolicy that lets it reach the rollout port (policies add up).
+Takes effect where the cluster's network plugin enforces NetworkPolicies."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from posttrain.controller.objects import Owner
-from posttrain.controller.render.names import ROLE_NETWORK, ROLE_TASK_APP, network_policy_name
-from posttrain.controller.render.pods import child_meta
-from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_ROLE
+from posttrain.controller.render.names import ROLE_NETWORK, ROLE_TASK_APP
+from posttrain.controller.settings import LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
+
+NETWORK_POLICY = "posttrain-jobs"
+JOB_KINDS = ["rljob", "sftjob"]
 
 
-def job_pod_selector(owner: Owner) -> dict[str, Any]:
-    return {"matchLabels": {LABEL_JOB: owner.name, LABEL_KIND: owner.kind.lower()}}
+def job_pods() -> dict[str, Any]:
+    """Every pod of a posttrain RLJob or SFTJob (the labels every child's pod template carries)."""
+    return {
+        "matchLabels": {LABEL_MANAGED_BY: MANAGER},
+        "matchExpressions": [{"key": LABEL_KIND, "operator": "In", "values": list(JOB_KINDS)}],
+    }
 
 
-def render_network_policy(owner: Owner, *, server_port: int, task_app: str | None) -> dict[str, Any]:
-    """The job's NetworkPolicy; `task_app` is the name of the TaskApp the job uses, if any."""
-    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": job_pod_selector(owner)}]}]
-    if task_app:
-        task_app_pods = {
-            "matchLabels": {LABEL_JOB: task_app, LABEL_KIND: "taskapp", LABEL_ROLE: ROLE_TASK_APP}
-        }
-        ingress.append(
-            {"from": [{"podSelector": task_app_pods}], "ports": [{"protocol": "TCP", "port": server_port}]}
-        )
+def render_network_policy(namespace: str, *, server_port: int) -> dict[str, Any]:
+    """The namespace's NetworkPolicy: labelled as the operator's, without the job label and without an
+    owner (it serves every job of the namespace)."""
+    task_app_pods = {"matchLabels": {LABEL_MANAGED_BY: MANAGER, LABEL_KIND: "taskapp", LABEL_ROLE: ROLE_TASK_APP}}
+    ingress = [
+        {"from": [{"podSelector": job_pods()}]},
+        {"from": [{"podSelector": task_app_pods}], "ports": [{"protocol": "TCP", "port": server_port}]},
+    ]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": child_meta(owner, network_policy_name(owner.name), ROLE_NETWORK),
-        "spec": {"podSelector": job_pod_selector(owner), "policyTypes": ["Ingress"], "ingress": ingress},
+        "metadata": {
+            "name": NETWORK_POLICY,
+            "namespace": namespace,
+            "labels": {LABEL_MANAGED_BY: MANAGER, LABEL_ROLE: ROLE_NETWORK},
+        },
+        "spec": {"podSelector": job_pods(), "policyTypes": ["Ingress"], "ingress": ingress},
     }

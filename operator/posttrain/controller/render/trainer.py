@@ -3,8 +3,9 @@ running torchrun, and, when there is more than one pod, the headless Service tha
 DNS name torchrun's rendezvous needs (<job>-trainer-0.<job>-trainer.<namespace>.svc). A single pod is its
 own rendezvous (127.0.0.1): no other pod ever looks it up.
 
-Each pod mounts the job's ConfigMap (the job file at /etc/posttrain/job.json), a /workspace emptyDir and a
-memory-backed /dev/shm.
+Each pod mounts the job file and the TOML from the job's Secret (at /etc/posttrain/job.json; the Secret's
+rollout token is not among the files: the trainer gets it in its environment), a /workspace emptyDir and
+a memory-backed /dev/shm.
 Before the trainer starts, init containers re-verify the task app (RLJob) and wait for every server's
 /health. The trainer is the only pod that mounts a ServiceAccount token: it patches its job's status."""
 
@@ -22,7 +23,9 @@ from posttrain.controller.render.trainer_policy import failure_handling
 from posttrain.controller.settings import COMPLETION_INDEX_ANNOTATION, OperatorSettings
 
 CONFIG_MOUNT = "/etc/posttrain"
-JOBFILE_PATH = f"{CONFIG_MOUNT}/job.json"
+JOBFILE_KEY = "job.json"  # keys of the job's Secret (render/jobfile.py), and file names under CONFIG_MOUNT
+TOML_KEY = "config.toml"
+JOBFILE_PATH = f"{CONFIG_MOUNT}/{JOBFILE_KEY}"
 DATA_MOUNT = "/data"
 WORKDIR = "/workspace"
 LOOPBACK = "127.0.0.1"
@@ -107,11 +110,12 @@ def init_containers(
 def volumes(
     job: Job, settings: OperatorSettings, dataset_volume: dict[str, Any] | None
 ) -> tuple[list[dict], list[dict]]:
-    """(volumes, the trainer's mounts): the job file's ConfigMap, /workspace, a memory-backed /dev/shm, and
-    a dataset ConfigMap."""
+    """(volumes, the trainer's mounts): the job file from the job's Secret, /workspace, a memory-backed
+    /dev/shm, and a dataset ConfigMap."""
     shm_volume, shm_mount = pods.shm(settings)
+    files = [{"key": key, "path": key} for key in (JOBFILE_KEY, TOML_KEY)]
     vols: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": config_name(job.owner.name)}},
+        {"name": "config", "secret": {"secretName": config_name(job.owner.name), "items": files}},
         {"name": "workspace", "emptyDir": {}},
         shm_volume,
     ]
