@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fixtures.vllm import greedy_token_ids
 from posttrain_rollout.judge import JudgeClient, parse_judgement
 
 pytestmark = pytest.mark.vllm
@@ -28,21 +29,6 @@ def chat(server, cid=None, **kw):
     r = httpx.post(f"{server.url}/v1/chat/completions", params=params, json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r
-
-
-def greedy_ids(server) -> list[list[int]]:
-    out = []
-    for prompt in ("The capital of", "1 2 3 4", "hello world"):
-        r = httpx.post(
-            f"{server.url}/v1/completions?cid=greedy",
-            json={"model": server.served_model_name, "prompt": prompt, "max_tokens": 16, "temperature": 0.0,
-                  "ignore_eos": True},
-            timeout=120,
-        )  # fmt: skip
-        assert r.status_code == 200, r.text
-        out.append(r.json()["choices"][0]["token_ids"])
-    httpx.delete(f"{server.url}/v1/captures/greedy", timeout=10)
-    return out
 
 
 def sync(server, path, version) -> dict:
@@ -131,16 +117,16 @@ def test_streaming(policy_server):
 
 def test_weight_sync_changes_outputs_and_restores_exactly(policy_server, perturbed_dir):
     v0 = current_version(policy_server)
-    before = greedy_ids(policy_server)
+    before = greedy_token_ids(policy_server)
     answer = sync(policy_server, perturbed_dir, v0 + 1)
     assert answer["weight_version"] == v0 + 1 and answer["seconds"] < 60
     assert current_version(policy_server) == v0 + 1
     r = chat(policy_server)
     assert r.headers["X-Weight-Version"] == str(v0 + 1)
-    changed = greedy_ids(policy_server)
+    changed = greedy_token_ids(policy_server)
     assert changed != before
     sync(policy_server, policy_server.model_dir, v0 + 2)
-    assert greedy_ids(policy_server) == before
+    assert greedy_token_ids(policy_server) == before
 
 
 def test_request_in_flight_during_sync_finishes_on_one_version(policy_server):
@@ -255,11 +241,11 @@ def test_lora_sync_without_lora_serving_merges_and_reloads(policy_server, tmp_pa
     cfg = LoraConfig(r=8, lora_alpha=64, target_modules="all-linear", init_lora_weights=False)
     get_peft_model(base, cfg).save_pretrained(str(tmp_path / "adapter"))
     v0 = current_version(policy_server)
-    before = greedy_ids(policy_server)
+    before = greedy_token_ids(policy_server)
     r = httpx.post(f"{policy_server.url}/v1/weights",
                    json={"path": str(tmp_path / "adapter"), "format": "lora", "version": v0 + 1}, timeout=300)  # fmt: skip
     assert r.status_code == 200, r.text
     assert r.json()["weight_version"] == v0 + 1 and r.json()["format"] == "full"  # merged, then reloaded
-    assert greedy_ids(policy_server) != before
+    assert greedy_token_ids(policy_server) != before
     sync(policy_server, policy_server.model_dir, v0 + 2)
-    assert greedy_ids(policy_server) == before
+    assert greedy_token_ids(policy_server) == before

@@ -6,29 +6,12 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import pytest
-from fixtures.vllm import STOP_GRACE_S, start_rollout_server
+from fixtures.vllm import STOP_GRACE_S, greedy_token_ids, start_rollout_server
 from posttrain import reaper
 from posttrain.localhost import stop_group
 
 pytestmark = pytest.mark.vllm
-
-PROMPTS = ("The capital of", "1 2 3 4", "hello world")
-
-
-def greedy_texts(server) -> list[str]:
-    texts = []
-    for prompt in PROMPTS:
-        r = httpx.post(
-            f"{server.url}/v1/completions",
-            json={"model": server.served_model_name, "prompt": prompt, "max_tokens": 16, "temperature": 0.0,
-                  "ignore_eos": True},
-            timeout=120,
-        )  # fmt: skip
-        assert r.status_code == 200, r.text
-        texts.append(r.json()["choices"][0]["text"])
-    return texts
 
 
 def test_second_start_loads_the_compiled_model_from_the_cache(vllm_model_dir, tmp_path, monkeypatch):
@@ -40,7 +23,7 @@ def test_second_start_loads_the_compiled_model_from_the_cache(vllm_model_dir, tm
         proc, server = start_rollout_server(vllm_model_dir, tmp_path / start)
         startup.append(time.monotonic() - began)
         try:
-            answers.append(greedy_texts(server))
+            answers.append(greedy_token_ids(server))
         finally:
             stop_group(proc, STOP_GRACE_S)
             reaper.unwatch(proc.pid)
