@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
+import pytest
 from posttrain.controller.child_watch import DEPLOYMENTS, ChildWatches
 from posttrain.controller.children import CHILD_SELECTOR, parent_key
 from posttrain.controller.kube import KubeError
@@ -48,12 +50,14 @@ def test_lists_then_follows_the_watch_and_relists_after_gone() -> None:
     api = ScriptedApi(
         lists=[[deployment("j-rollout", 0)], [deployment("j-rollout", 1)]],
         watches=[
-            [{"type": "MODIFIED", "object": deployment("j-rollout", 0)},  # nothing the job acts on changed
-             {"type": "MODIFIED", "object": deployment("j-rollout", 1)},  # ready: wake the job
-             {"type": "ADDED", "object": deployment("x", 0, job="")},  # not a child: ignored
-             {"type": "DELETED", "object": deployment("j-rollout", 1)},
-             {"type": "ADDED", "object": deployment("j-rollout", 0, uid="again")},
-             {"type": "ERROR", "object": {"code": 410}}],  # fmt: skip
+            [
+                {"type": "MODIFIED", "object": deployment("j-rollout", 0)},  # nothing the job acts on changed
+                {"type": "MODIFIED", "object": deployment("j-rollout", 1)},  # ready: wake the job
+                {"type": "ADDED", "object": deployment("x", 0, job="")},  # not a child: ignored
+                {"type": "DELETED", "object": deployment("j-rollout", 1)},
+                {"type": "ADDED", "object": deployment("j-rollout", 0, uid="again")},
+                {"type": "ERROR", "object": {"code": 410}},
+            ],  # fmt: skip
         ],
     )
 
@@ -75,18 +79,34 @@ def test_lists_then_follows_the_watch_and_relists_after_gone() -> None:
     # neither an unchanged readiness nor a new child that is not ready yet wakes the job
     assert woken == [KEY, KEY]
     assert [c for c, _ in api.calls] == ["list", "watch", "list", "watch"]
-    assert api.calls[0][1]["labelSelector"] == "app.kubernetes.io/managed-by=posttrain-operator,posttrain.dev/job"
+    assert (
+        api.calls[0][1]["labelSelector"]
+        == "app.kubernetes.io/managed-by=posttrain-operator,posttrain.dev/job"
+    )
     assert api.calls[1][1]["resourceVersion"] == "1" and api.calls[1][1]["allowWatchBookmarks"] == "true"
 
 
-def test_a_failing_watch_lists_again() -> None:
+@pytest.mark.parametrize(
+    "failure",
+    [
+        KubeError(500, "boom"),
+        aiohttp.ServerDisconnectedError(),
+        aiohttp.ClientPayloadError("cut"),
+        RuntimeError("anything else"),
+    ],  # fmt: skip
+    ids=["http-500", "api-server-gone", "cut-mid-event", "unexpected"],
+)
+def test_a_failing_watch_lists_again(failure: Exception) -> None:
+    """Whatever ends a watch (the API server restarting drops its connections), the kind is listed again and
+    watched on: a watch that died would leave its jobs blind to their children."""
+
     class Failing(ScriptedApi):
         async def watch(self, path: str, params: dict[str, str]) -> Any:
             self.calls.append(("watch", params))
             if len(self.calls) > 3:
                 self.done.set()
                 await asyncio.Event().wait()
-            raise KubeError(500, "boom")
+            raise failure
             yield {}  # an async generator
 
     api = Failing(lists=[[deployment("j-rollout", 0)], [], []], watches=[])

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.controller.kube import Kube, KubeError
+from posttrain.controller.kube import Kube
 from posttrain.controller.status import DeploymentObs, PodObs, TrainerObs
 from posttrain.controller.wake import child_wakes, pod_wakes
 
@@ -43,7 +43,9 @@ def _service_name(obj: dict[str, Any]) -> str:
     return str(obj["metadata"]["name"])
 
 
-DEPLOYMENTS = ChildKind("posttrain_deployments", "apps/v1", "deployments", DeploymentObs.from_object, child_wakes)
+DEPLOYMENTS = ChildKind(
+    "posttrain_deployments", "apps/v1", "deployments", DeploymentObs.from_object, child_wakes
+)
 JOBS = ChildKind("posttrain_jobs", "batch/v1", "jobs", TrainerObs.from_object, child_wakes)
 SERVICES = ChildKind("posttrain_services", "v1", "services", _service_name, None)
 PODS = ChildKind("posttrain_pods", "v1", "pods", PodObs.from_object, pod_wakes)
@@ -103,7 +105,9 @@ class ChildWatches:
         self._tasks.clear()
 
     async def _list(self, kind: ChildKind, namespace: str) -> str:
-        found = await self.kube.request("GET", self._path(kind, namespace), params={"labelSelector": self.selector})
+        found = await self.kube.request(
+            "GET", self._path(kind, namespace), params={"labelSelector": self.selector}
+        )
         found = found or {}
         fresh: dict[str, tuple[Key, Any]] = {}
         for obj in found.get("items") or []:
@@ -177,7 +181,7 @@ class ChildWatches:
                 failures = 0
             except asyncio.CancelledError:
                 raise
-            except (KubeError, OSError, ValueError, TimeoutError) as exc:
+            except Exception as exc:  # noqa: BLE001 (a dead watch would leave its jobs blind: list again)
                 failures += 1
                 version = ""  # list again: events may have been missed
                 wait = min(30.0, 0.5 * 2**failures)
