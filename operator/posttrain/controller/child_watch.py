@@ -181,7 +181,7 @@ class ChildWatches:
                 failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 (a dead watch would leave its jobs blind: list again)
+            except Exception as exc:  # any failure: a dead watch would leave its jobs blind, so list again
                 failures += 1
                 version = ""  # list again: events may have been missed
                 wait = min(30.0, 0.5 * 2**failures)
