@@ -65,17 +65,21 @@ def this_machine_factor() -> str:
 
 def load_aot_compiled_models() -> None:
     """Key vLLM's AOT compile cache on this machine too, then let it load; idempotent, as vLLM may call a
-    plugin more than once in a process."""
-    import torch.compiler
-
+    plugin more than once in a process. Never raises (vLLM does not catch a plugin's errors): where torch or
+    vLLM is laid out otherwise, their cache is left as it is."""
     try:
-        from vllm.compilation import caching
-    except ImportError as err:  # another vLLM layout: leave its cache as it is
-        log.warning("posttrain: vLLM's compile cache left as it is (%s)", err)
-        return
+        _patch_compile_cache()
+    except Exception as err:  # noqa: BLE001 (another torch or vLLM layout: start as vLLM would without us)
+        log.warning("posttrain: vLLM's compile cache left as it is (%s: %s)", type(err).__name__, err)
+
+
+def _patch_compile_cache() -> None:
+    import torch.compiler
+    from vllm.compilation import caching
+
     original_load = torch.compiler.load_compiled_function
-    original_factors = getattr(caching, "aot_compile_hash_factors", None)
-    if getattr(original_load, _MARK, False) or original_factors is None:
+    original_factors = caching.aot_compile_hash_factors
+    if getattr(original_load, _MARK, False):
         return
     factor = this_machine_factor()
 

@@ -61,3 +61,15 @@ def test_loading_twice_wraps_once_and_keys_the_cache_on_this_machine():
     finally:
         torch.compiler.load_compiled_function = before_load
         caching.aot_compile_hash_factors = before_factors
+
+
+def test_a_torch_or_vllm_laid_out_otherwise_is_left_as_it_is(monkeypatch):
+    """vLLM calls the plugin without catching its errors: where what it patches is missing, vLLM must still
+    start, with its cache untouched."""
+    import torch.compiler
+    from vllm.compilation import caching
+
+    before_load = torch.compiler.load_compiled_function
+    monkeypatch.delattr(caching, "aot_compile_hash_factors")
+    vllm_plugins.load_aot_compiled_models()
+    assert torch.compiler.load_compiled_function is before_load
