@@ -115,7 +115,9 @@ def build_rollout_request(
     mode: str = "rl",
     policy_overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A synth RolloutRequest (section 4.3/4.5 of the compat brief)."""
+    """The body of a task app's POST /rollout, as synth's RolloutRequest shapes it: the env (name, seed,
+    env_config), the policy (name, sampling config with the inference URL), the ops (agent/env per turn),
+    what to record, and the safety limits."""
     rollout = section(config, "rollout")
     max_turns = int(rollout.get("max_turns") or section(config, "training").get("max_turns") or 1)
     policy_config = policy_sampling_config(config, model)
