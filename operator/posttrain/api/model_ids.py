@@ -1,4 +1,4 @@
-"""Model ids: synth's allowlist (docs/synth-compat.md 1.10) with experimental gating, fine-tuned ids, and
+"""Model ids: synth's allowlist of base models with experimental gating, fine-tuned ids, and
 where a posttrain job's weights live in S3. The one home of these rules: the CLI, the operator, the local
 runner and the trainer (both images ship this package) import them from here.
 

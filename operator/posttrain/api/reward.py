@@ -1,4 +1,4 @@
-"""The reward of one RL episode: synth's blend (docs/synth-compat.md 1.8) of the task app's return with the
+"""The reward of one RL episode: synth's weighted blend of the task app's return with the
 judge's (or the task app's own) outcome and event scores. The trainer computes it; it lives here, beside the
 [judge]/[rubric] sections its weights come from, so that the formula has one home."""
 

@@ -1,4 +1,4 @@
-"""The sections of synth-ai's RL and SFT TOML configs (docs/synth-compat.md sections 1 and 2), typed.
+"""The sections of synth-ai's RL and SFT TOML configs, typed.
 
 Every section keeps unknown keys (synth forwards them verbatim). The same classes are the sections of the
 RLJob / SFTJob spec (camelCase there, unknown keys under `extras`). Cross-section rules and lenient aliases
