@@ -6,7 +6,7 @@ providers synth's [judge.options].provider names (openai, groq, gemini through t
 APIs), key from an environment variable (mounted from a Secret). A concurrency limit, a retry budget and an
 overall timeout per score: a slow or broken judge yields None, never an exception or a stall.
 
-Rubric (docs/synth-compat.md 1.8, [judge.options.rubric_overrides.event|outcome]): {goal_text, aggregation
+Rubric ([judge.options.rubric_overrides.event|outcome]): {goal_text, aggregation
 ("weighted_sum"), criteria: [{id, weight, scale: "binary"|"bounded", description}]}. The judge is asked for
 JSON {"criteria": {id: score}, "score": total}; per-criterion scores (binary -> 0/1, bounded -> [0, 1]) are
 aggregated as sum(weight * score); a reply with only "score" uses that. Unparsable -> None."""
