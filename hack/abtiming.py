@@ -1,9 +1,10 @@
-"""Interleaved A/B timing for the benchmarks: per-side median and spread of repeated timings, and the ratio
-of the medians. Not a benchmark itself (hack/bench.sh runs only hack/bench_*.py)."""
+"""Interleaved A/B timing for the benchmarks: per-side median and spread of repeated timings, the ratio
+of the medians, and the load line (`uptime`) printed beside every timing. Not a benchmark itself (hack/bench.sh runs only hack/bench_*.py)."""
 
 from __future__ import annotations
 
 import statistics
+import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,3 +63,11 @@ def spread_line(values: dict[str, float], unit: str, fmt: str = ".1f") -> str:
 
 def ratio_of_medians(numerator: list[float], denominator: list[float]) -> float:
     return statistics.median(numerator) / statistics.median(denominator)
+
+
+def uptime() -> str:
+    """`uptime`'s line: the load average beside a timing (a shared machine inflates it)."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "uptime unavailable"

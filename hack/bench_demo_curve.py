@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from abtiming import uptime
+
 REPO = Path(__file__).resolve().parents[1]
 MATH_APP = REPO / "examples" / "taskapps" / "math" / "app.py"
 DEMO_RL = REPO / "examples" / "demo" / "rl.toml"
@@ -47,12 +49,6 @@ PROMPTS, GROUP, MAX_TOKENS = 8, 8, 48
 LR, LORA_R, LORA_ALPHA = 2e-4, 16, 32
 EPS_LOW, EPS_HIGH, MINIBATCHES = 3e-4, 4e-4, 2
 
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "uptime unavailable"
 
 
 def math_app():

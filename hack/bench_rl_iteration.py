@@ -46,7 +46,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from abtiming import Series, ratio_of_medians, spread_line
+from abtiming import Series, ratio_of_medians, spread_line, uptime
 from trl_gspo import gspo_grpo_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -460,12 +460,6 @@ def _print(side: str, k: int, seconds: float, tokens: int, reward, split: dict[s
     print(f"  iteration {k}{' (warm-up)' if k == 0 else ''} {side:>9}: {seconds:.1f} s ({parts}), "
           f"{tokens} sampled tokens trained, mean reward {reward_text}", flush=True)  # fmt: skip
 
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "uptime unavailable"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from abtiming import Series, ratio_of_medians, spread_line
+from abtiming import Series, ratio_of_medians, spread_line, uptime
 from trl_gspo import gspo_grpo_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -354,14 +354,6 @@ def run_interleaved(path: Path, batches: list[list[dict[str, Any]]], args, work:
         "trl_mixed_precision": str(trainer.accelerator.mixed_precision),
     }
 
-
-def uptime() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "uptime unavailable"
 
 
 def main(argv: list[str] | None = None) -> int:
