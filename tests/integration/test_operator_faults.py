@@ -7,6 +7,7 @@ names the problem, a job that survives what it should survive, and an operator t
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import subprocess
@@ -354,6 +355,57 @@ def test_the_operator_killed_in_every_phase_picks_every_job_up(
         assert status["phase"] == "Provisioning" and "Unschedulable" in status["message"]
         for name, children in before.items():
             assert children <= uids(name), name  # nothing made twice
+
+
+def test_an_upgraded_operator_keeps_the_rollout_token_of_a_job_it_finds_running(
+    env: Env, math_taskapp: Any
+) -> None:
+    """Operators before the job's Secret carried the rollout token kept it in <job>-rollout-token, and the
+    servers they started read it there. An upgraded operator that finds such a job running makes the job's
+    Secret with that token, so the trainer it makes again is let in by those servers."""
+    env.secret("task-key", math_taskapp.api_key)
+    env.create("rljobs", rljob("upgraded", math_taskapp.url))
+    env.wait_phase("rljobs", "upgraded", "Running", timeout=60)
+    env.operator.kill()
+    # What the older operator leaves: the token in a Secret of its own, no <job>-config Secret; its trainer
+    # Job is gone too (a lost node), so the new operator makes it again.
+    env.core.delete_namespaced_secret("upgraded-config", env.ns)
+    older = "older-operators-token-" + "k" * 21
+    legacy = client.V1Secret(
+        metadata=client.V1ObjectMeta(name="upgraded-rollout-token"), string_data={"token": older}
+    )
+    env.core.create_namespaced_secret(env.ns, legacy)
+    env.batch.delete_namespaced_job("upgraded-trainer", env.ns, propagation_policy="Background")
+
+    def job_gone() -> bool:
+        try:
+            env.batch.read_namespaced_job("upgraded-trainer", env.ns)
+        except ApiException as err:
+            return err.status == 404
+        return False
+
+    wait_for(job_gone, 30, "the trainer Job deleted")
+    env.operator.start()
+
+    def secret_token(name: str) -> str | None:
+        try:
+            data = env.core.read_namespaced_secret(name, env.ns).data or {}
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return base64.b64decode(data["token"]).decode() if "token" in data else None
+
+    assert wait_for(lambda: secret_token("upgraded-config"), 60, "the job's Secret made again") == older
+    trainer = wait_for(lambda: running_trainer_pod(env, "upgraded"), 60, "the trainer made again")
+    refs = [e.value_from.secret_key_ref for e in trainer.spec.containers[0].env if e.name == "POSTTRAIN_ROLLOUT_TOKEN"]
+    assert [(r.name, r.key) for r in refs] == [("upgraded-config", "token")]
+    env.wait_phase("rljobs", "upgraded", "Running", timeout=30)
+    # A job the new operator starts gets a token of its own.
+    env.create("rljobs", rljob("fresh", math_taskapp.url))
+    env.wait_phase("rljobs", "fresh", "Running", timeout=60)
+    fresh = secret_token("fresh-config")
+    assert fresh and fresh != older and len(fresh) >= 32
 
 
 # ------------------------------------------------------------------------------------ RBAC

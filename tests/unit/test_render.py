@@ -440,3 +440,22 @@ def test_a_verified_taskapp_speaks_only_for_jobs_that_use_its_own_key() -> None:
     assert not trusts_the_apps_check(wrong, app) and not trusts_the_apps_check(other_key, app)
     ta["status"]["conditions"][0]["observedGeneration"] = 1  # verified an older spec: no trust
     assert not trusts_the_apps_check(same, parse_task_app(ta))
+
+
+def test_the_rollout_token_of_an_older_operators_secret_is_carried_over_when_usable() -> None:
+    from posttrain.controller.render.names import legacy_token_name
+    from posttrain.controller.render.token import carried_over_token, with_token
+
+    def legacy(value: bytes | str) -> dict[str, Any]:
+        encoded = base64.b64encode(value).decode() if isinstance(value, bytes) else value
+        return {"metadata": {"name": legacy_token_name("job1")}, "data": {"token": encoded}}
+
+    assert legacy_token_name("job1") == "job1-rollout-token"  # the name older operators gave it
+    token = "Zx3_abcdefghijklmnopqrstuvwxyz0123456789-AB"
+    assert carried_over_token(legacy(token.encode())) == token
+    secret = with_token({"data": {"job.json": "e30="}}, carried_over_token(legacy(token.encode())))
+    assert base64.b64decode(secret["data"]["token"]).decode() == token
+    # absent, empty, not base64, not text, with spaces or control characters, or too long: a fresh token
+    for unusable in (None, {}, {"data": {}}, legacy(b""), legacy("%%%not base64"), legacy(b"\xff\xfe"),
+                     legacy(b"two words"), legacy(b"line\nbreak"), legacy(b"a" * 513), {"data": {"token": 7}}):  # fmt: skip
+        assert carried_over_token(unusable) is None, unusable

@@ -4,11 +4,16 @@ same Secret carries the job file; the only random value the operator writes; cre
 back by the operator); the rollout, reference and judge servers and the trainer get it as
 POSTTRAIN_ROLLOUT_TOKEN from that Secret. Only the job's trainer can therefore swap the policy's weights
 or read its rollouts, also against other posttrain pods of the same namespace, which the namespace's
-NetworkPolicy lets in (render/network.py); a task app still calls the open /v1/chat/completions."""
+NetworkPolicy lets in (render/network.py); a task app still calls the open /v1/chat/completions.
+
+An operator upgraded while an RLJob runs finds servers started by the older operator, which kept the token
+in a Secret of its own (<job>-rollout-token); the job's new Secret carries that token over
+(`carried_over_token`), so that a trainer or server made again by the new operator still matches them."""
 
 from __future__ import annotations
 
 import base64
+import binascii
 import copy
 from typing import Any
 
@@ -17,6 +22,19 @@ from posttrain.controller.render.names import config_name
 
 TOKEN_ENV = "POSTTRAIN_ROLLOUT_TOKEN"
 TOKEN_KEY = "token"
+TOKEN_MAX_BYTES = 512  # ours are 43 characters; a Secret's value is otherwise untrusted
+
+
+def carried_over_token(legacy_secret: dict[str, Any] | None) -> str | None:
+    """The token an older operator's <job>-rollout-token Secret holds, when it holds a usable one."""
+    encoded = ((legacy_secret or {}).get("data") or {}).get(TOKEN_KEY)
+    if not isinstance(encoded, str) or len(encoded) > TOKEN_MAX_BYTES * 2:
+        return None
+    try:
+        token = base64.b64decode(encoded, validate=True).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return token if 0 < len(token) <= TOKEN_MAX_BYTES and token.isprintable() and " " not in token else None
 
 
 def with_token(secret: dict[str, Any], token: str) -> dict[str, Any]:
