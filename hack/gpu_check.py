@@ -99,42 +99,39 @@ def check_probe(checks: Checks) -> None:
                   fp32=fp32.describe())  # fmt: skip
 
 
-def check_gspo(checks: Checks, out: Path) -> None:
-    gpu, log = worker(out / "gpu_fp32.pt", "ddp")
-    cpu, cpu_log = worker(out / "cpu_fp32.pt", "ddp", cpu=True)
-    if gpu is None or cpu is None:
-        checks.record("gspo_fp32_gpu_vs_cpu", False, log=log if gpu is None else cpu_log)
+def compare(checks: Checks, name: str, run: dict | None, log: str, against: dict, loss_tol: float,
+            param_tol: float) -> None:
+    """Record whether `run` (None: it failed, see log) ends where `against` ends: losses and weights."""
+    if run is None:
+        checks.record(name, False, log=log)
         return
-    loss_diff = max(abs(a - b) for a, b in zip(gpu["losses"], cpu["losses"], strict=True))
-    param_diff = max_diff(gpu["params"], cpu["params"])
-    checks.record("gspo_fp32_gpu_vs_cpu", loss_diff <= 1e-4 and param_diff <= 1e-4 and moved(gpu) > 1e-3,
-                  losses_gpu=gpu["losses"], losses_cpu=cpu["losses"], loss_diff=loss_diff,
-                  param_diff=param_diff, moved=moved(gpu))  # fmt: skip
+    loss_diff = max(abs(a - b) for a, b in zip(run["losses"], against["losses"], strict=True))
+    param_diff = max_diff(run["params"], against["params"])
+    checks.record(name, loss_diff <= loss_tol and param_diff <= param_tol and moved(run) > 1e-3,
+                  losses=run["losses"], losses_against=against["losses"], loss_diff=loss_diff,
+                  param_diff=param_diff, moved=moved(run), engine=run["engine"])  # fmt: skip
 
-    fsdp, log = worker(out / "fsdp_fp32.pt", "fsdp")
-    if fsdp is None:
-        checks.record("gspo_fsdp2_fp32_vs_plain", False, log=log)
-    else:
-        loss_diff = max(abs(a - b) for a, b in zip(fsdp["losses"], gpu["losses"], strict=True))
-        param_diff = max_diff(fsdp["params"], gpu["params"])
-        checks.record("gspo_fsdp2_fp32_vs_plain", loss_diff <= 1e-5 and param_diff <= 5e-5,
-                      engine=fsdp["engine"], loss_diff=loss_diff, param_diff=param_diff)  # fmt: skip
 
-    for name, engine, flags in (("gspo_bf16", "ddp", ("bf16",)), ("gspo_fsdp2_bf16", "fsdp", ("bf16",))):
-        result, log = worker(out / f"{name}.pt", engine, *flags)
+def check_gspo(checks: Checks, out: Path) -> None:
+    cpu, cpu_log = worker(out / "cpu_fp32.pt", "ddp", cpu=True)
+    if cpu is None:
+        checks.record("gspo_fp32_gpu_vs_cpu", False, log=cpu_log)
+        return
+    gpu, log = worker(out / "gpu_fp32.pt", "ddp")
+    compare(checks, "gspo_fp32_gpu_vs_cpu", gpu, log, cpu, 1e-4, 1e-4)
+    if gpu is not None:
+        fsdp, log = worker(out / "fsdp_fp32.pt", "fsdp")
+        compare(checks, "gspo_fsdp2_fp32_vs_plain", fsdp, log, gpu, 1e-5, 5e-5)
+
+    for name, engine in (("gspo_bf16", "ddp"), ("gspo_fsdp2_bf16", "fsdp")):
+        result, log = worker(out / f"{name}.pt", engine, "bf16")
         ok = result is not None and all(math.isfinite(x) for x in result["losses"]) and moved(result) > 1e-3
         checks.record(
             name, ok, **({"losses": result["losses"], "moved": moved(result)} if result else {"log": log})
         )
-        if name == "gspo_fsdp2_bf16" and result is not None:
-            resumed, log = worker(out / "fsdp_bf16_resume.pt", "fsdp", "bf16", "resume")
-            if resumed is None:
-                checks.record("gspo_fsdp2_bf16_resume", False, log=log)
-            else:
-                loss_diff = max(abs(a - b) for a, b in zip(resumed["losses"], result["losses"], strict=True))
-                param_diff = max_diff(resumed["params"], result["params"])
-                checks.record("gspo_fsdp2_bf16_resume", loss_diff <= 1e-6 and param_diff <= 1e-6,
-                              loss_diff=loss_diff, param_diff=param_diff)  # fmt: skip
+    if result is not None:  # FSDP2 bf16 resumed from its full state after the second update
+        resumed, log = worker(out / "fsdp_bf16_resume.pt", "fsdp", "bf16", "resume")
+        compare(checks, "gspo_fsdp2_bf16_resume", resumed, log, result, 1e-6, 1e-6)
 
     kl, log = worker(out / "kl.pt", "fsdp", "bf16", "beta")
     checks.record("gspo_fsdp2_bf16_kl_step0", kl is not None and kl["kl"][0] == 0.0,
