@@ -26,7 +26,8 @@ def _edit(old: str, new: str) -> str:
 
 
 BAD = {
-    "learning_rate = 1e9": (_edit("learning_rate = 4e-4", "learning_rate = 1e9"), "training.learning_rate"),
+    "learning_rate = 1e9": (re.sub(r"(?m)^learning_rate = \S+", "learning_rate = 1e9", BASE, count=1),
+                            "training.learning_rate"),  # fmt: skip
     "temperature = inf": (
         _edit("temperature = 1.0", "temperature = inf"),
         "rollout.policy_config.temperature",
