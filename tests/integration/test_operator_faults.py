@@ -360,31 +360,33 @@ def test_the_operator_killed_in_every_phase_picks_every_job_up(
 def test_an_upgraded_operator_keeps_the_rollout_token_of_a_job_it_finds_running(
     env: Env, math_taskapp: Any
 ) -> None:
-    """Operators before the job's Secret carried the rollout token kept it in <job>-rollout-token, and the
-    servers they started read it there. An upgraded operator that finds such a job running makes the job's
-    Secret with that token, so the trainer it makes again is let in by those servers."""
+    """Operators before the job's Secret carried the rollout token kept it in <job>-rollout-token, owned by
+    the job, and the servers they started read it there. An upgraded operator that finds such a job running
+    makes the job's Secret with that token, so the trainer it makes again is let in by those servers; a
+    Secret of that name the job does not own is not taken for its token."""
     env.secret("task-key", math_taskapp.api_key)
-    env.create("rljobs", rljob("upgraded", math_taskapp.url))
-    env.wait_phase("rljobs", "upgraded", "Running", timeout=60)
+    for name in ("upgraded", "planted"):
+        env.create("rljobs", rljob(name, math_taskapp.url))
+    for name in ("upgraded", "planted"):
+        env.wait_phase("rljobs", name, "Running", timeout=60)
     env.operator.kill()
-    # What the older operator leaves: the token in a Secret of its own, no <job>-config Secret; its trainer
-    # Job is gone too (a lost node), so the new operator makes it again.
-    env.core.delete_namespaced_secret("upgraded-config", env.ns)
+    # What the older operator leaves: the token in a Secret of its own, no <job>-config Secret; the trainer
+    # Jobs are gone too (a lost node), so the new operator makes them again.
     older = "older-operators-token-" + "k" * 21
-    legacy = client.V1Secret(
-        metadata=client.V1ObjectMeta(name="upgraded-rollout-token"), string_data={"token": older}
-    )
-    env.core.create_namespaced_secret(env.ns, legacy)
-    env.batch.delete_namespaced_job("upgraded-trainer", env.ns, propagation_policy="Background")
+    for name in ("upgraded", "planted"):
+        env.core.delete_namespaced_secret(f"{name}-config", env.ns)
+        owner = client.V1OwnerReference(api_version=f"{GROUP}/{VERSION}", kind="RLJob", name=name,
+                                        uid=env.get("rljobs", name)["metadata"]["uid"], controller=True)  # fmt: skip
+        owners = [owner] if name == "upgraded" else None  # "planted": made by someone else, not the job's
+        meta = client.V1ObjectMeta(name=f"{name}-rollout-token", owner_references=owners)
+        env.core.create_namespaced_secret(env.ns, client.V1Secret(metadata=meta, string_data={"token": older}))
+        env.batch.delete_namespaced_job(f"{name}-trainer", env.ns, propagation_policy="Background")
 
-    def job_gone() -> bool:
-        try:
-            env.batch.read_namespaced_job("upgraded-trainer", env.ns)
-        except ApiException as err:
-            return err.status == 404
-        return False
+    def jobs_gone() -> bool:
+        names = {j.metadata.name for j in env.batch.list_namespaced_job(env.ns).items}
+        return not names & {"upgraded-trainer", "planted-trainer"}
 
-    wait_for(job_gone, 30, "the trainer Job deleted")
+    wait_for(jobs_gone, 30, "the trainer Jobs deleted")
     env.operator.start()
 
     def secret_token(name: str) -> str | None:
@@ -397,15 +399,19 @@ def test_an_upgraded_operator_keeps_the_rollout_token_of_a_job_it_finds_running(
         return base64.b64decode(data["token"]).decode() if "token" in data else None
 
     assert wait_for(lambda: secret_token("upgraded-config"), 60, "the job's Secret made again") == older
-    trainer = wait_for(lambda: running_trainer_pod(env, "upgraded"), 60, "the trainer made again")
-    refs = [e.value_from.secret_key_ref for e in trainer.spec.containers[0].env if e.name == "POSTTRAIN_ROLLOUT_TOKEN"]
-    assert [(r.name, r.key) for r in refs] == [("upgraded-config", "token")]
-    env.wait_phase("rljobs", "upgraded", "Running", timeout=30)
+    planted = wait_for(lambda: secret_token("planted-config"), 60, "the other job's Secret made again")
+    assert planted != older and len(planted) >= 32
+    for name in ("upgraded", "planted"):
+        trainer = wait_for(lambda n=name: running_trainer_pod(env, n), 60, f"{name}'s trainer made again")
+        env_refs = [e.value_from.secret_key_ref for e in trainer.spec.containers[0].env
+                    if e.name == "POSTTRAIN_ROLLOUT_TOKEN"]  # fmt: skip
+        assert [(r.name, r.key) for r in env_refs] == [(f"{name}-config", "token")]
+        env.wait_phase("rljobs", name, "Running", timeout=30)
     # A job the new operator starts gets a token of its own.
     env.create("rljobs", rljob("fresh", math_taskapp.url))
     env.wait_phase("rljobs", "fresh", "Running", timeout=60)
     fresh = secret_token("fresh-config")
-    assert fresh and fresh != older and len(fresh) >= 32
+    assert fresh and fresh not in (older, planted) and len(fresh) >= 32
 
 
 # ------------------------------------------------------------------------------------ RBAC

@@ -446,16 +446,22 @@ def test_the_rollout_token_of_an_older_operators_secret_is_carried_over_when_usa
     from posttrain.controller.render.names import legacy_token_name
     from posttrain.controller.render.token import carried_over_token, with_token
 
-    def legacy(value: bytes | str) -> dict[str, Any]:
+    def legacy(value: bytes | str, owner_uid: str = UID) -> dict[str, Any]:
         encoded = base64.b64encode(value).decode() if isinstance(value, bytes) else value
-        return {"metadata": {"name": legacy_token_name("job1")}, "data": {"token": encoded}}
+        owners = [{"kind": "RLJob", "name": "job1", "uid": owner_uid}]
+        return {"metadata": {"name": legacy_token_name("job1"), "ownerReferences": owners}, "data": {"token": encoded}}
 
     assert legacy_token_name("job1") == "job1-rollout-token"  # the name older operators gave it
     token = "Zx3_abcdefghijklmnopqrstuvwxyz0123456789-AB"
-    assert carried_over_token(legacy(token.encode())) == token
-    secret = with_token({"data": {"job.json": "e30="}}, carried_over_token(legacy(token.encode())))
+    assert carried_over_token(legacy(token.encode()), UID) == token
+    secret = with_token({"data": {"job.json": "e30="}}, carried_over_token(legacy(token.encode()), UID))
     assert base64.b64decode(secret["data"]["token"]).decode() == token
-    # absent, empty, not base64, not text, with spaces or control characters, or too long: a fresh token
-    for unusable in (None, {}, {"data": {}}, legacy(b""), legacy("%%%not base64"), legacy(b"\xff\xfe"),
-                     legacy(b"two words"), legacy(b"line\nbreak"), legacy(b"a" * 513), {"data": {"token": 7}}):  # fmt: skip
-        assert carried_over_token(unusable) is None, unusable
+    # not the job's own Secret (another owner, none), or absent, empty, not base64, not text, with spaces or
+    # control characters, or too long: a fresh token
+    unowned = legacy(token.encode())
+    unowned["metadata"].pop("ownerReferences")
+    for unusable in (legacy(token.encode(), owner_uid="someone-else"), unowned, None, {}, {"data": {}},
+                     legacy(b""), legacy("%%%not base64"), legacy(b"\xff\xfe"), legacy(b"two words"),
+                     legacy(b"line\nbreak"), legacy(b"a" * 513), {"data": {"token": 7}}):  # fmt: skip
+        assert carried_over_token(unusable, UID) is None, unusable
+    assert carried_over_token(legacy(token.encode()), "") is None

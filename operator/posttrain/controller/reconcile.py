@@ -277,8 +277,8 @@ async def ensure_job_secret(
 
 
 async def older_operators_token(rt: Runtime, rendered: render.Rendered, observed: Observed) -> str | None:
-    """The rollout token of a job an older operator started (render/token.py), read only when the job
-    already has children: a new job costs no extra request."""
+    """The rollout token of a job an older operator started (render/token.py: only from a Secret owned by
+    this job), read only when the job already has children: a new job costs no extra request."""
     if not observed.deployments and observed.trainer is None:
         return None
     meta = rendered.secret["metadata"]
@@ -288,7 +288,7 @@ async def older_operators_token(rt: Runtime, rendered: render.Rendered, observed
     except KubeError as err:  # no `get` on Secrets here: a fresh token, as before
         logger.warning("rollout token of %s from an older operator not read: HTTP %s", owner_name, err.status)
         return None
-    return carried_over_token(legacy)
+    return carried_over_token(legacy, meta["ownerReferences"][0]["uid"])
 
 
 async def patch_status(
