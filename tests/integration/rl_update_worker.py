@@ -47,7 +47,8 @@ def build(engine_kind: str, bf16: bool) -> D.TrainEngine:
     if engine_kind == "fsdp":
         model.gradient_checkpointing_enable()
     parallel = D.ParallelConfig(
-        use_deepspeed=engine_kind == "ds3", deepspeed_stage=3, fsdp=engine_kind == "fsdp", bf16=bf16
+        use_deepspeed=engine_kind == "ds3", deepspeed_stage=3, fsdp=engine_kind == "fsdp", bf16=bf16,
+        force_bf16=bf16,  # bf16 mixed precision on any CPU (emulated, slow, where not native: a tiny model)
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     return D.build_engine(model, optimizer, None, parallel, max_grad_norm=1.0, micro_batch=1)

@@ -111,7 +111,7 @@ def test_trainer_zero3_two_ranks_serves_and_saves_what_it_trains(
     for _, served, final in (one, zero3):
         assert served.keys() == final.keys()
         for key in served:
-            assert torch.equal(served[key], final[key]), key
+            assert torch.equal(served[key].to(final[key].dtype), final[key]), key  # fp32 served without native bf16
         moved = max((final[k].float() - base[k].float()).abs().max().item() for k in final if k in base)
         assert moved > 1e-3  # three AdamW steps at lr 1e-3
 
