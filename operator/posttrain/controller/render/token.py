@@ -29,10 +29,11 @@ def carried_over_token(legacy_secret: dict[str, Any] | None, owner_uid: str) -> 
     """The token an older operator's <job>-rollout-token Secret holds, when that Secret is the job's own (the
     older operator made it owned by the job: a Secret of that name planted by anyone else, or left by an
     earlier job of the same name, is not used) and holds a usable token."""
-    owners = ((legacy_secret or {}).get("metadata") or {}).get("ownerReferences") or []
+    legacy = legacy_secret or {}
+    owners = (legacy.get("metadata") or {}).get("ownerReferences") or []
     if not owner_uid or not any(isinstance(ref, dict) and ref.get("uid") == owner_uid for ref in owners):
         return None
-    encoded = ((legacy_secret or {}).get("data") or {}).get(TOKEN_KEY)
+    encoded = (legacy.get("data") or {}).get(TOKEN_KEY)
     if not isinstance(encoded, str) or len(encoded) > TOKEN_MAX_BYTES * 2:
         return None
     try:
