@@ -17,10 +17,11 @@ from posttrain.controller.status import DeploymentObs
 KEY = ("team", "rljob", "j")
 
 
-def deployment(name: str, ready: int, uid: str | None = None, job: str = "j") -> dict[str, Any]:
+def deployment(name: str, ready: int, uid: str | None = None, job: str = "j", owner: str | None = None) -> dict[str, Any]:
     labels = {"posttrain.dev/job": job, "posttrain.dev/kind": "rljob", "posttrain.dev/role": "rollout"}
+    refs = [{"kind": "RLJob", "name": job if owner is None else owner, "uid": "job-uid", "controller": True}]
     return {"metadata": {"name": name, "namespace": "team", "uid": uid or name, "labels": labels,
-                         "resourceVersion": "1"},
+                         "resourceVersion": "1", "ownerReferences": refs},
             "spec": {"replicas": 1}, "status": {"readyReplicas": ready}}  # fmt: skip
 
 
@@ -54,6 +55,7 @@ def test_lists_then_follows_the_watch_and_relists_after_gone() -> None:
                 {"type": "MODIFIED", "object": deployment("j-rollout", 0)},  # nothing the job acts on changed
                 {"type": "MODIFIED", "object": deployment("j-rollout", 1)},  # ready: wake the job
                 {"type": "ADDED", "object": deployment("x", 0, job="")},  # not a child: ignored
+                {"type": "ADDED", "object": deployment("y", 0, owner="other")},  # our labels only: ignored
                 {"type": "DELETED", "object": deployment("j-rollout", 1)},
                 {"type": "ADDED", "object": deployment("j-rollout", 0, uid="again")},
                 {"type": "ERROR", "object": {"code": 410}},
@@ -72,9 +74,9 @@ def test_lists_then_follows_the_watch_and_relists_after_gone() -> None:
         return first, last
 
     first, last = asyncio.run(scenario())
-    assert first == [DeploymentObs("j-rollout", "rollout", 1, 0)]  # complete before start() returns
+    assert first == [DeploymentObs("j-rollout", "rollout", 1, 0, owner="job-uid")]  # complete before start() returns
     # after the 410 the list is the truth: the object made again ("again") is gone, the first one is back
-    assert last == [DeploymentObs("j-rollout", "rollout", 1, 1)]
+    assert last == [DeploymentObs("j-rollout", "rollout", 1, 1, owner="job-uid")]
     # woken twice: the child became ready (watch), and a ready child is new to the index after the 410;
     # neither an unchanged readiness nor a new child that is not ready yet wakes the job
     assert woken == [KEY, KEY]

@@ -159,17 +159,31 @@ def test_summarise_task_info_shapes() -> None:
 
 
 class RecordingKube:
+    """Records the children made (created, or applied over one the job owns); `existing` holds objects
+    already there by name, with their owners' uids."""
+
     def __init__(self) -> None:
         self.applied: list[tuple[str, str]] = []
+        self.existing: dict[str, list[str]] = {}
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.applied.append((obj["kind"], obj["metadata"]["name"]))
         return obj
 
+    async def create(self, obj: dict[str, Any]) -> bool:
+        if obj["metadata"]["name"] in self.existing:
+            return False
+        self.applied.append((obj["kind"], obj["metadata"]["name"]))
+        return True
+
+    async def owners(self, path: str) -> list[str] | None:
+        return self.existing.get(path.rsplit("/", 1)[-1])
+
 
 class FakeRuntime:
     def __init__(self) -> None:
         self.kube = RecordingKube()
+        self.token_key = b"k" * 32
 
 
 def _rendered() -> render.Rendered:
@@ -256,6 +270,31 @@ def test_observe_sees_the_supporting_children_so_they_are_not_applied_again() ->
     assert rt.kube.applied == []
 
 
+def test_an_object_of_someone_elses_under_a_childs_name_is_never_adopted() -> None:
+    from posttrain.controller.reconcile import NotOwned
+
+    rendered = _rendered()
+    uid = rendered.children[0]["metadata"]["ownerReferences"][0]["uid"]
+    rt = FakeRuntime()
+    rt.kube.existing = {"j-rollout": [uid]}  # the job's own (e.g. the watch lost it): applied again
+    assert asyncio.run(ensure_children(rt, rendered.children, Observed(), LoopState())) == len(rendered.children)  # type: ignore[arg-type]
+    for owners in ([], ["someone-else"]):
+        rt = FakeRuntime()
+        rt.kube.existing = {"j-rollout": owners}
+        with pytest.raises(NotOwned) as err:
+            asyncio.run(ensure_children(rt, rendered.children, Observed(), LoopState()))  # type: ignore[arg-type]
+        assert "Deployment j-rollout exists and is not this job's" in err.value.message
+        assert ("Deployment", "j-rollout") not in rt.kube.applied
+
+
+def test_observe_sees_only_the_children_the_job_owns() -> None:
+    key = ("ns", "rljob", "j")
+    mine, other = DeploymentObs("j-rollout", "rollout", owner="uid-1"), DeploymentObs("j-ref", "reference", owner="uid-0")
+    indexes = {"posttrain_deployments": {key: [mine, other]}, "posttrain_jobs": {key: [TrainerObs("j-trainer", owner="uid-0")]}}
+    observed = observe(key, indexes, "uid-1")
+    assert list(observed.deployments) == ["j-rollout"] and observed.trainer is None
+
+
 def test_the_jobs_secret_is_posted_once_and_again_only_when_a_stuck_job_finds_it_gone() -> None:
     from posttrain.controller.reconcile import ensure_job_secret
     from posttrain.controller.status import PodObs
@@ -271,12 +310,17 @@ def test_the_jobs_secret_is_posted_once_and_again_only_when_a_stuck_job_finds_it
             created, self.present = not self.present, True
             return created
 
+        async def owners(self, path: str) -> list[str] | None:
+            return [uid]
+
         async def exists(self, path: str) -> bool:
             assert path == "/api/v1/namespaces/ns/secrets/j-config"
             self.calls.append("GET")
             return self.present
 
     rendered = _rendered()
+    uid = rendered.secret["metadata"]["ownerReferences"][0]["uid"]
+    job = parse_job(job_object("RLJob", rl_spec(model={"base": "m"})))
     rt = FakeRuntime()
     rt.kube = SecretKube()  # type: ignore[assignment]
     state = LoopState()
@@ -284,7 +328,7 @@ def test_the_jobs_secret_is_posted_once_and_again_only_when_a_stuck_job_finds_it
     def ensure(stuck: bool, pods: list[PodObs] | None = None) -> list[str]:
         before = len(rt.kube.calls)  # type: ignore[attr-defined]
         observed = Observed(pods=pods or [])
-        asyncio.run(ensure_job_secret(rt, rendered, observed, state, stuck))  # type: ignore[arg-type]
+        asyncio.run(ensure_job_secret(rt, job.owner, rendered, observed, state, stuck))  # type: ignore[arg-type]
         return rt.kube.calls[before:]  # type: ignore[attr-defined]
 
     assert ensure(stuck=False) == ["POST"]  # once per loop

@@ -37,6 +37,7 @@ class ChildKind:
     plural: str
     observe: Callable[[dict[str, Any]], Any]  # object -> what the index keeps
     wakes: Callable[[Any, Any], bool] | None  # (previous, current) -> wake the job's loop?
+    owned: bool = True  # only objects whose controlling owner is the job its labels name (not pods)
 
 
 def _service_name(obj: dict[str, Any]) -> str:
@@ -48,7 +49,16 @@ DEPLOYMENTS = ChildKind(
 )
 JOBS = ChildKind("posttrain_jobs", "batch/v1", "jobs", TrainerObs.from_object, child_wakes)
 SERVICES = ChildKind("posttrain_services", "v1", "services", _service_name, None)
-PODS = ChildKind("posttrain_pods", "v1", "pods", PodObs.from_object, pod_wakes)
+PODS = ChildKind("posttrain_pods", "v1", "pods", PodObs.from_object, pod_wakes, owned=False)
+
+
+def owned_by_parent(meta: dict[str, Any], key: Key) -> bool:
+    """Whether the object's controlling owner is the job its labels name: an object that only carries the
+    operator's labels is not the job's (the operator never adopts what it does not own)."""
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller") and ref.get("name") == key[2]:
+            return True
+    return False
 
 
 def kinds_for(watch_pods: bool) -> tuple[ChildKind, ...]:
@@ -104,6 +114,12 @@ class ChildWatches:
                 await task
         self._tasks.clear()
 
+    def _key(self, kind: ChildKind, meta: dict[str, Any]) -> Key | None:
+        key = self.parent_key(meta)
+        if key is not None and kind.owned and not owned_by_parent(meta, key):
+            return None
+        return key
+
     async def _list(self, kind: ChildKind, namespace: str) -> str:
         found = await self.kube.request(
             "GET", self._path(kind, namespace), params={"labelSelector": self.selector}
@@ -111,7 +127,7 @@ class ChildWatches:
         found = found or {}
         fresh: dict[str, tuple[Key, Any]] = {}
         for obj in found.get("items") or []:
-            key = self.parent_key(obj.get("metadata") or {})
+            key = self._key(kind, obj.get("metadata") or {})
             if key is not None:
                 fresh[obj["metadata"]["uid"]] = (key, kind.observe(obj))
         old = self._objects.pop((kind.index, namespace), {})
@@ -153,7 +169,7 @@ class ChildWatches:
         objects = self._objects.setdefault((kind.index, namespace), {})
         uid = meta.get("uid")
         if kind_of_event in ("ADDED", "MODIFIED") and uid:
-            key = self.parent_key(meta)
+            key = self._key(kind, meta)
             if key is None:
                 if uid in objects:
                     self._remove(kind, namespace, uid, objects)

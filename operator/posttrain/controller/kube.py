@@ -27,6 +27,8 @@ from typing import Any
 
 import aiohttp
 
+from posttrain.controller import safejson
+
 logger = logging.getLogger(__name__)
 
 FIELD_MANAGER = "posttrain-operator"
@@ -189,7 +191,7 @@ class Kube:
                 return None
             if status < 400:
                 # a write's echo of the object is only decoded when the caller reads it
-                return json.loads(content) if parse and content else {}
+                return safejson.loads(content) if parse and content else {}
             if status in RETRY_STATUSES and attempt < retries:
                 await asyncio.sleep(float(retry_after) if retry_after and retry_after.isdigit() else delay)
                 delay = min(delay * 2, 5.0)
@@ -229,12 +231,21 @@ class Kube:
         meta = obj["metadata"]
         path = collection_path(obj["apiVersion"], obj["kind"], meta.get("namespace"))
         try:
-            await self.request("POST", path, body=obj, retries=0, parse=False)
+            await self.request("POST", path, body=obj, retries=0, parse=False,
+                               params={"fieldManager": FIELD_MANAGER})  # fmt: skip
         except KubeError as err:
             if err.status == 409:
                 return False
             raise
         return True
+
+    async def owners(self, path: str) -> list[str] | None:
+        """The uids of the object's ownerReferences, from its metadata alone (None: no such object)."""
+        found = await self.request("GET", path, absent_ok=True, accept=METADATA_ONLY)
+        if found is None:
+            return None
+        refs = (found.get("metadata") or {}).get("ownerReferences") or []
+        return [str(ref.get("uid") or "") for ref in refs if isinstance(ref, dict)]
 
     async def watch(self, path: str, params: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
         """The events of one watch request, decoded, until the API server ends it. It runs on a session of
@@ -253,7 +264,7 @@ class Kube:
                 raise KubeError(rsp.status, f"GET {path} (watch): {content.decode(errors='replace')[:300]}")
             while line := await rsp.content.readline():
                 if line.strip():
-                    yield json.loads(line)
+                    yield safejson.loads(line)
 
     async def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         return await self.request(

@@ -22,7 +22,9 @@ from posttrain.controller.child_watch import ChildWatches, kinds_for
 from posttrain.controller.children import CHILD_SELECTOR, KOPF_WATCHED, kopf_selector, parent_key
 from posttrain.controller.kube import Kube, is_own_session
 from posttrain.controller.runtime import Runtime
+from posttrain.controller.safejson import install_kopf_hook
 from posttrain.controller.settings import ANNOTATION_PREFIX, FINALIZER, OperatorSettings, load_settings
+from posttrain.controller.token_key import load_token_key
 from posttrain.controller.trainer_identity import resolve_trainer_identity
 
 logger = logging.getLogger("posttrain.operator")
@@ -64,6 +66,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     kube = Kube.from_env(_CONFIG.get("kubeconfig"))
     op_settings = await resolve_trainer_identity(kube, op_settings)
     runtime = Runtime(settings=op_settings, kube=kube)
+    runtime.token_key = await load_token_key(kube, op_settings)
     namespaces = list(_CONFIG.get("namespaces") or [])
     runtime.children = ChildWatches(kube, kinds=kinds_for(op_settings.watch_pods), namespaces=namespaces,
                                     selector=CHILD_SELECTOR, parent_key=parent_key, wake=runtime.wake)  # fmt: skip
@@ -137,6 +140,7 @@ async def operate(
     _CONFIG.update(settings=settings, kubeconfig=kubeconfig, namespaces=watched)
     if settings.count_kopf_requests:
         count_kopf_requests()
+    install_kopf_hook()  # no object the API server stores can end kopf's watches (controller/safejson.py)
     await kopf.operator(
         clusterwide=not watched,
         namespaces=watched,

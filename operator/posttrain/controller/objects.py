@@ -13,7 +13,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from posttrain.api.resources import API_VERSION, RLJobSpec, SFTJobSpec, TaskAppSpec, parse_spec, plural
-from posttrain.controller.spec_errors import spec_error
+from posttrain.controller.safejson import MAX_DEPTH, undecodable
+from posttrain.controller.spec_errors import SpecError, spec_error
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,11 @@ def owner_of(obj: dict[str, Any]) -> Owner:
 
 
 def _spec(obj: dict[str, Any]) -> Any:
+    cut = undecodable(obj)
+    if cut is not None:  # an object nested deeper than the operator reads (controller/safejson.py)
+        field = cut.removeprefix("spec.")
+        raise SpecError(field, f"nested deeper than {MAX_DEPTH} levels; the operator does not read it",
+                        "keep extras to a few levels of keys and values")  # fmt: skip
     try:
         return parse_spec(obj["kind"], obj.get("spec") or {})
     except ValidationError as err:

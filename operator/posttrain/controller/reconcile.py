@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import secrets
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,12 +23,12 @@ import kopf
 from posttrain.api.resources import API_VERSION
 from posttrain.controller import render
 from posttrain.controller.bounds import bound_status, event_message
-from posttrain.controller.kube import KubeError, collection_path, object_path
+from posttrain.controller.kube import KubeError, collection_path, object_path, path_of
 from posttrain.controller.objects import Job, Owner, TaskAppObject, owner_of, parse_job
 from posttrain.controller.render.model import bucket
 from posttrain.controller.render.names import SERVER_ROLES, child_name, legacy_token_name
 from posttrain.controller.render.taskapp import TaskAppTarget, task_app_target
-from posttrain.controller.render.token import carried_over_token, with_token
+from posttrain.controller.render.token import carried_over_token, derived_token, with_token
 from posttrain.controller.runtime import Key, Runtime, namespace_objects_key
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
 from posttrain.controller.spec_errors import SpecError, render_failure_message, unprocessable_message
@@ -104,6 +103,7 @@ class LoopState:
     spec: tuple[tuple[str, Any], Any] | None = None  # ((uid, generation), the parsed spec)
     provisioning_since: float | None = None  # monotonic time the job was first seen Provisioning
     plan: Plan | None = None  # the children rendered for one (uid, generation, task app)
+    conflict: str | None = None  # an object under a child's name the job does not own (NotOwned)
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,32 @@ class ChildRefused(Exception):
     def __init__(self, kind: str, name: str, error: KubeError):
         super().__init__(f"{kind} {name}: {error}")
         self.message = unprocessable_message(f"{kind} {name}", error.details, str(error)[:200])
+
+
+class NotOwned(Exception):
+    """An object under a child's name that the job does not own (made before the job by someone else, or
+    left by an earlier job of the same name): the operator never adopts it; the job fails naming it."""
+
+    def __init__(self, kind: str, name: str, owners: list[str]):
+        held = "owned by another object" if owners else "owned by nothing"
+        self.message = (
+            f"{kind} {name} exists and is not this job's ({held}); the operator does not take over objects "
+            f"it did not make: delete {kind} {name} or give the job another name"
+        )
+        super().__init__(self.message)
+
+
+async def create_owned(rt: Runtime, child: dict[str, Any]) -> bool:
+    """Create `child`; when an object of that name exists (409), it must be owned by the child's job
+    (ownerReferences' uid), else NotOwned. True when this call made it."""
+    if await rt.kube.create(child):
+        return True
+    path = path_of(child)
+    owners = await rt.kube.owners(path)
+    uid = child["metadata"]["ownerReferences"][0]["uid"]
+    if owners is not None and uid not in owners:
+        raise NotOwned(child["kind"], child["metadata"]["name"], owners)
+    return False
 
 
 def snapshot(body: Any) -> dict[str, Any]:
@@ -148,13 +174,15 @@ def namespace_objects_seen(owner: Owner, indexes: dict[str, Any]) -> set[str]:
     return {name for index in NAMESPACE_INDEXES for name in indexes.get(index, {}).get(key, [])}
 
 
-def observe(key: Key, indexes: dict[str, Any]) -> Observed:
+def observe(key: Key, indexes: dict[str, Any], uid: str = "") -> Observed:
+    """The job's children as the indexes hold them; with `uid`, only those the job itself owns (an
+    earlier job of the same name, or anyone else, may have left objects under the same names)."""
     observed = Observed()
     for obs in indexes.get("posttrain_deployments", {}).get(key, []):
-        if isinstance(obs, DeploymentObs):
+        if isinstance(obs, DeploymentObs) and not (uid and obs.owner and obs.owner != uid):
             observed.deployments[obs.name] = obs
     for obs in indexes.get("posttrain_jobs", {}).get(key, []):
-        if isinstance(obs, TrainerObs):
+        if isinstance(obs, TrainerObs) and not (uid and obs.owner and obs.owner != uid):
             observed.trainer = obs
     for name in indexes.get("posttrain_services", {}).get(key, []):
         observed.others.add(f"Service/{name}")
@@ -241,7 +269,10 @@ async def ensure_children(
         if recent and recent[0] == want and now - recent[1] < APPLY_GRACE:
             continue  # we applied it a moment ago; the watch has not caught up yet
         try:
-            await rt.kube.apply(child)
+            # An absent child is created, not applied: a server-side apply would take over an object of
+            # the same name that someone else made (create_owned refuses it).
+            if have is not None or not await create_owned(rt, child):
+                await rt.kube.apply(child)
         except KubeError as err:
             if err.status == 422:
                 raise ChildRefused(*ident, err) from err
@@ -252,7 +283,7 @@ async def ensure_children(
 
 
 async def ensure_job_secret(
-    rt: Runtime, rendered: render.Rendered, observed: Observed, state: LoopState, stuck: bool
+    rt: Runtime, owner: Owner, rendered: render.Rendered, observed: Observed, state: LoopState, stuck: bool
 ) -> None:
     """The job's Secret (job file, TOML, an RLJob's rollout token): created once per loop (a 409 means it
     exists; the operator never reads it back: it may not list or watch Secrets), and again when a pod
@@ -271,8 +302,8 @@ async def ensure_job_secret(
     secret = rendered.secret
     if rendered.rollout_token:
         token = await older_operators_token(rt, rendered, observed)
-        secret = with_token(secret, token or secrets.token_urlsafe(32))
-    await rt.kube.create(secret)
+        secret = with_token(secret, token or derived_token(rt.token_key, owner))
+    await create_owned(rt, secret)
     state.secret_ensured = True
 
 
@@ -625,7 +656,7 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
     rt.reconciles += 1
     obj = snapshot(body)
     owner = owner_of(obj)
-    observed = observe(key_of(owner), indexes)
+    observed = observe(key_of(owner), indexes, owner.uid)
     phase = state.written.get("phase") or (obj.get("status") or {}).get("phase")
     if phase in TERMINAL:
         await finish_job(rt, owner, observed, phase)
@@ -645,7 +676,8 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
     def derive(seen: Observed) -> dict[str, Any]:
         expected = plan.expected if plan is not None else None
         return derive_status(job, observed=seen, expected=expected, verification=verification, now=now,
-                             bucket=bucket(job.spec, rt.settings), invalid=state.invalid)  # fmt: skip
+                             bucket=bucket(job.spec, rt.settings), invalid=state.invalid,
+                             conflict=state.conflict)  # fmt: skip
 
     desired = derive(observed)
     stuck_seconds = stuck_for(state, desired["phase"], time.time(), job.status)
@@ -657,12 +689,16 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
         try:
             seen = namespace_objects_seen(owner, indexes)
             await rt.namespace_objects.ensure(rt.kube, rt.settings, owner.namespace, seen)
-            await ensure_job_secret(rt, plan.rendered, observed, state, stuck)
+            await ensure_job_secret(rt, owner, plan.rendered, observed, state, stuck)
             if await ensure_children(rt, plan.rendered.children, observed, state):
                 desired = derive(with_applied(observed, plan.rendered.children))
         except ChildRefused as refused:
             state.invalid = refused.message
             logger.warning("%s %s: %s", owner.kind, owner.name, refused)
+            desired = derive(observed)
+        except NotOwned as conflict:
+            state.conflict = conflict.message
+            logger.warning("%s %s: %s", owner.kind, owner.name, conflict)
             desired = derive(observed)
     await patch_status(rt, owner, job.status, desired, state)
     phase = job.status.get("phase") or desired["phase"]

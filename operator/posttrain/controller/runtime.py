@@ -5,6 +5,7 @@ reconcile loop at once (instead of on the next resync)."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,8 @@ class Runtime:
     checks: TtlCache[Attempt] = field(default_factory=TtlCache)
     namespace_objects: NamespaceObjects = field(default_factory=NamespaceObjects)
     children: Any = None  # controller/child_watch.py's ChildWatches, started by the startup handler
+    # the key of every job's rollout token (controller/token_key.py; set by the startup handler)
+    token_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
 
     def waker(self, key: Key) -> asyncio.Event:
         """A new loop's wake-up event (replacing a cancelled loop's, of an object of the same name)."""

@@ -72,6 +72,10 @@ class OperatorSettings(BaseSettings):
 
     # Rollout / reference / judge servers.
     server_port: int = 8000
+    # The Secret holding the key every job's rollout token is derived from (controller/token_key.py); its
+    # namespace defaults to the operator pod's own.
+    token_key_secret: str = "posttrain-token-key"
+    token_key_namespace: str = ""
     judge_secret_name: str = "posttrain-judge-keys"  # external judge provider keys, <PROVIDER>_API_KEY
     readiness_timeout_seconds: int = 1800  # the trainer initContainer waits this long for the servers
     # /dev/shm of vLLM server and trainer pods (a memory emptyDir; counts against the pod's memory). "" =

@@ -33,6 +33,7 @@ COND_FAILED = "Failed"
 COND_READY = "Ready"
 TASKAPP_VERIFIED = "Verified"
 INVALID_SPEC = "InvalidSpec"
+CHILD_NOT_OWNED = "ChildNotOwned"  # an object under a child's name that the job does not own
 
 OWNED_FIELDS = (
     "phase",
@@ -66,6 +67,15 @@ def parse_time(value: Any) -> datetime | None:
 PROBLEM_MAX = 300  # one pod's or Deployment's problem in a status message
 
 
+def owner_uid(obj: dict[str, Any]) -> str:
+    """The uid of the object's controlling owner (its job), "" when it has none."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    for ref in refs:
+        if isinstance(ref, dict) and ref.get("controller"):
+            return str(ref.get("uid") or "")
+    return ""
+
+
 @dataclass(frozen=True)
 class DeploymentObs:
     name: str
@@ -73,6 +83,7 @@ class DeploymentObs:
     replicas: int = 0  # spec.replicas
     ready: int = 0  # status.readyReplicas
     problem: str = ""  # why pods are not being made: ReplicaFailure (quota, Pod Security), no progress
+    owner: str = ""  # the uid of the job that owns it (controller/reconcile.py observes only its own)
 
     @staticmethod
     def from_object(obj: dict[str, Any], role: str = "") -> DeploymentObs:
@@ -85,6 +96,7 @@ class DeploymentObs:
             replicas=int(spec.get("replicas") if spec.get("replicas") is not None else 1),
             ready=int(status.get("readyReplicas") or 0),
             problem=deployment_problem(status),
+            owner=owner_uid(obj),
         )
 
 
@@ -111,6 +123,7 @@ class TrainerObs:
     conditions: tuple[tuple[str, str, str, str], ...] = ()  # (type, status, reason, message)
     start_time: str | None = None
     completion_time: str | None = None
+    owner: str = ""  # the uid of the job that owns it
 
     def condition(self, ctype: str) -> tuple[str, str, str] | None:
         for t, status, reason, message in self.conditions:
@@ -148,6 +161,7 @@ class TrainerObs:
             conditions=conds,
             start_time=status.get("startTime"),
             completion_time=status.get("completionTime"),
+            owner=owner_uid(obj),
         )
 
 
@@ -322,11 +336,13 @@ def derive_status(
     bucket: str = "posttrain",
     invalid: str | None = None,
     complete_pass: bool = True,
+    conflict: str | None = None,
 ) -> dict[str, Any]:
     """The operator-owned status fields of a job (see OWNED_FIELDS). `expected` is None until the children
     have been rendered (i.e. before an RLJob's task app is verified; an SFTJob needs no verification).
     `invalid` is why the spec cannot be turned into children (it names the field): the job fails with
-    reason InvalidSpec. observedGeneration moves only on a `complete_pass` (children applied, nothing
+    reason InvalidSpec; `conflict` names an object under a child's name that the job does not own (reason
+    ChildNotOwned: the operator never adopts it). observedGeneration moves only on a `complete_pass` (children applied, nothing
     failed); every condition carries the generation it was computed for.
 
     The phase is the first that holds of: the trainer Job finished (Succeeded/Failed), the job cannot run
@@ -349,6 +365,7 @@ def derive_status(
         _verified_condition(conds, verification)
     outcome = (
         _finished(job, observed.trainer, bucket, now, out, conds)
+        or (_Outcome(FAILED, CHILD_NOT_OWNED, conflict) if conflict else None)
         or _cannot_run(job, verification, invalid, start, now, conds)
         or _finishing(job, status)
         or _from_children(expected, observed, conds)

@@ -1,8 +1,10 @@
 """Pure: the per-job token that guards the rollout servers' privileged endpoints (POST /v1/weights and the
-captures). The operator puts a random token into the RLJob's Secret <job>-config (render/jobfile.py: the
-same Secret carries the job file; the only random value the operator writes; created once, never read
-back by the operator); the rollout, reference and judge servers and the trainer get it as
-POSTTRAIN_ROLLOUT_TOKEN from that Secret. Only the job's trainer can therefore swap the policy's weights
+captures). The operator puts the token into the RLJob's Secret <job>-config (render/jobfile.py: the same
+Secret carries the job file; created once, never read back by the operator); the rollout, reference and
+judge servers and the trainer get it as POSTTRAIN_ROLLOUT_TOKEN from that Secret. The token is derived, not
+drawn: an HMAC of the job's namespace, kind, name and uid under the operator's key (controller/token_key.py),
+so a Secret deleted or made again while the job runs holds the very token its running servers started
+with, and a trainer made again still matches them. Only the job's trainer can therefore swap the policy's weights
 or read its rollouts, also against other posttrain pods of the same namespace, which the namespace's
 NetworkPolicy lets in (render/network.py); a task app still calls the open /v1/chat/completions.
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
+import hashlib
+import hmac
 from typing import Any
 
 from posttrain.controller.objects import Owner
@@ -41,6 +45,14 @@ def carried_over_token(legacy_secret: dict[str, Any] | None, owner_uid: str) -> 
     except (binascii.Error, UnicodeDecodeError):
         return None
     return token if 0 < len(token) <= TOKEN_MAX_BYTES and token.isprintable() and " " not in token else None
+
+
+def derived_token(key: bytes, owner: Owner) -> str:
+    """The job's rollout token: HMAC-SHA256 of the job's identity (its uid: a job made again under the same
+    name gets another token) under the operator's key, URL-safe base64 (43 characters)."""
+    message = f"posttrain rollout token\n{owner.namespace}\n{owner.kind}\n{owner.name}\n{owner.uid}".encode()
+    digest = hmac.new(key, message, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
 def with_token(secret: dict[str, Any], token: str) -> dict[str, Any]:
