@@ -197,6 +197,9 @@ class ChildWatches:
                 failures = 0
             except asyncio.CancelledError:
                 raise
+            except TimeoutError:  # silent for kube.watch_idle: a dropped connection; resume on a new one
+                logger.info("watch of %s silent for %.0fs; resuming it", kind.plural, self.kube.watch_idle)
+                failures = 0
             except Exception as exc:  # any failure: a dead watch would leave its jobs blind, so list again
                 failures += 1
                 version = ""  # list again: events may have been missed

@@ -95,6 +95,8 @@ class Kube:
         token: str | None = None,
         token_file: str | None = None,
         max_connections: int = 8,
+        read_timeout: float = 30.0,
+        watch_idle: float = 90.0,
     ):
         self.host = host.rstrip("/")
         self._token = token
@@ -103,6 +105,8 @@ class Kube:
         self.requests: collections.Counter[str] = collections.Counter()
         self._ssl = _ssl_of(verify, cert) if self.host.startswith("https") else False
         self._max_connections = max_connections
+        self.read_timeout = read_timeout  # a request's answer (per read)
+        self.watch_idle = watch_idle  # a watch that sends nothing (not even a bookmark) this long is dead
         self._session: aiohttp.ClientSession | None = None  # made in the event loop, at the first request
         self._watch_session: aiohttp.ClientSession | None = None
 
@@ -136,7 +140,7 @@ class Kube:
         if self._session is None or self._session.closed:
             # a few connections are enough for what the API server can take; a request waits for a free one
             connector = aiohttp.TCPConnector(limit=self._max_connections, ssl=self._ssl, keepalive_timeout=60)
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=30.0)
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=self.read_timeout)
             self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
             _OWN_SESSIONS.add(self._session)
         return self._session
@@ -255,7 +259,8 @@ class Kube:
             connector = aiohttp.TCPConnector(limit=0, ssl=self._ssl)
             self._watch_session = aiohttp.ClientSession(connector=connector, read_bufsize=WATCH_LINE_MAX)
             _OWN_SESSIONS.add(self._watch_session)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=None)
+        # a silent connection (dropped without a close) ends the watch: the caller resumes it
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=self.watch_idle)
         url = self.host + path
         query = {**params, "watch": "true"}
         async with self._watch_session.get(url, params=query, headers=self._headers(), timeout=timeout) as rsp:

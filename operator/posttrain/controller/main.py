@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
+import os
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import kopf
 
@@ -20,11 +24,13 @@ from posttrain.controller import (  # noqa: F401 - importing registers the handl
 )
 from posttrain.controller.child_watch import ChildWatches, kinds_for
 from posttrain.controller.children import CHILD_SELECTOR, KOPF_WATCHED, kopf_selector, parent_key
+from posttrain.controller.fairness import CheckSlots
 from posttrain.controller.kube import Kube, is_own_session
+from posttrain.controller.leader import Leadership
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.safejson import install_kopf_hook
 from posttrain.controller.settings import ANNOTATION_PREFIX, FINALIZER, OperatorSettings, load_settings
-from posttrain.controller.token_key import load_token_key
+from posttrain.controller.token_key import load_token_key, own_namespace
 from posttrain.controller.trainer_identity import resolve_trainer_identity
 
 logger = logging.getLogger("posttrain.operator")
@@ -55,7 +61,6 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.INFO  # our kopf.event() calls: one Event per phase transition
     settings.posting.loggers = False  # handler log lines are not Events (API load)
-    settings.watching.server_timeout = 270
     # The API server filters the watches: events of objects the operator did not make never reach this
     # process (kopf's own label filters would only drop them here).
     for group_version, plural in KOPF_WATCHED:
@@ -63,10 +68,22 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.networking.error_backoffs = [0.5, 1, 2, 3, 5, 8]
     settings.batching.idle_timeout = 60.0
     op_settings: OperatorSettings = _CONFIG.get("settings") or load_settings()
+    # Watches end on the server's side every few minutes and are resumed; a watch silent for longer than
+    # watch_idle_seconds (no event, no bookmark) is taken for a dropped connection and made again, and no
+    # request waits longer than the API timeout: the operator's view never freezes on a dead connection.
+    idle, api_timeout = op_settings.watch_idle_seconds, op_settings.api_timeout_seconds
+    settings.watching.server_timeout = int(min(270, max(1, idle * 3)))  # the API server takes an integer
+    settings.watching.client_timeout = settings.watching.server_timeout + idle
+    settings.watching.inactivity_timeout = idle
+    settings.watching.connect_timeout = api_timeout
+    settings.networking.connect_timeout = api_timeout
+    settings.networking.request_timeout = api_timeout * 2
     kube = Kube.from_env(_CONFIG.get("kubeconfig"))
+    kube.read_timeout, kube.watch_idle = api_timeout, idle
     op_settings = await resolve_trainer_identity(kube, op_settings)
     runtime = Runtime(settings=op_settings, kube=kube)
     runtime.token_key = await load_token_key(kube, op_settings)
+    runtime.slots = CheckSlots(op_settings.check_slots_per_namespace, op_settings.check_slots_per_host)
     namespaces = list(_CONFIG.get("namespaces") or [])
     runtime.children = ChildWatches(kube, kinds=kinds_for(op_settings.watch_pods), namespaces=namespaces,
                                     selector=CHILD_SELECTOR, parent_key=parent_key, wake=runtime.wake)  # fmt: skip
@@ -141,16 +158,74 @@ async def operate(
     if settings.count_kopf_requests:
         count_kopf_requests()
     install_kopf_hook()  # no object the API server stores can end kopf's watches (controller/safejson.py)
-    await kopf.operator(
-        clusterwide=not watched,
-        namespaces=watched,
-        standalone=peering is None,
-        peering_name=peering,  # None: no peering at all (a name makes kopf require the peering CRD)
-        priority=priority,
-        liveness_endpoint=liveness,
-        stop_flag=stop_flag,
-        ready_flag=ready_flag,
-    )
+    leadership = await lead(settings, kubeconfig, liveness) if settings.leader_election else None
+    stop_flag = stop_flag or (asyncio.Event() if leadership else None)
+    tasks = [asyncio.create_task(leadership.keep()), asyncio.create_task(_stop_when_lost(leadership, stop_flag))] if leadership else []  # fmt: skip
+    try:
+        await kopf.operator(
+            clusterwide=not watched,
+            namespaces=watched,
+            standalone=peering is None,
+            peering_name=peering,  # None: no peering at all (a name makes kopf require the peering CRD)
+            priority=priority,
+            liveness_endpoint=liveness,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        for task in tasks:
+            task.cancel()
+        if leadership is not None:
+            if not leadership.lost.is_set():
+                await leadership.release()
+            await leadership.kube.close()
+    if leadership is not None and leadership.lost.is_set():
+        raise SystemExit(1)
+
+
+async def lead(settings: OperatorSettings, kubeconfig: str | None, liveness: str | None) -> Leadership:
+    """Wait (answering the liveness probe meanwhile: a standby is healthy) until this process holds the Lease."""
+    namespace = settings.lease_namespace or own_namespace()
+    if not namespace:
+        raise SystemExit("leader election needs the Lease's namespace: POSTTRAIN_LEASE_NAMESPACE")
+    kube = Kube.from_env(kubeconfig)
+    kube.read_timeout = settings.api_timeout_seconds
+    leadership = Leadership(kube, namespace, settings.lease_name, lease_seconds=settings.lease_seconds)
+    async with standby_liveness(liveness):
+        await leadership.acquire()
+    return leadership
+
+
+async def _stop_when_lost(leadership: Leadership, stop_flag: Any) -> None:
+    await leadership.lost.wait()
+    stop_flag.set()  # kopf stops its handlers and our loops (the cleanup handler) ...
+    await asyncio.sleep(leadership.lease_seconds / 3)
+    os._exit(1)  # ... or the process goes before a standby may take over
+
+
+@contextlib.asynccontextmanager
+async def standby_liveness(endpoint: str | None) -> AsyncIterator[None]:
+    """The liveness endpoint of a process waiting for the Lease (kopf serves it once it runs)."""
+    if not endpoint:
+        yield
+        return
+    from aiohttp import web
+
+    parts = urlsplit(endpoint)
+
+    async def alive(_: web.Request) -> web.Response:
+        return web.json_response({"standby": True})
+
+    app = web.Application()
+    app.router.add_get(parts.path or "/", alive)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, parts.hostname or "0.0.0.0", parts.port or 80)
+    await site.start()
+    try:
+        yield
+    finally:
+        await runner.cleanup()
 
 
 def run(**kwargs: Any) -> None:

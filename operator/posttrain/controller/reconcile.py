@@ -411,6 +411,7 @@ async def check_task_app(
     return await rt.check_task_app(
         url,
         key,
+        namespace=namespace,
         secret=secret,
         secret_version=version,
         deadline=policy.request_timeout,

@@ -10,11 +10,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.controller.fairness import CheckSlots, NoSlot
 from posttrain.controller.job_loops import JobLoops
 from posttrain.controller.kube import Kube
 from posttrain.controller.namespace_objects import NamespaceObjects
 from posttrain.controller.settings import OperatorSettings
-from posttrain.controller.verify import Attempt, TaskAppProber
+from posttrain.controller.verify import UNREACHABLE, Attempt, TaskAppProber
 from posttrain.controller.verify_cache import CheckKey, TtlCache
 
 Key = tuple[str, str, str]  # (namespace, kind label: rljob|sftjob|taskapp, name)
@@ -41,7 +42,9 @@ class Runtime:
     _secret_cache: dict[tuple[str, str, str], tuple[float, SecretKey]] = field(default_factory=dict)
     reconciles: int = 0
     loops: JobLoops = field(default_factory=JobLoops)
-    prober: TaskAppProber = field(default_factory=TaskAppProber)
+    # one pool for every task-app check; CheckSlots shares it out fairly between namespaces
+    prober: TaskAppProber = field(default_factory=lambda: TaskAppProber(max_connections=256))
+    slots: CheckSlots = field(default_factory=CheckSlots)
     checks: TtlCache[Attempt] = field(default_factory=TtlCache)
     namespace_objects: NamespaceObjects = field(default_factory=NamespaceObjects)
     children: Any = None  # controller/child_watch.py's ChildWatches, started by the startup handler
@@ -88,6 +91,7 @@ class Runtime:
         url: str,
         api_key: str | None,
         *,
+        namespace: str,
         secret: tuple[str, str, str] | None,
         secret_version: str | None,
         deadline: float,
@@ -95,13 +99,20 @@ class Runtime:
         failure_ttl: float,
     ) -> Attempt:
         """One check of a task app, shared by everyone asking about the same URL and Secret version within
-        `ttl` seconds (`failure_ttl` for a failed check, so that a retry after a backoff sees a new one)."""
-        key = CheckKey(url.rstrip("/"), secret, secret_version, deadline)
-        return await self.checks.get(
-            key,
-            lambda attempt: ttl if attempt.ok else failure_ttl,
-            lambda: self.prober.check(url, api_key, deadline=deadline),
-        )
+        `ttl` seconds (`failure_ttl` for a failed check, so that a retry after a backoff sees a new one),
+        within the namespace's share of checks (controller/fairness.py)."""
+        # a check without a key is shared within its namespace only: another namespace's flood of the same
+        # URL must not decide this one's result
+        key = CheckKey(url.rstrip("/"), secret or (namespace, "", ""), secret_version, deadline)
+
+        async def fair_check() -> Attempt:
+            try:
+                async with self.slots.slot(namespace, url, wait=deadline):
+                    return await self.prober.check(url, api_key, deadline=deadline)
+            except NoSlot as busy:
+                return Attempt(False, UNREACHABLE, f"{busy}; retrying")
+
+        return await self.checks.get(key, lambda attempt: ttl if attempt.ok else failure_ttl, fair_check)
 
 
 def runtime_of(memo: Any) -> Any:

@@ -83,7 +83,9 @@ def _cut_path(value: Any, path: str = "") -> str | None:
 
 def _mark(obj: Any) -> None:
     if isinstance(obj, dict):
-        path = _cut_path(obj)
+        # the spec first: metadata.managedFields mirrors every field a client set, as deep
+        ordered = sorted(obj, key=lambda key: (key != "spec", key == "metadata"))
+        path = next((p for key in ordered if (p := _cut_path(obj[key], str(key))) is not None), None)
         if path is not None:
             obj[UNDECODABLE] = path if len(path) <= 120 else path[:120] + "..."
 

@@ -43,6 +43,10 @@ class OperatorSettings(BaseSettings):
     # One check per (URL, Secret resourceVersion) is shared for this long by every job and TaskApp asking
     # (never longer than a TaskApp's period, never longer than the first retry's backoff for a failure).
     verify_cache_seconds: float = 10.0
+    # Fair shares of the task-app checks (controller/fairness.py): at most this many at once per namespace,
+    # and per (namespace, task-app host).
+    check_slots_per_namespace: int = 8
+    check_slots_per_host: int = 4
 
     # Object storage: the endpoint and bucket for artifacts; credentials only as a Secret name.
     s3_endpoint: str = "http://minio.posttrain-system.svc:9000"
@@ -89,6 +93,17 @@ class OperatorSettings(BaseSettings):
     # minute (nearly all, on a cluster with room) is written twice, Provisioning and Running.
     status_message_seconds: float = 30.0
     debounce_seconds: float = 0.05  # coalesce bursts of child events into one reconcile
+    # Liveness of the API connections (a connection dropped silently, e.g. by a NAT or a proxy, must not
+    # freeze the operator's view): a watch silent this long (no event, no bookmark: the API server sends one
+    # about every minute) is dropped and resumed; a request waits this long for the API server's answer.
+    watch_idle_seconds: float = 90.0
+    api_timeout_seconds: float = 30.0
+    # Only one operator process acts (controller/leader.py): it holds the Lease <lease_name> in
+    # lease_namespace (default: the operator pod's own namespace); others stand by. On in the Deployment.
+    leader_election: bool = False
+    lease_name: str = "posttrain-operator"
+    lease_namespace: str = ""
+    lease_seconds: float = 15.0
     # Periodic checkpoints unless a job sets training.checkpoint_every: RL iterations / SFT optimizer steps.
     # A replacement trainer pod resumes from the latest one.
     checkpoint_every_rl: int = 10

@@ -23,14 +23,17 @@ KEY_BYTES = 32
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-def key_namespace(settings: OperatorSettings) -> str:
-    """Where the key's Secret is: the setting, else the operator pod's own namespace, else "" (none)."""
-    if settings.token_key_namespace:
-        return settings.token_key_namespace
+def own_namespace() -> str:
+    """The operator pod's namespace ("" out of a cluster)."""
     try:
         return IN_CLUSTER_NAMESPACE.read_text().strip()
     except OSError:
         return ""
+
+
+def key_namespace(settings: OperatorSettings) -> str:
+    """Where the key's Secret is: the setting, else the operator pod's own namespace, else "" (none)."""
+    return settings.token_key_namespace or own_namespace()
 
 
 def _decoded(secret: dict | None) -> bytes | None:
@@ -73,4 +76,4 @@ async def load_token_key(kube: Kube, settings: OperatorSettings) -> bytes:
         return secrets.token_bytes(KEY_BYTES)
 
 
-__all__ = ["load_token_key", "key_namespace"]
+__all__ = ["load_token_key", "key_namespace", "own_namespace"]
