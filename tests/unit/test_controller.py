@@ -341,3 +341,56 @@ def test_the_jobs_secret_is_posted_once_and_again_only_when_a_stuck_job_finds_it
     # a pod that cannot start for want of a Secret: POSTed at once (a 409 when it is there)
     waiting = PodObs("j-rollout-x", "rollout", "Pending", "rollout: CreateContainerConfigError")
     assert ensure(stuck=False, pods=[waiting]) == ["POST"]
+
+
+# ------------------------------------------------------------------------------------ tenants' fair shares
+def test_a_namespace_that_floods_task_app_checks_waits_alone() -> None:
+    from posttrain.controller.fairness import CheckSlots, NoSlot
+
+    async def scenario() -> None:
+        slots = CheckSlots(per_namespace=2, per_host=1)
+        gate = asyncio.Event()
+
+        async def hanging(url: str) -> None:
+            async with slots.slot("hostile", url, wait=3600):
+                await gate.wait()
+
+        tasks = [asyncio.create_task(hanging(f"http://app-{i}:8000/")) for i in range(5)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert slots.in_use("hostile") == 5  # 2 checks run, 3 wait for the namespace's slots
+        async with slots.slot("victim", "http://app-0:8000", wait=0):  # another namespace: at once
+            pass
+        with pytest.raises(NoSlot, match="namespace hostile"):
+            async with slots.slot("hostile", "http://elsewhere", wait=0):
+                pass
+        gate.set()
+        await asyncio.gather(*tasks)
+        assert slots.in_use("hostile") == 0 and not slots._slots  # nothing kept for idle namespaces
+        held, release = asyncio.Event(), asyncio.Event()
+
+        async def one_host() -> None:
+            async with slots.slot("ns", "http://same:1/a", wait=3600):
+                held.set()
+                await release.wait()
+
+        first = asyncio.create_task(one_host())
+        await held.wait()
+        with pytest.raises(NoSlot, match="host same:1"):  # per (namespace, host) too
+            async with slots.slot("ns", "http://SAME:1/b", wait=0):
+                pass
+        release.set()
+        await first
+
+    asyncio.run(scenario())
+
+
+def test_the_rollout_token_is_derived_from_the_job_and_the_operators_key() -> None:
+    from posttrain.controller.render.token import derived_token
+
+    job = parse_job(job_object("RLJob", rl_spec(model={"base": "m"})))
+    token = derived_token(b"k" * 32, job.owner)
+    assert token == derived_token(b"k" * 32, job.owner) and len(token) == 43  # stable: a Secret made again
+    other = type(job.owner)(**{**job.owner.__dict__, "uid": "another-uid"})
+    assert derived_token(b"k" * 32, other) != token  # a job made again under the same name: another token
+    assert derived_token(b"x" * 32, job.owner) != token  # only the operator's key makes it
