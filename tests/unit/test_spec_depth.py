@@ -6,6 +6,7 @@ RecursionError."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from posttrain.api.depth_policy import SPEC_DEPTH, depth_rule, policy_documents, spec_depth
@@ -69,3 +70,24 @@ def test_the_decoder_leaves_ordinary_objects_as_json_reads_them() -> None:
         text = json.dumps(value).encode()
         assert safejson.loads(text) == json.loads(text)
     assert safejson.depth_exceeds(nested(65).encode()) and not safejson.depth_exceeds(nested(64).encode())
+
+
+def test_convert_refuses_a_toml_nested_deeper_than_the_cluster_takes_naming_the_line() -> None:
+    from posttrain.api.convert import toml_to_cr
+    from posttrain.errors import UserError
+
+    head = (Path(__file__).resolve().parents[2] / "examples/demo/rl.toml").read_text() + "\n[custom]\n"
+
+    def inline(levels: int) -> str:
+        return "{a=" * levels + "1" + "}" * levels
+
+    with pytest.raises(UserError) as err:
+        toml_to_cr(head + f"x = {inline(SPEC_DEPTH)}\n", file="deep.toml", task_url="http://t")
+    problem = err.value.problems[0]
+    assert problem.field.startswith("custom.x.a.a") and problem.line == head.count("\n") + 1
+    assert "nested deeper than" in str(problem)
+    # As deep as allowed: converted, and the spec is within the policy's bound (extras add one level).
+    cr, _ = toml_to_cr(head + f"x = {inline(SPEC_DEPTH - 3)}\n", task_url="http://t")
+    assert cr["spec"]["extras"]["custom"]["x"]["a"]
+    assert spec_depth(cr["spec"]) <= SPEC_DEPTH
+    assert allowed(cr["spec"], SPEC_DEPTH)

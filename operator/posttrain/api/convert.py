@@ -30,6 +30,7 @@ from posttrain.api.config import (
     load_config,
     sft_trainer_mode,
 )
+from posttrain.api.depth_policy import SPEC_DEPTH, too_deep
 from posttrain.api.resources import API_VERSION, JOB_KINDS, RLJobSpec, SFTJobSpec
 from posttrain.errors import Problem, UserError
 from posttrain.toml_locate import locate
@@ -202,6 +203,13 @@ def load(
 ) -> tuple[str, RLConfig | SFTConfig, list[str]]:
     """TOML text -> (kind, validated config, warnings); UserError with file:line per problem."""
     raw = parse_toml(text, file)
+    # The API server refuses a spec nested deeper than SPEC_DEPTH (api/depth_policy.py); a section's
+    # unknown keys go one level down, under `extras`.
+    deep = too_deep(raw, SPEC_DEPTH - 1)
+    if deep is not None:
+        problem = Problem(f"nested deeper than {SPEC_DEPTH - 1} levels of tables and arrays", field=deep,
+                          fix="flatten this value; the cluster refuses deeper specs")  # fmt: skip
+        raise UserError(_all_problems([problem], [], text, file))
     numbers = [Problem(m, field=path, fix=f) for path, m, f in extras.number_problems(raw)]
     kind = detect_kind(raw, kind, file)
     if model:

@@ -77,3 +77,20 @@ def spec_depth(value: Any, limit: int = SPEC_DEPTH + 1) -> int:
             return deepest
         stack.extend((child, level + 1) for child in children)
     return deepest
+
+
+def too_deep(value: Any, limit: int, path: str = "") -> str | None:
+    """The path of the first map or list nested deeper than `limit` levels in `value` (None: none is)."""
+    stack = [(value, path, 1)]
+    while stack:
+        item, where, level = stack.pop()
+        if isinstance(item, dict):
+            children = [(child, f"{where}.{key}" if where else str(key)) for key, child in item.items()]
+        elif isinstance(item, list):
+            children = [(child, f"{where}[{index}]") for index, child in enumerate(item)]
+        else:
+            continue
+        if level > limit:
+            return where
+        stack.extend((child, child_path, level + 1) for child, child_path in reversed(children))
+    return None
