@@ -91,3 +91,36 @@ def test_convert_refuses_a_toml_nested_deeper_than_the_cluster_takes_naming_the_
     assert cr["spec"]["extras"]["custom"]["x"]["a"]
     assert spec_depth(cr["spec"]) <= SPEC_DEPTH
     assert allowed(cr["spec"], SPEC_DEPTH)
+
+
+def test_kopfs_client_decodes_with_the_bounded_decoder() -> None:
+    """kopf's list, patch and watch decoding goes through safejson once the hook is installed."""
+    import asyncio
+
+    from kopf._cogs.clients import api
+
+    safejson.install_kopf_hook()
+    assert api.json.loads is safejson.loads
+    deep = ('{"metadata":{"name":"x"},"spec":{"extras":' + nested(5000) + "}}").encode()
+
+    class Response:
+        async def read(self) -> bytes:
+            return deep
+
+        async def __aenter__(self) -> "Response":
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    async def fake_request(**_: object) -> Response:
+        return Response()
+
+    original = api.request
+    api.request = fake_request  # type: ignore[assignment]
+    try:
+        for verb in (api.get, api.patch, api.post, api.delete):
+            body = asyncio.run(verb("/x", settings=None, logger=None))
+            assert body["metadata"] == {"name": "x"} and safejson.undecodable(body).startswith("spec.extras.a")
+    finally:
+        api.request = original  # type: ignore[assignment]

@@ -113,9 +113,10 @@ def undecodable(obj: dict[str, Any]) -> str | None:
 
 
 def install_kopf_hook() -> None:
-    """Make kopf decode its list responses and watch lines with `loads`. kopf 1.45 decodes them in
-    kopf._cogs.clients.api: `get()` (the lists: `response.json()`) and `stream()` (the watch lines:
-    `json.loads`, the module's `json`). Both are replaced there, at module level, once."""
+    """Make kopf decode every response body and watch line with `loads`. kopf 1.45 decodes them in
+    kopf._cogs.clients.api: `get()`, `post()`, `patch()`, `delete()` (`response.json()`: lists, and the
+    objects a patch echoes) and `stream()` (the watch lines: `json.loads`, the module's `json`). Those
+    module attributes are replaced, once; kopf's callers look them up at each call."""
     from kopf._cogs.clients import api
 
     if getattr(api, "_posttrain_safe_json", False):
@@ -125,13 +126,17 @@ def install_kopf_hook() -> None:
         loads = staticmethod(loads)
         dumps = staticmethod(json.dumps)
 
-    async def get(url: str, *, settings: Any, payload: Any = None, headers: Any = None, timeout: Any = None,
-                  logger: Any) -> Any:  # fmt: skip
-        response = await api.request(method="get", url=url, payload=payload, headers=headers,
-                                     timeout=timeout, settings=settings, logger=logger)  # fmt: skip
-        async with response:
-            return loads(await response.read())
+    def decoding(method: str) -> Any:
+        async def call(url: str, *, settings: Any, logger: Any, **kwargs: Any) -> Any:
+            response = await api.request(method=method, url=url, settings=settings, logger=logger, **kwargs)
+            async with response:
+                content = await response.read()
+            return loads(content) if content.strip() else None  # as aiohttp's json(): None when empty
+
+        call.__name__ = method
+        return call
 
     api.json = _Json  # type: ignore[assignment]
-    api.get = get  # type: ignore[assignment]
+    for method in ("get", "post", "patch", "delete"):
+        setattr(api, method, decoding(method))
     api._posttrain_safe_json = True  # type: ignore[attr-defined]
