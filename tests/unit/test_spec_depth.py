@@ -107,7 +107,7 @@ def test_kopfs_client_decodes_with_the_bounded_decoder() -> None:
         async def read(self) -> bytes:
             return deep
 
-        async def __aenter__(self) -> "Response":
+        async def __aenter__(self) -> Response:
             return self
 
         async def __aexit__(self, *exc: object) -> None:
