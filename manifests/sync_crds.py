@@ -1,4 +1,5 @@
-"""Copy the generated CRDs (crds/, written by `posttrain crds`) into manifests/base/crds/ for kustomize.
+"""Copy the generated CRDs (crds/, written by `posttrain crds`) into manifests/base/crds/ for kustomize, with
+the ValidatingAdmissionPolicy that bounds how deep a spec nests (posttrain.api.depth_policy).
 
 kustomize's load restrictor forbids `resources: [../../crds/x.yaml]` (files outside the kustomization root),
 so the base carries byte-identical copies plus a kustomization.yaml listing them.
@@ -21,8 +22,14 @@ HEADER = (
 
 
 def expected() -> dict[str, str]:
-    """File name -> content that manifests/base/crds/ should hold."""
+    """File name -> content that manifests/base/crds/ should hold: crds/, and the spec depth policy that
+    the CRDs' schema cannot express (generated from posttrain.api.depth_policy)."""
+    sys.path.insert(0, str(ROOT / "operator"))
+    from posttrain.api.depth_policy import POLICY_FILE, policy_yaml
+
     files = {p.name: p.read_text() for p in sorted(SOURCE.glob("*.yaml"))}
+    files[POLICY_FILE] = policy_yaml()
+    files = dict(sorted(files.items()))
     listing = "".join(f"  - {name}\n" for name in files)
     files["kustomization.yaml"] = (
         HEADER

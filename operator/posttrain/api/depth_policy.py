@@ -4,8 +4,9 @@ see; without a bound the API server stores objects nested 10,000 levels deep, fa
 client (the operator's, kopf's, the CLI's) decodes. A ValidatingAdmissionPolicy can read those fields (its
 CEL gets the object as the API server holds it), so this one refuses, on create and update of RLJob,
 SFTJob and TaskApp, a spec nested deeper than SPEC_DEPTH levels (maps and lists alike). CEL has no
-recursion: the rule is SPEC_DEPTH nested `all()`s, generated here, written next to the CRDs (crds/), and
-installed with them. The operator survives objects stored without it (controller/safejson.py)."""
+recursion: the rule is SPEC_DEPTH nested `all()`s, generated here and written by manifests/sync_crds.py into
+manifests/base/crds/ (POLICY_FILE), installed with the CRDs by the kustomize base (crds/ itself holds only
+CRDs: `kubectl wait --for=condition=Established -f crds/` keeps working). The operator survives objects stored without it (controller/safejson.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from posttrain.api.resources import GROUP
 
 SPEC_DEPTH = 16  # the typed spec nests at most 8 levels; extras get the rest
 POLICY_NAME = "posttrain-spec-depth"
+POLICY_FILE = "posttrain.dev_spec-depth-policy.yaml"
 PLURALS = ("rljobs", "sftjobs", "taskapps")
 MESSAGE = f"spec nests deeper than {SPEC_DEPTH} levels (objects and lists); keep extras shallow"
 
@@ -61,6 +63,13 @@ def policy_documents() -> list[dict[str, Any]]:
         "spec": {"policyName": POLICY_NAME, "validationActions": ["Deny"]},
     }
     return [policy, binding]
+
+
+def policy_yaml() -> str:
+    import yaml
+
+    header = "# Generated from operator/posttrain/api/depth_policy.py by manifests/sync_crds.py; do not edit.\n"
+    return header + yaml.safe_dump_all(policy_documents(), sort_keys=False, width=120)
 
 
 def spec_depth(value: Any, limit: int = SPEC_DEPTH + 1) -> int:
