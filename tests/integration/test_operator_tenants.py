@@ -168,6 +168,19 @@ def test_an_object_of_someone_elses_under_a_childs_name_fails_the_job_naming_it(
     kept = env.core.read_namespaced_service("svc-rollout", env.ns)
     assert not kept.metadata.owner_references and kept.spec.ports[0].port == 1  # not applied over, not deleted
     env.wait_phase("rljobs", "clean", "Running", timeout=60)  # the namespace's other jobs go on
+    # A TaskApp's children too: a Deployment of someone else's under its name.
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app-task-app"},
+                  "spec": {"replicas": 0, "selector": {"matchLabels": {"x": "y"}},
+                           "template": {"metadata": {"labels": {"x": "y"}},
+                                        "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}}  # fmt: skip
+    env.apps.create_namespaced_deployment(env.ns, deployment)
+    env.create("taskapps", {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TaskApp", "metadata": {"name": "app"},
+                            "spec": {"image": "posttrain/taskapp-math:dev", "port": 8000}})  # fmt: skip
+    cond = wait_for(lambda: next((c for c in env.status("taskapps", "app").get("conditions") or []
+                                  if c["type"] == "Verified" and c["status"] == "False"), None),
+                    30, "TaskApp app not verified")  # fmt: skip
+    assert cond["reason"] == "ChildNotOwned" and "Deployment app-task-app" in cond["message"], cond
+    assert env.apps.read_namespaced_deployment("app-task-app", env.ns).spec.replicas == 0  # untouched
 
 
 # ------------------------------------------------------------------------------------ 3: one token

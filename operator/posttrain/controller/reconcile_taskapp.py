@@ -17,6 +17,7 @@ from posttrain.controller.objects import Owner, TaskAppObject, owner_of, parse_t
 from posttrain.controller.reconcile import (
     ChildRefused,
     LoopState,
+    NotOwned,
     check_task_app,
     ensure_children,
     key_of,
@@ -28,6 +29,7 @@ from posttrain.controller.render.taskapp import render_task_app, task_app_servic
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.spec_errors import SpecError, render_failure_message
 from posttrain.controller.status import (
+    CHILD_NOT_OWNED,
     INVALID_SPEC,
     TASKAPP_VERIFIED,
     Verification,
@@ -46,6 +48,8 @@ async def _check(rt: Runtime, app: TaskAppObject, state: LoopState, observed: An
         await ensure_children(rt, render_task_app(app, rt.settings), observed, state)
     except ChildRefused as refused:
         return task_app_service_url(app), Attempt(False, INVALID_SPEC, refused.message)
+    except NotOwned as conflict:  # an object of someone else's under its Deployment's or Service's name
+        return task_app_service_url(app), Attempt(False, CHILD_NOT_OWNED, conflict.message)
     url = task_app_service_url(app)
     secret = app.spec.api_key_secret_ref
     name = secret.name if secret else None
@@ -76,6 +80,7 @@ def _outcome(
     give_up = (
         state.verified_before  # an outage of a verified task app flips the condition at once
         or not attempt.retryable
+        or attempt.reason == CHILD_NOT_OWNED  # waiting does not make it the TaskApp's
         or now_s - state.verify_started + delay > policy.timeout_seconds
     )
     verification = as_verification(attempt, target, state="failed" if give_up else "pending", attempts=1)
@@ -96,7 +101,7 @@ async def reconcile_task_app(rt: Runtime, body: Any, indexes: dict[str, Any], st
         attempt = Attempt(False, INVALID_SPEC, render_failure_message(err))
     else:
         policy = VerifyPolicy.from_settings(rt.settings, app.spec.verification)
-        url, attempt = await _check(rt, app, state, observe(key_of(owner), indexes))
+        url, attempt = await _check(rt, app, state, observe(key_of(owner), indexes, owner.uid))
     verification, wait = _outcome(attempt, owner, policy, state, current)
     desired = taskapp_status(owner, current, url, verification, utcnow())
     old = (get_condition(current, TASKAPP_VERIFIED) or {}).get("status")
