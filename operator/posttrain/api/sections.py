@@ -13,6 +13,7 @@ from pydantic import Field, field_validator
 
 from posttrain.api import model_ids
 from posttrain.api.base import Section
+from posttrain.api.urls import check_url
 
 # Upper bounds: far above any real job, low enough that a typo (1e17 epochs, a 1e10-token context) is caught
 # before GPUs are asked for, and every integer fits the int64 of the custom resource's JSON.
@@ -42,6 +43,13 @@ def http_url(value: str | None) -> str | None:
     except ValueError:
         raise ValueError(f"{value!r} has an invalid port -- fix: write e.g. http://task-app:8000") from None
     return value.strip()
+
+
+def service_url(value: str | None) -> str | None:
+    """A task app's or a judge's URL (or synth's placeholder): posttrain.api.urls' rules."""
+    if value is None or value.strip() in PLACEHOLDER_URLS:
+        return value
+    return check_url(value)
 
 
 # ------------------------------------------------------------------------------------------ shared
@@ -468,7 +476,7 @@ class JudgeConfig(Section):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        return http_url(value)
+        return service_url(value)
 
     def scores_rollouts(self) -> bool:
         """A judge scores rollouts when it is not disabled and [judge.options] names a provider and a model
@@ -487,7 +495,7 @@ class ServicesConfig(Section):
     @field_validator("task_url", "judge_url")
     @classmethod
     def _urls(cls, value: str | None) -> str | None:
-        return http_url(value)
+        return service_url(value)
 
 
 class VllmConfig(Section):
