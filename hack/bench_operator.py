@@ -236,7 +236,7 @@ def job_namespace(api: Any, ns: str, url: str) -> None:
     core = client.CoreV1Api(api)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
     core.create_namespaced_secret(ns, client.V1Secret(
-        metadata=client.V1ObjectMeta(name="task-key"), string_data={"ENVIRONMENT_API_KEY": KEY}))  # fmt: skip
+        metadata=client.V1ObjectMeta(name="task-key", labels={"posttrain.dev/use": "task-app-key"}), string_data={"ENVIRONMENT_API_KEY": KEY}))  # fmt: skip
     client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, ns, "taskapps", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "TaskApp", "metadata": {"name": "math"},
         "spec": {"url": url, "apiKeySecretRef": {"name": "task-key", "key": "ENVIRONMENT_API_KEY"}},

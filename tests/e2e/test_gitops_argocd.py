@@ -267,7 +267,7 @@ def test_argocd_syncs_jobs_from_git(
     core.create_namespaced_secret(
         namespace,
         client.V1Secret(
-            metadata=client.V1ObjectMeta(name=SECRET),
+            metadata=client.V1ObjectMeta(name=SECRET, labels={"posttrain.dev/use": "task-app-key"}),
             string_data={"ENVIRONMENT_API_KEY": math_taskapp.api_key},
         ),
     )

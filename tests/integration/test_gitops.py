@@ -288,7 +288,7 @@ def test_no_diff_after_the_operator_reconciled(platform, namespace, math_taskapp
         {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": ref, "namespace": ns},
+            "metadata": {"name": ref, "namespace": ns, "labels": {"posttrain.dev/use": "task-app-key"}},
             "data": {"ENVIRONMENT_API_KEY": key},
         }
         for ref in sorted(secret_refs)

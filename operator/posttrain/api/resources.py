@@ -34,6 +34,10 @@ GROUP = "posttrain.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 DEFAULT_API_KEY_SECRET_KEY = "ENVIRONMENT_API_KEY"
+# A Secret the operator may read a task app's key from (and send to that task app) carries this label: its
+# owner's say-so. Any other Secret named by a TaskApp or an RLJob is refused (reason SecretNotLabelled).
+LABEL_USE = "posttrain.dev/use"
+USE_TASK_APP_KEY = "task-app-key"
 PHASES = ("Pending", "Verifying", "Provisioning", "Running", "Succeeded", "Failed", "Suspended")
 
 # ------------------------------------------------------------------------------------ spec pieces

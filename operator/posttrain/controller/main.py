@@ -24,6 +24,7 @@ from posttrain.controller.kube import Kube, is_own_session
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.settings import ANNOTATION_PREFIX, FINALIZER, OperatorSettings, load_settings
 from posttrain.controller.trainer_identity import resolve_trainer_identity
+from posttrain.controller.verify import TaskAppProber, api_server_addresses, policy_from_settings
 
 logger = logging.getLogger("posttrain.operator")
 _CONFIG: dict[str, Any] = {}  # set by run() before kopf starts: settings, kubeconfig
@@ -63,7 +64,11 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     op_settings: OperatorSettings = _CONFIG.get("settings") or load_settings()
     kube = Kube.from_env(_CONFIG.get("kubeconfig"))
     op_settings = await resolve_trainer_identity(kube, op_settings)
-    runtime = Runtime(settings=op_settings, kube=kube)
+    if not op_settings.api_server_addresses:  # never a task app's address (posttrain.api.urls)
+        found = await api_server_addresses(kube.host)
+        op_settings = op_settings.model_copy(update={"api_server_addresses": ",".join(found)})
+    prober = TaskAppProber(addresses=policy_from_settings(op_settings))
+    runtime = Runtime(settings=op_settings, kube=kube, prober=prober)
     namespaces = list(_CONFIG.get("namespaces") or [])
     runtime.children = ChildWatches(kube, kinds=kinds_for(op_settings.watch_pods), namespaces=namespaces,
                                     selector=CHILD_SELECTOR, parent_key=parent_key, wake=runtime.wake)  # fmt: skip

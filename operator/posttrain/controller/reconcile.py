@@ -21,7 +21,7 @@ from typing import Any
 
 import kopf
 
-from posttrain.api.resources import API_VERSION
+from posttrain.api.resources import API_VERSION, LABEL_USE, USE_TASK_APP_KEY
 from posttrain.controller import render
 from posttrain.controller.bounds import bound_status, event_message
 from posttrain.controller.kube import KubeError, collection_path, object_path
@@ -63,6 +63,7 @@ from posttrain.controller.verify import (
 )
 from posttrain.controller.verify import (
     SECRET_MISSING,
+    SECRET_NOT_LABELLED,
     TASKAPP_MISSING,
     Attempt,
     VerifyPolicy,
@@ -373,6 +374,10 @@ async def check_task_app(
     secret = None
     if secret_name:
         found = await rt.secret_key(namespace, secret_name, secret_key)
+        if found.version is not None and found.labels.get(LABEL_USE) != USE_TASK_APP_KEY:
+            # checked before the key is used: a Secret nobody marked for task apps never leaves the cluster
+            return Attempt(False, SECRET_NOT_LABELLED, f"Secret {secret_name} is not labelled "
+                           f"{LABEL_USE}={USE_TASK_APP_KEY}: label it to let the operator send its key to the task app")  # fmt: skip
         if found.value is None:
             return Attempt(False, SECRET_MISSING, f"Secret {secret_name} (key {secret_key}) not found")
         key, version, secret = found.value, found.version, (namespace, secret_name, secret_key)

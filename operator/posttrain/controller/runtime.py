@@ -30,6 +30,7 @@ class SecretKey:
 
     value: str | None
     version: str | None
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,8 +76,8 @@ class Runtime:
         hit = self._secret_cache.get(cache_key)
         if hit and time.monotonic() - hit[0] < ttl:
             return hit[1]
-        value, version = await self.kube.read_secret_key(namespace, name, key)
-        found = SecretKey(value, version)
+        value, version, labels = await self.kube.read_secret_key(namespace, name, key)
+        found = SecretKey(value, version, labels)
         self._secret_cache[cache_key] = (time.monotonic(), found)
         return found
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LABEL_JOB = "posttrain.dev/job"
@@ -43,6 +43,17 @@ class OperatorSettings(BaseSettings):
     # One check per (URL, Secret resourceVersion) is shared for this long by every job and TaskApp asking
     # (never longer than a TaskApp's period, never longer than the first retry's backoff for a failure).
     verify_cache_seconds: float = 10.0
+    # Where a task app may be (posttrain.api.urls; docs/secrets-and-urls.md). Every address a task app's
+    # host resolves to is checked, by the operator and by the trainer's init container: loopback,
+    # link-local, cloud metadata addresses and the API server's are refused unless a network listed here
+    # holds them (comma-separated CIDRs, e.g. 127.0.0.0/8 where task apps run on the operator's own host,
+    # as in the tests); the API server's own port is refused always. Denied networks are refused even when
+    # allowed.
+    task_app_allowed_networks: str = ""
+    task_app_denied_networks: str = ""
+    # The API server's addresses (ip:port, comma-separated). Empty: found at startup from the operator's
+    # own connection and KUBERNETES_SERVICE_HOST; either way the trainer's init container is told them.
+    api_server_addresses: str = ""
 
     # Object storage: the endpoint and bucket for artifacts; credentials only as a Secret name.
     s3_endpoint: str = "http://minio.posttrain-system.svc:9000"
@@ -96,6 +107,26 @@ class OperatorSettings(BaseSettings):
     watch_pods: bool = False
     count_kopf_requests: bool = False  # benchmark: count kopf's own API requests too (liveness probe)
     extra_env: dict[str, str] = Field(default_factory=dict)  # plain env for every container (no secrets)
+
+
+    @field_validator("task_app_allowed_networks", "task_app_denied_networks")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        from posttrain.api.urls import networks
+
+        networks(value)  # a ValueError names the entry that is not a CIDR
+        return value
+
+    @field_validator("api_server_addresses")
+    @classmethod
+    def _endpoints(cls, value: str) -> str:
+        from posttrain.api.urls import endpoints
+
+        try:
+            endpoints(value)
+        except ValueError:
+            raise ValueError("api_server_addresses: write ip:port pairs separated by commas") from None
+        return value
 
 
 def load_settings(**overrides: object) -> OperatorSettings:
