@@ -370,7 +370,8 @@ def run_bench(cluster: Any, args: argparse.Namespace, workdir: Path) -> dict[str
     unrelated_running_s = wait_unrelated_running(api, args.unrelated) if args.unrelated else 0.0
     stamp = int(time.time())
     paced_ns, burst_ns = f"bench-paced-{stamp}", f"bench-burst-{stamp}"
-    env = {"POSTTRAIN_COUNT_KOPF_REQUESTS": "1", "POSTTRAIN_S3_ENDPOINT": "http://127.0.0.1:9"}
+    env = {"POSTTRAIN_COUNT_KOPF_REQUESTS": "1", "POSTTRAIN_S3_ENDPOINT": "http://127.0.0.1:9",
+           "POSTTRAIN_TASK_APP_ALLOWED_NETWORKS": "127.0.0.0/8"}  # fmt: skip
     if args.operator_pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([args.operator_pythonpath, os.environ.get("PYTHONPATH", "")])
     out: dict[str, Any] = {"cpu": cpu_model(), "jobs": args.jobs, "nodes": args.nodes,

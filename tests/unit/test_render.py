@@ -146,7 +146,11 @@ def test_trainer_indexed_job_torchrun_env() -> None:
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     inits = [c["name"] for c in pod["initContainers"]]
     assert inits == ["verify-task-app", "wait-for-servers"]
-    assert "posttrain verify-task-app" in pod["initContainers"][0]["command"][-1]
+    verify = pod["initContainers"][0]
+    # the operator's prober, no shell, the URL one argument after "--"
+    assert verify["command"][:3] == ["posttrain", "verify-task-app", "--in-cluster"]
+    assert verify["command"][-2:] == ["--", TARGET.url]
+    assert env_of(verify)["ENVIRONMENT_API_KEY"] == {"secretKeyRef": {"name": "task-key", "key": "ENVIRONMENT_API_KEY"}}
     assert "math-rl-rollout.team-a.svc:8000" in pod["initContainers"][1]["command"][-1]
     # no reference Deployment without a dedicated reference
     assert not [c for c in out.children if c["metadata"]["labels"]["posttrain.dev/role"] == "reference"]

@@ -31,6 +31,7 @@ from posttrain.api.config import (
     sft_trainer_mode,
 )
 from posttrain.api.resources import API_VERSION, JOB_KINDS, RLJobSpec, SFTJobSpec
+from posttrain.api.urls import UrlRefused, check_url
 from posttrain.errors import Problem, UserError
 from posttrain.toml_locate import locate
 
@@ -264,7 +265,8 @@ def toml_to_cr(
         if task_app:
             spec["taskApp"] = {"name": task_app}
         elif url and url not in PLACEHOLDER_URLS:
-            spec["taskApp"] = {"url": url}
+            given = "--task-url" if task_url else ("TASK_APP_URL" if env.get("TASK_APP_URL") else None)
+            spec["taskApp"] = {"url": _checked_task_url(url, given, text, file)}
         else:
             raise UserError(
                 Problem(
@@ -313,6 +315,17 @@ def toml_to_cr(
     )
     resource = {"apiVersion": API_VERSION, "kind": JOB_KINDS[kind], "metadata": metadata, "spec": spec}
     return resource, warnings
+
+
+def _checked_task_url(url: str, given: str | None, text: str, file: str | None) -> str:
+    """posttrain.api.urls' rule for a URL from the command line or the environment ([services].task_url
+    was checked with the config); the problem names where the URL came from."""
+    try:
+        return check_url(url)
+    except UrlRefused as err:
+        where = {"file": None, "line": None} if given else {"file": file, "line": locate(text, "services.task_url")}
+        raise UserError(Problem(f"the task app URL {err.reason}", field=given or "services.task_url", fix=err.fix,
+                                **where)) from None  # fmt: skip
 
 
 def read_config(path: str | Path) -> str:
