@@ -30,12 +30,15 @@ from posttrain.api.config import (
     load_config,
     sft_trainer_mode,
 )
+from posttrain.api.literal_secrets import literal_secrets
 from posttrain.api.resources import API_VERSION, JOB_KINDS, RLJobSpec, SFTJobSpec
 from posttrain.api.urls import UrlRefused, check_url
 from posttrain.errors import Problem, UserError
 from posttrain.toml_locate import locate
 
 PLACEHOLDER_URLS = {"", "placeholder"}
+SECRET_FIX = ("remove it: keep the key in a Secret and name it ([judge.api_key_secret_ref], --api-key-secret, "
+              "apiKeySecretRef), or for a local run name an environment variable (api_key_env)")  # fmt: skip
 # spec fields that are the operator's business, not the trainer's config (snake_case)
 OPERATOR_ONLY = (
     "suspend",
@@ -203,6 +206,11 @@ def load(
 ) -> tuple[str, RLConfig | SFTConfig, list[str]]:
     """TOML text -> (kind, validated config, warnings); UserError with file:line per problem."""
     raw = parse_toml(text, file)
+    secrets = [Problem("a literal secret in the config (it would travel into the custom resource, git and "
+                       "the job's files)", file=file, line=locate(text, path), field=path, fix=SECRET_FIX)
+               for path in literal_secrets(raw)]  # fmt: skip
+    if secrets:
+        raise UserError(secrets)
     numbers = [Problem(m, field=path, fix=f) for path, m, f in extras.number_problems(raw)]
     kind = detect_kind(raw, kind, file)
     if model:
@@ -256,6 +264,11 @@ def toml_to_cr(
     path, given or in the TOML, is refused: the cluster cannot read it."""
     env = dict(os.environ) if env is None else env
     kind, config, warnings = load(text, kind=kind, file=file, model=model)
+    judge = config.judge if isinstance(config, RLConfig) else None
+    if judge is not None and judge.cluster_problems():
+        raise UserError([Problem(message, file=file, line=locate(text, f"judge.{field}"), field=f"judge.{field}",
+                                 fix=fix) for field, message, fix in judge.cluster_problems()])  # fmt: skip
+    warnings = [w for w in warnings if "posttrain convert refuses it" not in w]  # refused above when so
     spec = config_to_spec(config, kind)
     if kind == "rl":
         url = task_url or env.get("TASK_APP_URL") or (spec.get("taskApp") or {}).get("url")
