@@ -171,9 +171,9 @@ def address_refusal(address: str | IPAddress, port: int, policy: AddressPolicy) 
         if _within(ip, policy.denied):
             return DENIED
         allowed = _within(ip, policy.allowed)
-        if ip in api_ips and not allowed:
-            return API_SERVER
         for nets, why in _REFUSED:
             if not allowed and _within(ip, nets):
                 return why
+        if ip in api_ips and not allowed:
+            return API_SERVER
     return None
