@@ -268,7 +268,6 @@ def toml_to_cr(
     if judge is not None and judge.cluster_problems():
         raise UserError([Problem(message, file=file, line=locate(text, f"judge.{field}"), field=f"judge.{field}",
                                  fix=fix) for field, message, fix in judge.cluster_problems()])  # fmt: skip
-    warnings = [w for w in warnings if "posttrain convert refuses it" not in w]  # refused above when so
     spec = config_to_spec(config, kind)
     if kind == "rl":
         url = task_url or env.get("TASK_APP_URL") or (spec.get("taskApp") or {}).get("url")
