@@ -10,7 +10,13 @@ stream and abandoned past MAX_RESPONSE_BYTES (1 MiB; no decompression), redirect
 what the operator reports (status, Events, logs) is the HTTP status and a fixed reason: never a response
 body, never a header, never anything the task app chose. The only text taken from a response is the
 task set's id and name (status.taskInfo), restricted to a small alphabet, cut to a few dozen characters
-and withheld when it contains the key."""
+and withheld when it contains the key.
+
+Where a check may go is posttrain.api.urls' rule: the URL is checked first (URLRefused), then every address
+its host resolves to (AddressRefused: loopback, link-local, metadata, the API server, unless the
+operator's settings allow them), and the request goes to the address that was checked (`pin`). The
+trainer's init container runs this same prober (`posttrain verify-task-app --in-cluster`), with the
+operator's settings from its environment (`policy_from_env`)."""
 
 from __future__ import annotations
 
