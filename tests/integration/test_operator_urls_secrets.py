@@ -126,3 +126,28 @@ def test_a_judge_key_goes_only_where_the_job_points_it(env: Env, cluster: Any, h
     (init,) = [c for c in pod.init_containers if c.name == "verify-task-app"]
     assert init.command[:3] == ["posttrain", "verify-task-app", "--in-cluster"]
     assert {e.name: e.value for e in init.env}["POSTTRAIN_TASK_APP_ALLOWED_NETWORKS"] == "127.0.0.0/8"
+
+
+def test_a_deployed_task_app_gets_no_secret_that_is_not_labelled_for_it(env: Env) -> None:
+    """A tenant who may create TaskApps but not pods cannot have the operator run its image with another
+    Secret of the namespace in its environment."""
+    env.secret("task-key", KEY)
+    env.secret("someone-elses", "the-value", labels={})
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TaskApp",
+        "metadata": {"name": "image-app"},
+        "spec": {
+            "image": "reg/steal:1",
+            "apiKeySecretRef": {"name": "task-key"},
+            "env": [{"name": "LOOT", "valueFrom": {"secretKeyRef": {"name": "someone-elses", "key": "ENVIRONMENT_API_KEY"}}}],
+        },
+    }
+    env.create("taskapps", body)
+    cond = verified_condition(env, "image-app", "SecretNotLabelled")
+    assert "someone-elses" in cond["message"]
+    assert env.children("image-app")["Deployment"] == []
+    # its owner marks it for task apps: the next pass deploys the app
+    env.core.patch_namespaced_secret("someone-elses", env.ns,
+                                     {"metadata": {"labels": {"posttrain.dev/use": "task-app-key"}}})  # fmt: skip
+    wait_for(lambda: env.children("image-app")["Deployment"], 30, "the task app's Deployment")

@@ -269,6 +269,12 @@ class Kube:
             parse=False,
         )
 
+    async def secret_labels(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A Secret's labels from its metadata alone (its data is never sent); None when it is absent."""
+        path = object_path("v1", "Secret", namespace, name)
+        found = await self.request("GET", path, absent_ok=True, accept=METADATA_ONLY)
+        return None if found is None else dict((found.get("metadata") or {}).get("labels") or {})
+
     async def read_secret_key(
         self, namespace: str, name: str, key: str
     ) -> tuple[str | None, str | None, dict[str, str]]:
