@@ -371,7 +371,7 @@ def run_bench(cluster: Any, args: argparse.Namespace, workdir: Path) -> dict[str
     stamp = int(time.time())
     paced_ns, burst_ns = f"bench-paced-{stamp}", f"bench-burst-{stamp}"
     env = {"POSTTRAIN_COUNT_KOPF_REQUESTS": "1", "POSTTRAIN_S3_ENDPOINT": "http://127.0.0.1:9",
-           "POSTTRAIN_TASK_APP_ALLOWED_NETWORKS": "127.0.0.0/8"}  # fmt: skip
+           "POSTTRAIN_TASK_APP_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128"}  # fmt: skip
     if args.operator_pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([args.operator_pythonpath, os.environ.get("PYTHONPATH", "")])
     out: dict[str, Any] = {"cpu": cpu_model(), "jobs": args.jobs, "nodes": args.nodes,

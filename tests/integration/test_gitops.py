@@ -229,7 +229,7 @@ class Operator:
         args = [a for a in c.get("args", []) if not a.startswith("--liveness")]
         args.append(f"--liveness=http://127.0.0.1:{self.port}/healthz")
         env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
-        env["POSTTRAIN_TASK_APP_ALLOWED_NETWORKS"] = "127.0.0.0/8"  # the test's task app runs on 127.0.0.1
+        env["POSTTRAIN_TASK_APP_ALLOWED_NETWORKS"] = "127.0.0.0/8,::1/128"  # the test's task app runs on 127.0.0.1
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "posttrain.cli", "operator", "--kubeconfig", kubeconfig, *args],

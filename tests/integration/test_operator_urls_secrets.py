@@ -44,7 +44,7 @@ def verified_condition(env: Env, name: str, reason: str, timeout: float = 30) ->
 def test_loopback_is_refused_unless_the_operators_settings_allow_it(
     cluster: Any, namespace: str, tmp_path: Path, hostile_taskapp: Any
 ) -> None:
-    settings = {"POSTTRAIN_TASK_APP_ALLOWED_NETWORKS": ""}  # the default: the tests' env allows 127.0.0.0/8
+    settings = {"POSTTRAIN_TASK_APP_ALLOWED_NETWORKS": ""}  # the default: the tests' env allows loopback
     with operator_env(cluster, namespace, tmp_path / "operator.log", settings=settings) as env:
         env.secret("task-key", KEY)
         env.create("taskapps", taskapp("local", hostile_taskapp.at("ok")))
@@ -125,7 +125,7 @@ def test_a_judge_key_goes_only_where_the_job_points_it(env: Env, cluster: Any, h
     # the init container re-verifies with the operator's prober and its address rules
     (init,) = [c for c in pod.init_containers if c.name == "verify-task-app"]
     assert init.command[:3] == ["posttrain", "verify-task-app", "--in-cluster"]
-    assert {e.name: e.value for e in init.env}["POSTTRAIN_TASK_APP_ALLOWED_NETWORKS"] == "127.0.0.0/8"
+    assert {e.name: e.value for e in init.env}["POSTTRAIN_TASK_APP_ALLOWED_NETWORKS"] == "127.0.0.0/8,::1/128"
 
 
 def test_a_deployed_task_app_gets_no_secret_that_is_not_labelled_for_it(env: Env) -> None:

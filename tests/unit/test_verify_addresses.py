@@ -89,7 +89,7 @@ def test_a_host_that_does_not_resolve_is_unreachable_without_echoing_it() -> Non
 
 
 def test_the_init_containers_policy_comes_from_the_rendered_environment() -> None:
-    policy = policy_from_env({"POSTTRAIN_TASK_APP_ALLOWED_NETWORKS": "127.0.0.0/8",
+    policy = policy_from_env({"POSTTRAIN_TASK_APP_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
                               "POSTTRAIN_API_SERVER_ADDRESSES": "127.0.0.1:6443",
                               "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"})  # fmt: skip
     assert {str(ip) for ip, _ in policy.api_server} == {"127.0.0.1", "10.96.0.1"}
