@@ -236,7 +236,7 @@ def job_namespace(api: Any, ns: str, url: str) -> None:
     core = client.CoreV1Api(api)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
     core.create_namespaced_secret(ns, client.V1Secret(
-        metadata=client.V1ObjectMeta(name="task-key"), string_data={"ENVIRONMENT_API_KEY": KEY}))  # fmt: skip
+        metadata=client.V1ObjectMeta(name="task-key", labels={"posttrain.dev/use": "task-app-key"}), string_data={"ENVIRONMENT_API_KEY": KEY}))  # fmt: skip
     client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, ns, "taskapps", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "TaskApp", "metadata": {"name": "math"},
         "spec": {"url": url, "apiKeySecretRef": {"name": "task-key", "key": "ENVIRONMENT_API_KEY"}},
@@ -370,7 +370,8 @@ def run_bench(cluster: Any, args: argparse.Namespace, workdir: Path) -> dict[str
     unrelated_running_s = wait_unrelated_running(api, args.unrelated) if args.unrelated else 0.0
     stamp = int(time.time())
     paced_ns, burst_ns = f"bench-paced-{stamp}", f"bench-burst-{stamp}"
-    env = {"POSTTRAIN_COUNT_KOPF_REQUESTS": "1", "POSTTRAIN_S3_ENDPOINT": "http://127.0.0.1:9"}
+    env = {"POSTTRAIN_COUNT_KOPF_REQUESTS": "1", "POSTTRAIN_S3_ENDPOINT": "http://127.0.0.1:9",
+           "POSTTRAIN_TASK_APP_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128"}  # fmt: skip
     if args.operator_pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([args.operator_pythonpath, os.environ.get("PYTHONPATH", "")])
     out: dict[str, Any] = {"cpu": cpu_model(), "jobs": args.jobs, "nodes": args.nodes,

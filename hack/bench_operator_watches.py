@@ -120,7 +120,7 @@ def delete_namespaces(api: Any, namespaces: list[str], timeout: float = 300) -> 
 
 def measure(cluster: Any, label: str, source: Path | None, objects: int, workdir: Path, idle: float) -> dict:
     api = api_client_of(cluster)
-    env = {"POSTTRAIN_WATCH_PODS": "true"}
+    env = {"POSTTRAIN_WATCH_PODS": "true", "POSTTRAIN_TASK_APP_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128"}
     if source is not None:
         env["PYTHONPATH"] = f"{source / 'operator'}"
     operator = OperatorProcess(kubeconfig_of(cluster), workdir / f"operator-{label}.log", env=env).start()

@@ -307,6 +307,7 @@ def wrong_key_job(kube: Kube, workdir: Path) -> None:
     secret = kube.run("-n", NS, "create", "secret", "generic", "e2e-wrong-key", "--dry-run=client", "-o", "yaml",
                       "--from-literal=ENVIRONMENT_API_KEY=sk_env_wrong_0000")  # fmt: skip
     kube.run("apply", "-f", "-", stdin=secret)
+    kube.run("-n", NS, "label", "--overwrite", "secret", "e2e-wrong-key", "posttrain.dev/use=task-app-key")
     apply_rl(kube, workdir, WRONG_NAME, "e2e-wrong-key")
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:

@@ -68,6 +68,7 @@ OPERATOR_ENV = {
     "POSTTRAIN_VERIFY_REQUEST_TIMEOUT": "2",
     "POSTTRAIN_RESYNC_SECONDS": "5",
     "POSTTRAIN_S3_ENDPOINT": "http://127.0.0.1:9",
+    "POSTTRAIN_TASK_APP_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",  # the task app runs on 127.0.0.1
 }
 
 
@@ -267,7 +268,7 @@ def test_argocd_syncs_jobs_from_git(
     core.create_namespaced_secret(
         namespace,
         client.V1Secret(
-            metadata=client.V1ObjectMeta(name=SECRET),
+            metadata=client.V1ObjectMeta(name=SECRET, labels={"posttrain.dev/use": "task-app-key"}),
             string_data={"ENVIRONMENT_API_KEY": math_taskapp.api_key},
         ),
     )

@@ -217,6 +217,7 @@ def test_eval_cluster_runs_a_job_and_follows_it(kube, namespace, monkeypatch, ca
     assert "sk_env_cluster_eval" not in json.dumps(client.ApiClient().sanitize_for_serialization(job))
     secret = core.read_namespaced_secret("posttrain-environment-api-key", namespace)
     assert set(secret.data) == {"ENVIRONMENT_API_KEY"}
+    assert secret.metadata.labels["posttrain.dev/use"] == "task-app-key"  # the operator reads no other
 
 
 def test_train_model_flag_and_local_sft_files_in_one_configmap(

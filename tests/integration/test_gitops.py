@@ -229,6 +229,7 @@ class Operator:
         args = [a for a in c.get("args", []) if not a.startswith("--liveness")]
         args.append(f"--liveness=http://127.0.0.1:{self.port}/healthz")
         env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+        env["POSTTRAIN_TASK_APP_ALLOWED_NETWORKS"] = "127.0.0.0/8,::1/128"  # the test's task app runs on 127.0.0.1
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "posttrain.cli", "operator", "--kubeconfig", kubeconfig, *args],
@@ -288,7 +289,7 @@ def test_no_diff_after_the_operator_reconciled(platform, namespace, math_taskapp
         {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": ref, "namespace": ns},
+            "metadata": {"name": ref, "namespace": ns, "labels": {"posttrain.dev/use": "task-app-key"}},
             "data": {"ENVIRONMENT_API_KEY": key},
         }
         for ref in sorted(secret_refs)

@@ -228,3 +228,20 @@ def test_cel_spec_is_immutable_except_suspend():
     scaled = copy.deepcopy(app)
     scaled["spec"]["replicas"] = 3
     assert violations("TaskApp", scaled, old=app) == []
+
+
+def test_cel_task_app_urls_refuse_user_info_query_fragment_and_other_schemes():
+    import copy
+
+    doc = _example("rl_qwen3_4b")
+    doc["spec"]["taskApp"] = {"url": "http://task-app:8000/apps/math"}
+    assert violations("RLJob", doc) == []
+    app = _example("taskapp-math")
+    del app["spec"]["image"]
+    for bad in ("http://h:8000/internal/admin?x=", "http://h/#", "http://user:pw@h:8000", "ftp://h/",
+                "http://h/a b"):  # fmt: skip
+        job = copy.deepcopy(doc)
+        job["spec"]["taskApp"]["url"] = bad
+        assert any("taskApp.url must be an http(s) URL" in v for v in violations("RLJob", job)), bad
+        app["spec"]["url"] = bad
+        assert any("spec.url must be an http(s) URL" in v for v in violations("TaskApp", app)), bad

@@ -6,6 +6,7 @@ import base64
 import json
 from typing import Any
 
+import pytest
 from fixtures.jobs import RL_SPEC, UID, job_object, sft_spec
 from posttrain.api.jobfile import JobFile
 from posttrain.controller import render
@@ -146,7 +147,11 @@ def test_trainer_indexed_job_torchrun_env() -> None:
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     inits = [c["name"] for c in pod["initContainers"]]
     assert inits == ["verify-task-app", "wait-for-servers"]
-    assert "posttrain verify-task-app" in pod["initContainers"][0]["command"][-1]
+    verify = pod["initContainers"][0]
+    # the operator's prober, no shell, the URL one argument after "--"
+    assert verify["command"][:3] == ["posttrain", "verify-task-app", "--in-cluster"]
+    assert verify["command"][-2:] == ["--", TARGET.url]
+    assert env_of(verify)["ENVIRONMENT_API_KEY"] == {"secretKeyRef": {"name": "task-key", "key": "ENVIRONMENT_API_KEY"}}
     assert "math-rl-rollout.team-a.svc:8000" in pod["initContainers"][1]["command"][-1]
     # no reference Deployment without a dedicated reference
     assert not [c for c in out.children if c["metadata"]["labels"]["posttrain.dev/role"] == "reference"]
@@ -243,13 +248,13 @@ def test_judges_self_hosted_vs_external() -> None:
     assert judge["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert out.jobfile.endpoints.judges == {"judge": "http://math-rl-judge.team-a.svc:8000"}
 
-    external = rljob(judge={"options": {"provider": "openai", "model": "gpt-4o-mini"}})
+    external = rljob(judge={"options": {"provider": "openai", "model": "gpt-4o-mini"},
+                            "apiKeySecretRef": {"name": "judge-keys"}})  # fmt: skip
     out = render.render_rljob(external, SETTINGS, TARGET)
     assert not [c for c in out.children if c["metadata"]["labels"]["posttrain.dev/role"] == "judge"]
     env = env_of(by(out.children, "Job", "trainer")["spec"]["template"]["spec"]["containers"][0])
-    assert env["OPENAI_API_KEY"] == {
-        "secretKeyRef": {"name": "posttrain-judge-keys", "key": "OPENAI_API_KEY", "optional": True}
-    }
+    assert env["POSTTRAIN_JUDGE_API_KEY"] == {"secretKeyRef": {"name": "judge-keys", "key": "OPENAI_API_KEY"}}
+    assert out.jobfile.config["judge"]["options"]["api_key_env"] == "POSTTRAIN_JUDGE_API_KEY"
     # incomplete judge options = no judge (synth rule)
     out = render.render_rljob(rljob(judge={"options": {"provider": "openai"}}), SETTINGS, TARGET)
     assert "OPENAI_API_KEY" not in json.dumps(out.children)
@@ -465,3 +470,46 @@ def test_the_rollout_token_of_an_older_operators_secret_is_carried_over_when_usa
                      legacy(b"line\nbreak"), legacy(b"a" * 513), {"data": {"token": 7}}):  # fmt: skip
         assert carried_over_token(unusable, UID) is None, unusable
     assert carried_over_token(legacy(token.encode()), "") is None
+
+
+def test_a_judge_key_comes_only_from_the_secret_the_job_names() -> None:
+    """The hostile case of issue 27: a judge at a URL of the tenant's choice, told to read the trainer's S3
+    secret as its key. Without a Secret named for the judge the job is refused; with one, the trainer's
+    judge client reads only POSTTRAIN_JUDGE_API_KEY (from that Secret), whatever api_key_env says."""
+    from posttrain.controller.spec_errors import SpecError
+
+    options = {"provider": "openai", "model": "m", "extras": {"base_url": "https://collector.example/v1",
+                                                              "api_key_env": "S3_SECRET_ACCESS_KEY"}}  # fmt: skip
+    with pytest.raises(SpecError) as err:
+        rljob(judge={"options": options})
+    assert err.value.field == "judge.apiKeySecretRef" and "Secret" in str(err.value)
+    with pytest.raises(SpecError, match="user info"):
+        rljob(judge={"options": {**options, "extras": {"base_url": "https://u:p@collector.example/v1"}},
+                     "apiKeySecretRef": {"name": "judge-keys", "key": "K"}})  # fmt: skip
+    self_hosted_elsewhere = {"provider": "vllm", "model": "m", "extras": {"base_url": "http://j.example/v1"}}
+    with pytest.raises(SpecError):
+        rljob(judge={"options": self_hosted_elsewhere})
+
+    out = render.render_rljob(
+        rljob(judge={"options": options, "apiKeySecretRef": {"name": "judge-keys", "key": "K"}}), SETTINGS, TARGET
+    )
+    trainer = by(out.children, "Job", "trainer")["spec"]["template"]["spec"]["containers"][0]
+    env = env_of(trainer)
+    assert env["POSTTRAIN_JUDGE_API_KEY"] == {"secretKeyRef": {"name": "judge-keys", "key": "K"}}
+    assert out.jobfile.config["judge"]["options"]["api_key_env"] == "POSTTRAIN_JUDGE_API_KEY"
+    assert "S3_SECRET_ACCESS_KEY" not in json.dumps(out.jobfile.config)
+
+    # a self-hosted judge served next to the job needs no key and gets none
+    out = render.render_rljob(rljob(judge={"options": {"provider": "vllm", "model": "m"}}), SETTINGS, TARGET)
+    trainer = by(out.children, "Job", "trainer")["spec"]["template"]["spec"]["containers"][0]
+    assert "POSTTRAIN_JUDGE_API_KEY" not in env_of(trainer)
+
+
+def test_the_init_container_carries_the_operators_address_rules() -> None:
+    settings = SETTINGS.model_copy(update={"task_app_allowed_networks": "10.0.0.0/8",
+                                           "api_server_addresses": "10.96.0.1:443"})  # fmt: skip
+    pod = by(render.render_rljob(rljob(), settings, TARGET).children, "Job", "trainer")["spec"]["template"]["spec"]
+    env = env_of(pod["initContainers"][0])
+    assert env["POSTTRAIN_TASK_APP_ALLOWED_NETWORKS"] == "10.0.0.0/8"
+    assert env["POSTTRAIN_API_SERVER_ADDRESSES"] == "10.96.0.1:443"
+    assert "POSTTRAIN_TASK_APP_DENIED_NETWORKS" not in env

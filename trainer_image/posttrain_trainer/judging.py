@@ -5,8 +5,11 @@ outcome or event score a non-zero weight, every training rollout's episode is sc
 posttrain_rollout.judge.JudgeClient:
   - a self-hosted judge (provider "self-hosted"/"vllm"): the job file's endpoints.judges["judge"] (the
     operator's judge Service) or [judge.options].base_url;
-  - an external provider (openai / groq / gemini): its OpenAI-compatible API, key from <PROVIDER>_API_KEY
-    (mounted from a Secret by the operator) or [judge.options].api_key_env.
+  - an external provider (openai / groq / gemini) or a base_url: its OpenAI-compatible API with the key
+    from the variable [judge.options].api_key_env names. In a cluster the operator sets that name to
+    POSTTRAIN_JUDGE_API_KEY, filled from the Secret the job names (spec.judge.apiKeySecretRef): a spec
+    cannot make the trainer send another of its variables (S3 keys) to a URL it chose. Locally
+    (`posttrain train --local`) it is the person's own environment (default <PROVIDER>_API_KEY).
 The outcome is the trajectory's final state and last action, the events are its steps (observation, action,
 reward); rubrics come from [judge.options].rubric_overrides.{outcome,event}. A judge score replaces the task
 app's outcome_score / events_score for that rollout.

@@ -41,6 +41,7 @@ from typing import Any
 
 from posttrain.api.model_ids import uid8
 from posttrain.api.reward import blend_reward
+from posttrain.api.urls import check_url, join_url
 
 from posttrain_trainer.server_auth import rollout_auth_headers
 
@@ -418,7 +419,7 @@ class RolloutClient:
         retries: int = 1,
         judge: Any = None,
     ):
-        self.task_url = task_url.rstrip("/")
+        self.task_url = check_url(task_url).rstrip("/")  # posttrain.api.urls' rule, as the operator's
         self.config = config
         self.model = model
         self.api_key = api_key if api_key is not None else os.environ.get(api_key_env)
@@ -456,7 +457,7 @@ class RolloutClient:
         for attempt in range(self.retries + 1):
             try:
                 response = await http.post(
-                    f"{self.task_url}/rollout", json=body, headers=api_headers(self.api_key)
+                    join_url(self.task_url, "/rollout"), json=body, headers=api_headers(self.api_key)
                 )
             except httpx.TransportError as err:  # connection reset, timeout: retry
                 last = err

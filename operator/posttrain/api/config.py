@@ -505,6 +505,14 @@ def _judge_rules(config: RLConfig, problems: list[Problem], warnings: list[str])
     if options.event is False and options.outcome is False:
         problems.append(Problem("judge.options: event and outcome are both false", field="judge.options",
                                 fix="set event = true or outcome = true"))  # fmt: skip
+    for field, message, fix in judge.cluster_problems():
+        if field == "api_key_secret_ref":  # a local run takes the key from this machine's environment
+            warnings.append(f"{message}: posttrain convert refuses it without [judge.api_key_secret_ref]")
+        else:
+            problems.append(Problem(message, field=f"judge.{field}", fix=fix))
+    if (options.model_extra or {}).get("api_key_env"):
+        warnings.append("judge.options.api_key_env is read only by `posttrain train --local`; a cluster job's "
+                        "judge key comes from the Secret [judge.api_key_secret_ref] names")  # fmt: skip
     blend = judge.reward_blend or {}
     if any(v < 0 for v in blend.values()):
         problems.append(Problem("reward_blend weights must be >= 0", field="judge.reward_blend",

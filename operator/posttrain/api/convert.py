@@ -31,11 +31,15 @@ from posttrain.api.config import (
     sft_trainer_mode,
 )
 from posttrain.api.depth_policy import SPEC_DEPTH, too_deep
+from posttrain.api.literal_secrets import literal_secrets
 from posttrain.api.resources import API_VERSION, JOB_KINDS, RLJobSpec, SFTJobSpec
+from posttrain.api.urls import UrlRefused, check_url
 from posttrain.errors import Problem, UserError
 from posttrain.toml_locate import locate
 
 PLACEHOLDER_URLS = {"", "placeholder"}
+SECRET_FIX = ("remove it: keep the key in a Secret and name it ([judge.api_key_secret_ref], --api-key-secret, "
+              "apiKeySecretRef), or for a local run name an environment variable (api_key_env)")  # fmt: skip
 # spec fields that are the operator's business, not the trainer's config (snake_case)
 OPERATOR_ONLY = (
     "suspend",
@@ -210,6 +214,11 @@ def load(
         problem = Problem(f"nested deeper than {SPEC_DEPTH - 1} levels of tables and arrays", field=deep,
                           fix="flatten this value; the cluster refuses deeper specs")  # fmt: skip
         raise UserError(_all_problems([problem], [], text, file))
+    secrets = [Problem("a literal secret in the config (it would travel into the custom resource, git and "
+                       "the job's files)", file=file, line=locate(text, path), field=path, fix=SECRET_FIX)
+               for path in literal_secrets(raw)]  # fmt: skip
+    if secrets:
+        raise UserError(secrets)
     numbers = [Problem(m, field=path, fix=f) for path, m, f in extras.number_problems(raw)]
     kind = detect_kind(raw, kind, file)
     if model:
@@ -263,6 +272,10 @@ def toml_to_cr(
     path, given or in the TOML, is refused: the cluster cannot read it."""
     env = dict(os.environ) if env is None else env
     kind, config, warnings = load(text, kind=kind, file=file, model=model)
+    judge = config.judge if isinstance(config, RLConfig) else None
+    if judge is not None and judge.cluster_problems():
+        raise UserError([Problem(message, file=file, line=locate(text, f"judge.{field}"), field=f"judge.{field}",
+                                 fix=fix) for field, message, fix in judge.cluster_problems()])  # fmt: skip
     spec = config_to_spec(config, kind)
     if kind == "rl":
         url = task_url or env.get("TASK_APP_URL") or (spec.get("taskApp") or {}).get("url")
@@ -272,7 +285,8 @@ def toml_to_cr(
         if task_app:
             spec["taskApp"] = {"name": task_app}
         elif url and url not in PLACEHOLDER_URLS:
-            spec["taskApp"] = {"url": url}
+            given = "--task-url" if task_url else ("TASK_APP_URL" if env.get("TASK_APP_URL") else None)
+            spec["taskApp"] = {"url": _checked_task_url(url, given, text, file)}
         else:
             raise UserError(
                 Problem(
@@ -321,6 +335,17 @@ def toml_to_cr(
     )
     resource = {"apiVersion": API_VERSION, "kind": JOB_KINDS[kind], "metadata": metadata, "spec": spec}
     return resource, warnings
+
+
+def _checked_task_url(url: str, given: str | None, text: str, file: str | None) -> str:
+    """posttrain.api.urls' rule for a URL from the command line or the environment ([services].task_url
+    was checked with the config); the problem names where the URL came from."""
+    try:
+        return check_url(url)
+    except UrlRefused as err:
+        where = {"file": None, "line": None} if given else {"file": file, "line": locate(text, "services.task_url")}
+        raise UserError(Problem(f"the task app URL {err.reason}", field=given or "services.task_url", fix=err.fix,
+                                **where)) from None  # fmt: skip
 
 
 def read_config(path: str | Path) -> str:

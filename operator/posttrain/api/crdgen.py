@@ -8,6 +8,7 @@ maxItems / maxProperties so that the API server's CEL cost estimate accepts the 
 from __future__ import annotations
 
 import inspect
+import json
 import types
 import typing
 from pathlib import Path
@@ -32,12 +33,15 @@ from posttrain.api.resources import (
     TaskAppSpec,
 )
 from posttrain.api.sections import TopologyConfig
+from posttrain.api.urls import URL_MESSAGE, URL_PATTERN
 
 DEFAULT_MAX_LENGTH = 1024
 DEFAULT_MAX_ITEMS = 256
 DEFAULT_MAX_PROPERTIES = 64
 CATEGORY = "posttrain"
 
+# A task app's URL: posttrain.api.urls' rule (scheme, host, no user info, query or fragment).
+_URL_RULE = f"!has(self.url) || self.url.matches({json.dumps(URL_PATTERN)})"
 IMMUTABLE_MESSAGE = "is immutable: a new TOML is a new job (only spec.suspend may change)"
 
 # CEL rules per model class (all of the class's uses get them).
@@ -68,7 +72,8 @@ RULES: dict[type[BaseModel], list[dict[str, str]]] = {
         },
     ],
     TaskAppRef: [
-        {"rule": "has(self.name) != has(self.url)", "message": "taskApp: set exactly one of name or url"}
+        {"rule": "has(self.name) != has(self.url)", "message": "taskApp: set exactly one of name or url"},
+        {"rule": _URL_RULE, "message": f"taskApp.url {URL_MESSAGE}", "fieldPath": ".url"},
     ],
     DatasetRef: [
         {
@@ -76,7 +81,10 @@ RULES: dict[type[BaseModel], list[dict[str, str]]] = {
             "message": "set exactly one of uri or configMapRef",
         }
     ],
-    TaskAppSpec: [{"rule": "has(self.url) != has(self.image)", "message": "set exactly one of url or image"}],
+    TaskAppSpec: [
+        {"rule": "has(self.url) != has(self.image)", "message": "set exactly one of url or image"},
+        {"rule": _URL_RULE, "message": f"spec.url {URL_MESSAGE}", "fieldPath": ".url"},
+    ],
 }
 SPEC_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
     RLJobSpec: [

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from posttrain.api.base import CR_CONTEXT, CRModel, Section
 from posttrain.api.sections import (
@@ -28,11 +28,16 @@ from posttrain.api.sections import (
     SFTTrainingConfig,
     VllmConfig,
 )
+from posttrain.api.urls import check_url
 
 GROUP = "posttrain.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 DEFAULT_API_KEY_SECRET_KEY = "ENVIRONMENT_API_KEY"
+# A Secret the operator may read a task app's key from (and send to that task app) carries this label: its
+# owner's say-so. Any other Secret named by a TaskApp or an RLJob is refused (reason SecretNotLabelled).
+LABEL_USE = "posttrain.dev/use"
+USE_TASK_APP_KEY = "task-app-key"
 PHASES = ("Pending", "Verifying", "Provisioning", "Running", "Succeeded", "Failed", "Suspended")
 
 # ------------------------------------------------------------------------------------ spec pieces
@@ -55,8 +60,15 @@ class TaskAppRef(CRModel):
     name: str | None = Field(None, max_length=253, description="A TaskApp in the job's namespace.")
     url: str | None = Field(None, max_length=2048, description="The task app's base URL.")
     api_key_secret_ref: SecretKeySelector | None = Field(
-        None, description="Secret holding the task app's ENVIRONMENT_API_KEY (sent as X-API-Key)."
+        None,
+        description="Secret holding the task app's ENVIRONMENT_API_KEY (sent as X-API-Key); the operator "
+        "reads it only when the Secret is labelled posttrain.dev/use=task-app-key.",
     )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else check_url(value)
 
 
 class Images(CRModel):
@@ -211,9 +223,18 @@ class TaskAppSpec(CRModel):
     env: list[EnvVar] | None = Field(None, max_length=64, description="Environment of the deployed app.")
     port: int = Field(8000, ge=1, le=65535, description="Container port.")
     replicas: int = Field(1, ge=0, description="Replicas of the deployed app.")
-    api_key_secret_ref: SecretKeySelector | None = Field(None, description="Secret with ENVIRONMENT_API_KEY.")
+    api_key_secret_ref: SecretKeySelector | None = Field(
+        None,
+        description="Secret with ENVIRONMENT_API_KEY, labelled posttrain.dev/use=task-app-key (the operator "
+        "reads no other).",
+    )
     verification: Verification | None = Field(None, description="Verification timing.")
     scheduling: Scheduling | None = Field(None, description="Where the deployed app runs.")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else check_url(value)
 
 
 # ------------------------------------------------------------------------------------ status

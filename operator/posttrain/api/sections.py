@@ -13,6 +13,7 @@ from pydantic import Field, field_validator
 
 from posttrain.api import model_ids
 from posttrain.api.base import Section
+from posttrain.api.urls import check_url
 
 # Upper bounds: far above any real job, low enough that a typo (1e17 epochs, a 1e10-token context) is caught
 # before GPUs are asked for, and every integer fits the int64 of the custom resource's JSON.
@@ -42,6 +43,13 @@ def http_url(value: str | None) -> str | None:
     except ValueError:
         raise ValueError(f"{value!r} has an invalid port -- fix: write e.g. http://task-app:8000") from None
     return value.strip()
+
+
+def service_url(value: str | None) -> str | None:
+    """A task app's or a judge's URL (or synth's placeholder): posttrain.api.urls' rules."""
+    if value is None or value.strip() in PLACEHOLDER_URLS:
+        return value
+    return check_url(value)
 
 
 # ------------------------------------------------------------------------------------------ shared
@@ -468,7 +476,7 @@ class JudgeConfig(Section):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        return http_url(value)
+        return service_url(value)
 
     def scores_rollouts(self) -> bool:
         """A judge scores rollouts when it is not disabled and [judge.options] names a provider and a model
@@ -476,6 +484,38 @@ class JudgeConfig(Section):
         if self.enabled is False or self.options is None:
             return False
         return bool(self.options.provider and self.options.model)
+
+    def base_url(self) -> object:
+        """[judge.options].base_url (a key the trainer reads, kept among the section's extras)."""
+        return ((self.options.model_extra or {}) if self.options is not None else {}).get("base_url")
+
+    def needs_key_secret(self) -> bool:
+        """Whether the judge is called somewhere that takes a key: an external provider, or any base_url
+        (an endpoint of the job's choosing). In a cluster that key comes only from the Secret the job
+        names (api_key_secret_ref), never from the trainer's environment."""
+        if not self.scores_rollouts():
+            return False
+        assert self.options is not None
+        return not self.options.self_hosted() or self.base_url() is not None
+
+    def cluster_problems(self) -> list[tuple[str, str, str]]:
+        """(field under the judge, message, fix) for what a cluster job cannot run: a base_url the URL
+        rules refuse, a judge that needs a key without a Secret named for it."""
+        out: list[tuple[str, str, str]] = []
+        url = self.base_url()
+        if url is not None:
+            try:
+                check_url(url)
+            except ValueError as err:
+                reason, _, fix = str(err).partition(" -- fix: ")
+                out.append(("options.base_url", f"the judge's URL {reason}", fix or "write an http(s) URL"))
+        if self.needs_key_secret() and (self.api_key_secret_ref is None or not self.api_key_secret_ref.name):
+            where = "a custom base_url" if url is not None else f"provider {self.options.provider!r}"  # type: ignore[union-attr]
+            out.append(("api_key_secret_ref", f"the judge ({where}) needs its key from a Secret the job names",
+                        "create a Secret with the key and name it: [judge.api_key_secret_ref] name = \"judge-key\", "
+                        "key = \"OPENAI_API_KEY\" (spec.judge.apiKeySecretRef); a key never comes from the "
+                        "trainer's environment"))  # fmt: skip
+        return out
 
 
 class ServicesConfig(Section):
@@ -487,7 +527,7 @@ class ServicesConfig(Section):
     @field_validator("task_url", "judge_url")
     @classmethod
     def _urls(cls, value: str | None) -> str | None:
-        return http_url(value)
+        return service_url(value)
 
 
 class VllmConfig(Section):

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from posttrain.api.resources import LABEL_USE, USE_TASK_APP_KEY
 from posttrain.commands.argtypes import positive_float, positive_int
 from posttrain.commands.status import (
     EXIT_FAILED,
@@ -149,7 +150,8 @@ def apply_key_secret(api: Any, namespace: str, key: str) -> str:
     from kubernetes import client
 
     body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": KEY_SECRET, "labels": {"app.kubernetes.io/managed-by": "posttrain"}},
+            "metadata": {"name": KEY_SECRET, "labels": {"app.kubernetes.io/managed-by": "posttrain",
+                                                        LABEL_USE: USE_TASK_APP_KEY}},
             "stringData": {"ENVIRONMENT_API_KEY": key}}  # fmt: skip
     client.CoreV1Api(api).patch_namespaced_secret(
         KEY_SECRET, namespace, body, field_manager=FIELD_MANAGER, force=True,

@@ -3,7 +3,12 @@
 
 The dry rollout needs a policy the task app can call: `--inference-url URL --model NAME` names a real one
 (an OpenAI-compatible server); otherwise, for a task app on this machine, a stub policy on 127.0.0.1 answers
-every chat completion with a fixed text, which checks the request/response plumbing without a model."""
+every chat completion with a fixed text, which checks the request/response plumbing without a model.
+
+`--in-cluster` is the trainer pod's init container: the operator's own check (posttrain.controller.verify:
+GET /health and /task_info under one deadline each, bodies capped, addresses checked against the operator's
+settings as it rendered them into the environment), retried with backoff for --retry-for seconds, printing
+only fixed messages (never a byte of what the task app sent)."""
 
 from __future__ import annotations
 
@@ -100,13 +105,62 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-rollout", action="store_true", help="only /health and /task_info")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    parser.add_argument(
+        "--in-cluster",
+        action="store_true",
+        help="the trainer's init container: the operator's check (no rollout), fixed messages only",
+    )
+    parser.add_argument(
+        "--retry-for", type=positive_float, default=300.0, help="--in-cluster: retry with backoff this long"
+    )
     parser.set_defaults(func=run)
 
 
+def check_url_argument(url: str) -> str:
+    from posttrain.api.urls import UrlRefused, check_url
+
+    try:
+        return check_url(url)
+    except UrlRefused as err:
+        raise UserError(Problem(f"the task app URL {err.reason}", field="url", fix=err.fix)) from None
+
+
+def run_in_cluster(args: argparse.Namespace) -> int:
+    """The operator's prober, retried; one fixed line per attempt, exit 0 (verified) or 1."""
+    import asyncio
+
+    from posttrain.controller.verify import TaskAppProber, VerifyPolicy, policy_from_env, verify_with_retries
+
+    url = check_url_argument(args.url)
+    api_key = os.environ.get(args.api_key_env) or None
+    policy = VerifyPolicy(timeout_seconds=args.retry_for, request_timeout=args.timeout)
+
+    async def main() -> bool:
+        prober = TaskAppProber(addresses=policy_from_env())
+        try:
+
+            async def pending(verification) -> None:  # noqa: ANN001 (posttrain.controller.status.Verification)
+                print(f"verify-task-app: {verification.reason}: {verification.message}", flush=True)
+
+            result = await verify_with_retries(
+                lambda: prober.check(url, api_key, deadline=policy.request_timeout),
+                policy,
+                "task app",
+                on_attempt=pending,
+            )
+        finally:
+            await prober.close()
+        print(f"verify-task-app: {result.reason}: {result.message}", flush=True)
+        return result.state == "ok"
+
+    return 0 if asyncio.run(main()) else 1
+
+
 def run(args: argparse.Namespace) -> int:
-    parts = urlsplit(args.url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UserError(Problem(f"not an http(s) URL: {args.url!r}", fix="pass e.g. http://127.0.0.1:8100"))
+    if args.in_cluster:
+        return run_in_cluster(args)
+    check_url_argument(args.url)
+    parts = urlsplit(args.url.strip())
     api_key = os.environ.get(args.api_key_env)
     if not api_key:
         raise UserError(

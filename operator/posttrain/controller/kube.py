@@ -285,18 +285,27 @@ class Kube:
             parse=False,
         )
 
-    async def read_secret_key(self, namespace: str, name: str, key: str) -> tuple[str | None, str | None]:
-        """(the decoded value of one key of a Secret, the Secret's resourceVersion); (None, None) when the
-        Secret is absent, (None, version) when the key is."""
+    async def secret_labels(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A Secret's labels from its metadata alone (its data is never sent); None when it is absent."""
+        path = object_path("v1", "Secret", namespace, name)
+        found = await self.request("GET", path, absent_ok=True, accept=METADATA_ONLY)
+        return None if found is None else dict((found.get("metadata") or {}).get("labels") or {})
+
+    async def read_secret_key(
+        self, namespace: str, name: str, key: str
+    ) -> tuple[str | None, str | None, dict[str, str]]:
+        """(the decoded value of one key of a Secret, the Secret's resourceVersion, its labels); (None, None,
+        {}) when the Secret is absent, (None, version, labels) when the key is."""
         secret = await self.get(object_path("v1", "Secret", namespace, name))
         if not secret:
-            return None, None
-        version = (secret.get("metadata") or {}).get("resourceVersion")
+            return None, None, {}
+        metadata = secret.get("metadata") or {}
+        version, labels = metadata.get("resourceVersion"), dict(metadata.get("labels") or {})
         raw = (secret.get("data") or {}).get(key)
         if raw is None:
             string = (secret.get("stringData") or {}).get(key)
-            return (str(string) if string is not None else None), version
-        return base64.b64decode(raw).decode(), version
+            return (str(string) if string is not None else None), version, labels
+        return base64.b64decode(raw).decode(), version, labels
 
 
 def _ssl_of(verify: Any, cert: tuple[str, str] | None) -> ssl.SSLContext | bool:

@@ -32,6 +32,7 @@ from posttrain.controller.safejson import install_kopf_hook
 from posttrain.controller.settings import ANNOTATION_PREFIX, FINALIZER, OperatorSettings, load_settings
 from posttrain.controller.token_key import load_token_key, own_namespace
 from posttrain.controller.trainer_identity import resolve_trainer_identity
+from posttrain.controller.verify import TaskAppProber, api_server_addresses, policy_from_settings
 
 logger = logging.getLogger("posttrain.operator")
 _CONFIG: dict[str, Any] = {}  # set by run() before kopf starts: settings, kubeconfig
@@ -81,7 +82,11 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     kube = Kube.from_env(_CONFIG.get("kubeconfig"))
     kube.read_timeout, kube.watch_idle = api_timeout, idle
     op_settings = await resolve_trainer_identity(kube, op_settings)
-    runtime = Runtime(settings=op_settings, kube=kube)
+    if not op_settings.api_server_addresses:  # never a task app's address (posttrain.api.urls)
+        found = await api_server_addresses(kube.host)
+        op_settings = op_settings.model_copy(update={"api_server_addresses": ",".join(found)})
+    prober = TaskAppProber(addresses=policy_from_settings(op_settings), max_connections=256)
+    runtime = Runtime(settings=op_settings, kube=kube, prober=prober)
     runtime.token_key = await load_token_key(kube, op_settings)
     runtime.slots = CheckSlots(op_settings.check_slots_per_namespace, op_settings.check_slots_per_host)
     namespaces = list(_CONFIG.get("namespaces") or [])

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
 
 from posttrain.api.resources import API_VERSION, RLJobSpec, SFTJobSpec, TaskAppSpec, parse_spec, plural
 from posttrain.controller.safejson import MAX_DEPTH, undecodable
@@ -98,8 +99,14 @@ def _spec(obj: dict[str, Any]) -> Any:
 
 
 def parse_job(obj: dict[str, Any]) -> Job:
-    """An RLJob or SFTJob as the API server returns it -> Job; SpecError when its spec cannot be read."""
-    return Job(owner=owner_of(obj), spec=_spec(obj), status=dict(obj.get("status") or {}))
+    """An RLJob or SFTJob as the API server returns it -> Job; SpecError when its spec cannot be read or
+    asks for what a cluster job may not do (a judge's key from anywhere but a Secret it names)."""
+    spec = _spec(obj)
+    if isinstance(spec, RLJobSpec) and spec.judge is not None:
+        for name, message, fix in spec.judge.cluster_problems():
+            field = "judge." + ".".join(to_camel(part) for part in name.split("."))
+            raise SpecError(field, message, fix)
+    return Job(owner=owner_of(obj), spec=spec, status=dict(obj.get("status") or {}))
 
 
 def parse_task_app(obj: dict[str, Any]) -> TaskAppObject:

@@ -20,7 +20,7 @@ from typing import Any
 
 import kopf
 
-from posttrain.api.resources import API_VERSION
+from posttrain.api.resources import API_VERSION, LABEL_USE, USE_TASK_APP_KEY
 from posttrain.controller import render
 from posttrain.controller.bounds import bound_status, event_message
 from posttrain.controller.kube import KubeError, collection_path, object_path, path_of
@@ -62,6 +62,7 @@ from posttrain.controller.verify import (
 )
 from posttrain.controller.verify import (
     SECRET_MISSING,
+    SECRET_NOT_LABELLED,
     TASKAPP_MISSING,
     Attempt,
     VerifyPolicy,
@@ -396,6 +397,21 @@ def invalid_spec_status(owner: Owner, current: dict[str, Any], message: str) -> 
 
 
 # ------------------------------------------------------------------------------------------- task apps
+def not_labelled(secret: str) -> Attempt:
+    return Attempt(False, SECRET_NOT_LABELLED, f"Secret {secret} is not labelled {LABEL_USE}={USE_TASK_APP_KEY}: "
+                   "label it to let the operator give its key to the task app")  # fmt: skip
+
+
+async def unlabelled_secret(rt: Runtime, namespace: str, names: list[str]) -> Attempt | None:
+    """The first of these Secrets that exists without the task-app label, as a failed check (from their
+    metadata alone): a TaskApp's pod gets no Secret its owner did not mark for task apps."""
+    for name in names:
+        labels = await rt.kube.secret_labels(namespace, name)
+        if labels is not None and labels.get(LABEL_USE) != USE_TASK_APP_KEY:
+            return not_labelled(name)
+    return None
+
+
 async def check_task_app(
     rt: Runtime, namespace: str, url: str, secret_name: str | None, secret_key: str, policy: VerifyPolicy
 ) -> Attempt:
@@ -404,6 +420,8 @@ async def check_task_app(
     secret = None
     if secret_name:
         found = await rt.secret_key(namespace, secret_name, secret_key)
+        if found.labels is not None and found.labels.get(LABEL_USE) != USE_TASK_APP_KEY:
+            return not_labelled(secret_name)  # its data was never read: it never leaves the cluster
         if found.value is None:
             return Attempt(False, SECRET_MISSING, f"Secret {secret_name} (key {secret_key}) not found")
         key, version, secret = found.value, found.version, (namespace, secret_name, secret_key)

@@ -23,9 +23,10 @@ from posttrain.controller.reconcile import (
     key_of,
     observe,
     snapshot,
+    unlabelled_secret,
     utcnow,
 )
-from posttrain.controller.render.taskapp import render_task_app, task_app_service_url
+from posttrain.controller.render.taskapp import render_task_app, secrets_of, task_app_service_url
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.spec_errors import SpecError, render_failure_message
 from posttrain.controller.status import (
@@ -43,7 +44,12 @@ from posttrain.controller.verify import Attempt, VerifyPolicy, as_verification
 
 async def _check(rt: Runtime, app: TaskAppObject, state: LoopState, observed: Any) -> tuple[str, Attempt]:
     """(URL, the check's outcome): its children applied first; a child the API server refuses is the
-    outcome (its spec holds a value it cannot take: no check)."""
+    outcome (its spec holds a value it cannot take: no check). A deployed task app gets no Secret that is
+    not labelled for task apps: then nothing is applied."""
+    if app.spec.image:
+        refused = await unlabelled_secret(rt, app.owner.namespace, secrets_of(app))
+        if refused is not None:
+            return task_app_service_url(app), refused
     try:
         await ensure_children(rt, render_task_app(app, rt.settings), observed, state)
     except ChildRefused as refused:

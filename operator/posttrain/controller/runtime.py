@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.api.resources import LABEL_USE, USE_TASK_APP_KEY
 from posttrain.controller.fairness import CheckSlots, NoSlot
 from posttrain.controller.job_loops import JobLoops
 from posttrain.controller.kube import Kube
@@ -32,6 +33,7 @@ class SecretKey:
 
     value: str | None
     version: str | None
+    labels: dict[str, str] | None = None  # None: the Secret is absent
 
 
 @dataclass
@@ -75,14 +77,19 @@ class Runtime:
         await self.kube.close()
 
     async def secret_key(self, namespace: str, name: str, key: str, ttl: float = 5.0) -> SecretKey:
-        """A Secret key and the Secret's resourceVersion, cached for a few seconds (many jobs often share
-        one task-app Secret)."""
+        """A task app's key and the Secret's resourceVersion, cached for a few seconds (many jobs often
+        share one task-app Secret). Its data is read only when its metadata says it is labelled
+        posttrain.dev/use=task-app-key; otherwise the SecretKey has its labels and no value or version."""
         cache_key = (namespace, name, key)
         hit = self._secret_cache.get(cache_key)
         if hit and time.monotonic() - hit[0] < ttl:
             return hit[1]
-        value, version = await self.kube.read_secret_key(namespace, name, key)
-        found = SecretKey(value, version)
+        labels = await self.kube.secret_labels(namespace, name)
+        if labels is None or labels.get(LABEL_USE) != USE_TASK_APP_KEY:
+            found = SecretKey(None, None, labels)
+        else:
+            value, version, labels = await self.kube.read_secret_key(namespace, name, key)
+            found = SecretKey(value, version, labels)
         self._secret_cache[cache_key] = (time.monotonic(), found)
         return found
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LABEL_JOB = "posttrain.dev/job"
@@ -47,6 +47,17 @@ class OperatorSettings(BaseSettings):
     # and per (namespace, task-app host).
     check_slots_per_namespace: int = 8
     check_slots_per_host: int = 4
+    # Where a task app may be (posttrain.api.urls; docs/secrets-and-urls.md). Every address a task app's
+    # host resolves to is checked, by the operator and by the trainer's init container: loopback,
+    # link-local, cloud metadata addresses and the API server's are refused unless a network listed here
+    # holds them (comma-separated CIDRs, e.g. 127.0.0.0/8 where task apps run on the operator's own host,
+    # as in the tests); the API server's own port is refused always. Denied networks are refused even when
+    # allowed.
+    task_app_allowed_networks: str = ""
+    task_app_denied_networks: str = ""
+    # The API server's addresses (ip:port, comma-separated). Empty: found at startup from the operator's
+    # own connection and KUBERNETES_SERVICE_HOST; either way the trainer's init container is told them.
+    api_server_addresses: str = ""
 
     # Object storage: the endpoint and bucket for artifacts; credentials only as a Secret name.
     s3_endpoint: str = "http://minio.posttrain-system.svc:9000"
@@ -80,7 +91,6 @@ class OperatorSettings(BaseSettings):
     # namespace defaults to the operator pod's own.
     token_key_secret: str = "posttrain-token-key"
     token_key_namespace: str = ""
-    judge_secret_name: str = "posttrain-judge-keys"  # external judge provider keys, <PROVIDER>_API_KEY
     readiness_timeout_seconds: int = 1800  # the trainer initContainer waits this long for the servers
     # /dev/shm of vLLM server and trainer pods (a memory emptyDir; counts against the pod's memory). "" =
     # no size limit.
@@ -115,6 +125,26 @@ class OperatorSettings(BaseSettings):
     watch_pods: bool = False
     count_kopf_requests: bool = False  # benchmark: count kopf's own API requests too (liveness probe)
     extra_env: dict[str, str] = Field(default_factory=dict)  # plain env for every container (no secrets)
+
+
+    @field_validator("task_app_allowed_networks", "task_app_denied_networks")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        from posttrain.api.urls import networks
+
+        networks(value)  # a ValueError names the entry that is not a CIDR
+        return value
+
+    @field_validator("api_server_addresses")
+    @classmethod
+    def _endpoints(cls, value: str) -> str:
+        from posttrain.api.urls import endpoints
+
+        try:
+            endpoints(value)
+        except ValueError:
+            raise ValueError("api_server_addresses: write ip:port pairs separated by commas") from None
+        return value
 
 
 def load_settings(**overrides: object) -> OperatorSettings:

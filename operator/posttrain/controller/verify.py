@@ -10,24 +10,45 @@ stream and abandoned past MAX_RESPONSE_BYTES (1 MiB; no decompression), redirect
 what the operator reports (status, Events, logs) is the HTTP status and a fixed reason: never a response
 body, never a header, never anything the task app chose. The only text taken from a response is the
 task set's id and name (status.taskInfo), restricted to a small alphabet, cut to a few dozen characters
-and withheld when it contains the key."""
+and withheld when it contains the key.
+
+Where a check may go is posttrain.api.urls' rule: the URL is checked first (URLRefused), then every address
+its host resolves to (AddressRefused: loopback, link-local, metadata, the API server, unless the
+operator's settings allow them), and the request goes to the address that was checked (`pin`). The
+trainer's init container runs this same prober (`posttrain verify-task-app --in-cluster`), with the
+operator's settings from its environment (`policy_from_env`)."""
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import os
 import re
+import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from posttrain.api.resources import Verification as VerificationSpec
-from posttrain.controller.settings import OperatorSettings
+from posttrain.api.urls import (
+    AddressPolicy,
+    UrlRefused,
+    address_refusal,
+    check_url,
+    endpoints,
+    join_url,
+    networks,
+)
 from posttrain.controller.status import Verification
 from posttrain.taskapp_client import auth_headers
+
+if TYPE_CHECKING:  # the trainer image's init container imports this module without pydantic-settings
+    from posttrain.controller.settings import OperatorSettings
 
 UNREACHABLE = "Unreachable"
 UNAUTHORIZED = "Unauthorized"
@@ -38,8 +59,11 @@ TIMED_OUT = "Timeout"
 SECRET_MISSING = "SecretMissing"
 TASKAPP_MISSING = "TaskAppNotFound"
 INVALID_SPEC = "InvalidSpec"  # the API server refused what the TaskApp's spec rendered into
+URL_REFUSED = "URLRefused"  # posttrain.api.urls refuses the URL
+ADDRESS_REFUSED = "AddressRefused"  # the host resolves to an address the operator does not connect to
+SECRET_NOT_LABELLED = "SecretNotLabelled"  # the key's Secret lacks posttrain.dev/use=task-app-key
 VERIFIED = "Verified"
-PERMANENT = {UNAUTHORIZED, INVALID_SPEC}
+PERMANENT = {UNAUTHORIZED, INVALID_SPEC, URL_REFUSED, ADDRESS_REFUSED}
 MAX_RESPONSE_BYTES = 1 << 20
 TASK_INFO_TEXT_MAX = 63
 WHY = {
@@ -168,16 +192,21 @@ async def _read_capped(response: httpx.Response, limit: int) -> bytes:
 
 
 async def _get(
-    client: httpx.AsyncClient, url: str, path: str, headers: dict[str, str], max_bytes: int
+    client: httpx.AsyncClient, base: str, path: str, headers: dict[str, str], max_bytes: int,
+    extensions: dict[str, Any] | None = None,
 ) -> tuple[Attempt | None, Any]:
     try:
-        async with client.stream("GET", url + path, headers=headers) as response:
+        request = client.build_request("GET", join_url(base, path), headers=headers, extensions=extensions)
+        response = await client.send(request, stream=True)
+        try:
             code = response.status_code
             try:
                 body = await _read_capped(response, max_bytes)
             except _TooLarge:
                 text = f"GET {path} -> HTTP {code}, response larger than {max_bytes // 1024} KiB"
                 return Attempt(False, BAD_RESPONSE, text, http_status=code), None
+        finally:
+            await response.aclose()
     except httpx.TimeoutException as exc:
         return Attempt(False, UNREACHABLE, f"GET {path} timed out ({type(exc).__name__})"), None
     except httpx.HTTPError as exc:
@@ -201,13 +230,115 @@ async def _get(
         return Attempt(False, BAD_RESPONSE, f"GET {path} -> HTTP {code}, not JSON", http_status=code), None
 
 
+@dataclass(frozen=True)
+class Pinned:
+    """Where one check connects: the URL with the host replaced by an address that was checked, and the
+    Host header and TLS server name of the original host (so that a second lookup cannot send the request
+    elsewhere)."""
+
+    base: str
+    headers: dict[str, str]
+    extensions: dict[str, Any]
+
+
+async def pin(url: str, policy: AddressPolicy) -> Pinned | Attempt:
+    """Resolve the URL's host and check every address it resolves to (posttrain.api.urls); the first one
+    when all pass, an Attempt saying which rule refused otherwise."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return Attempt(False, UNREACHABLE, "the task app's host name does not resolve")
+    addresses: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
+    for info in infos:
+        address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+        if address not in addresses:
+            addresses.append(address)
+    if not addresses:
+        return Attempt(False, UNREACHABLE, "the task app's host name does not resolve")
+    for address in addresses:
+        why = address_refusal(address, port, policy)
+        if why:
+            text = f"the task app's host resolves to {why}: the operator does not connect there"
+            return Attempt(False, ADDRESS_REFUSED, text)
+    first = addresses[0]
+    netloc = f"[{first}]:{port}" if first.version == 6 else f"{first}:{port}"
+    base = urlunsplit((parts.scheme.lower(), netloc, parts.path, "", ""))
+    extensions = {"sni_hostname": host} if parts.scheme.lower() == "https" else {}
+    return Pinned(base, {"Host": parts.netloc}, extensions)
+
+
+def address_policy(
+    allowed: str | Iterable[str] = "", denied: str | Iterable[str] = "", api_server: str | Iterable[str] = ""
+) -> AddressPolicy:
+    return AddressPolicy(allowed=networks(allowed), denied=networks(denied), api_server=endpoints(api_server))
+
+
+def policy_from_settings(settings: OperatorSettings) -> AddressPolicy:
+    return address_policy(
+        settings.task_app_allowed_networks, settings.task_app_denied_networks, settings.api_server_addresses
+    )
+
+
+def policy_from_env(environ: dict[str, str] | None = None) -> AddressPolicy:
+    """The policy of the trainer's init container: the operator's settings as the operator rendered them
+    into its environment (POSTTRAIN_TASK_APP_*_NETWORKS, POSTTRAIN_API_SERVER_ADDRESSES), and the API
+    server the pod itself is told of (KUBERNETES_SERVICE_HOST/PORT)."""
+    env = os.environ if environ is None else environ
+    api = [a for a in env.get("POSTTRAIN_API_SERVER_ADDRESSES", "").split(",") if a.strip()]
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
+    if host:
+        try:
+            ip = ipaddress.ip_address(host)
+            api.append(f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}")
+        except ValueError:
+            pass  # a name: the operator's own addresses above cover it
+    return address_policy(
+        env.get("POSTTRAIN_TASK_APP_ALLOWED_NETWORKS", ""), env.get("POSTTRAIN_TASK_APP_DENIED_NETWORKS", ""), api
+    )
+
+
+async def api_server_addresses(host_url: str, environ: dict[str, str] | None = None) -> list[str]:
+    """ip:port of the API server the operator talks to (its URL's host, resolved) and of the in-cluster
+    Service (KUBERNETES_SERVICE_HOST/PORT): what a task app's URL may never point at."""
+    env = os.environ if environ is None else environ
+    parts = urlsplit(host_url)
+    wanted = [(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))]
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        wanted.append((env["KUBERNETES_SERVICE_HOST"], int(env.get("KUBERNETES_SERVICE_PORT") or 443)))
+    out: list[str] = []
+    for host, port in wanted:
+        if not host:
+            continue
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror:
+            continue
+        for info in infos:
+            ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+            text = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+            if text not in out:
+                out.append(text)
+    return out
+
+
 class TaskAppProber:
     """The operator's one HTTP client for task apps (connection pool shared by every check)."""
 
     def __init__(
-        self, *, transport: Any = None, max_bytes: int = MAX_RESPONSE_BYTES, max_connections: int = 100
+        self,
+        *,
+        transport: Any = None,
+        max_bytes: int = MAX_RESPONSE_BYTES,
+        max_connections: int = 100,
+        addresses: AddressPolicy | None = None,
     ):
         self.max_bytes = max_bytes
+        # None: no address rule (a person's own `posttrain verify-task-app`); the operator and the trainer's
+        # init container always pass one
+        self.addresses = addresses
         self._transport = transport
         self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=20)
         self._client: httpx.AsyncClient | None = None
@@ -231,21 +362,30 @@ class TaskAppProber:
 
     async def check(self, url: str, api_key: str | None, *, deadline: float = 10.0) -> Attempt:
         """One verification attempt: /health (2xx, not healthy=false) then /task_info (2xx, parses), both
-        within `deadline` seconds."""
+        within `deadline` seconds (the address lookup included)."""
         self.checks += 1
-        url = url.rstrip("/")
+        try:
+            url = check_url(url)
+        except UrlRefused as err:
+            return Attempt(False, URL_REFUSED, f"the task app's URL {err.reason}")
         headers = auth_headers(api_key)
         client = self.client()
         current = "/health"
         try:
             async with asyncio.timeout(deadline):
-                failed, health = await _get(client, url, current, headers, self.max_bytes)
+                extensions: dict[str, Any] = {}
+                if self.addresses is not None:
+                    pinned = await pin(url, self.addresses)
+                    if isinstance(pinned, Attempt):
+                        return pinned
+                    url, headers, extensions = pinned.base, {**headers, **pinned.headers}, pinned.extensions
+                failed, health = await _get(client, url, current, headers, self.max_bytes, extensions)
                 if failed:
                     return failed
                 if isinstance(health, dict) and health.get("healthy") is False:
                     return Attempt(False, BAD_RESPONSE, "GET /health -> healthy=false", http_status=200)
                 current = "/task_info"
-                failed, info = await _get(client, url, current, headers, self.max_bytes)
+                failed, info = await _get(client, url, current, headers, self.max_bytes, extensions)
         except TimeoutError:
             return Attempt(False, UNREACHABLE, f"GET {current} did not finish within {deadline:g} s")
         if failed:
@@ -257,10 +397,15 @@ class TaskAppProber:
 
 
 async def check_once(
-    url: str, api_key: str | None, *, request_timeout: float = 10.0, transport: Any = None
+    url: str,
+    api_key: str | None,
+    *,
+    request_timeout: float = 10.0,
+    transport: Any = None,
+    addresses: AddressPolicy | None = None,
 ) -> Attempt:
     """One attempt with a client of its own (the CLI and tests; the operator shares a TaskAppProber)."""
-    prober = TaskAppProber(transport=transport)
+    prober = TaskAppProber(transport=transport, addresses=addresses)
     try:
         return await prober.check(url, api_key, deadline=request_timeout)
     finally:

@@ -19,6 +19,7 @@ from posttrain.controller.objects import Job
 from posttrain.controller.render.model import bucket, model_location
 from posttrain.controller.render.names import ROLE_CONFIG, config_name
 from posttrain.controller.render.pods import child_meta
+from posttrain.controller.render.servers import JUDGE_KEY_ENV
 from posttrain.controller.render.taskapp import TaskAppTarget
 from posttrain.controller.render.trainer import DATA_MOUNT, JOBFILE_KEY, TASK_APP_KEY_ENV, TOML_KEY, WORKDIR
 from posttrain.controller.render.trainer_policy import checkpoint_every
@@ -46,6 +47,11 @@ def render_jobfile(
 ) -> JobFile:
     owner = job.owner
     config = spec_to_config(job.spec)
+    options = (config.get("judge") or {}).get("options")
+    if isinstance(options, dict):
+        # the judge client reads its key from this variable only (filled from the Secret the job names):
+        # never from one the spec picks (api_key_env = "S3_SECRET_ACCESS_KEY" would send the S3 key away)
+        options["api_key_env"] = JUDGE_KEY_ENV
     model = model_location(job.spec, settings)
     endpoint = settings.s3_endpoint
     configured = (config.get("training") or {}).get("checkpoint_every", 0)

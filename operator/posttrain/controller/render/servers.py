@@ -6,7 +6,10 @@ ready replica:
   <job>-reference  only when the reference model is dedicated (gpus_for_ref GPUs)
   <job>-judge      only when the judge is self-hosted ([judge.options].gpus GPUs)
 
-An external judge gets no server: the trainer calls the provider with <PROVIDER>_API_KEY from a Secret.
+An external judge (or one at a base_url) gets no server: the trainer calls it with the key from the Secret
+the job names (spec.judge.apiKeySecretRef) as POSTTRAIN_JUDGE_API_KEY, the only variable its judge client
+reads in a cluster (render/jobfile.py): no other variable of the trainer's (S3 keys, the task app's key)
+can be sent to a URL the job chose.
 The servers' pods mount no ServiceAccount token (they never call the API server); the job's rollout
 token guards their weight-sync and capture endpoints."""
 
@@ -35,6 +38,7 @@ from posttrain.controller.settings import OperatorSettings
 
 SERVER_CLI_ROLE = {ROLE_ROLLOUT: "policy", ROLE_REFERENCE: "reference", ROLE_JUDGE: "judge"}
 JUDGE_ENDPOINT = "judge"  # the job file's endpoints.judges key of a self-hosted judge
+JUDGE_KEY_ENV = "POSTTRAIN_JUDGE_API_KEY"  # the judge's key in the trainer, from the Secret the job names
 
 
 @dataclass
@@ -129,18 +133,16 @@ def judge_server(name: str, judge_model: str, gpus: int, topo: Topology, setting
     return Server(ROLE_JUDGE, judge_name(name), 1, topo.gpus(gpus), args)
 
 
-def judge_key_env(spec: RLJobSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
-    """<PROVIDER>_API_KEY for an external judge, from spec.judge.apiKeySecretRef (the operator's judge
-    Secret otherwise); optional, so that a job without the key still starts and the judge falls back."""
+def judge_key_env(spec: RLJobSpec) -> list[dict[str, Any]]:
+    """JUDGE_KEY_ENV from the Secret spec.judge.apiKeySecretRef names (key: its `key`, else
+    <PROVIDER>_API_KEY); nothing when the job names none (parse_job refuses a judge that needs one)."""
     assert spec.judge is not None and spec.judge.options is not None
-    env_name = f"{re.sub(r'[^A-Z0-9]', '_', str(spec.judge.options.provider).upper())}_API_KEY"
     ref = spec.judge.api_key_secret_ref
-    secret = {
-        "name": (ref.name if ref else None) or settings.judge_secret_name,
-        "key": (ref.key if ref else None) or env_name,
-        "optional": True,
-    }
-    return [{"name": env_name, "valueFrom": {"secretKeyRef": secret}}]
+    if ref is None or not ref.name:
+        return []
+    default_key = f"{re.sub(r'[^A-Z0-9]', '_', str(spec.judge.options.provider).upper())}_API_KEY"
+    secret = {"name": ref.name, "key": ref.key or default_key}
+    return [{"name": JUDGE_KEY_ENV, "valueFrom": {"secretKeyRef": secret}}]
 
 
 def render_servers(job: Job, settings: OperatorSettings, topo: Topology, model: ModelLocation) -> Servers:
@@ -163,6 +165,5 @@ def render_servers(job: Job, settings: OperatorSettings, topo: Topology, model: 
         if judge.options.self_hosted():
             server = judge_server(owner.name, judge.options.model, judge.options.server_gpus(), topo, settings)
             out.endpoints["judges"] = {JUDGE_ENDPOINT: add(server)}
-        else:
-            out.judge_env = judge_key_env(spec, settings)
+        out.judge_env = judge_key_env(spec)
     return out

@@ -61,6 +61,16 @@ def task_app_target(spec: RLJobSpec, app: TaskAppObject | None = None) -> TaskAp
     )
 
 
+def secrets_of(app: TaskAppObject) -> list[str]:
+    """Every Secret a deployed TaskApp's pod would get: its key's, and those its env names."""
+    names = [app.spec.api_key_secret_ref.name] if app.spec.api_key_secret_ref is not None else []
+    for item in app.spec.env or []:
+        ref = item.value_from.secret_key_ref if item.value_from is not None else None
+        if ref is not None and ref.name not in names:
+            names.append(ref.name)
+    return names
+
+
 def _env(app: TaskAppObject) -> list[dict[str, Any]]:
     env = [e.model_dump(by_alias=True, exclude_none=True) for e in app.spec.env or []]
     secret = app.spec.api_key_secret_ref

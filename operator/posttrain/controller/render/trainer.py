@@ -30,10 +30,12 @@ DATA_MOUNT = "/data"
 WORKDIR = "/workspace"
 LOOPBACK = "127.0.0.1"
 TASK_APP_KEY_ENV = "ENVIRONMENT_API_KEY"
-VERIFY_TASK_APP = (
-    'for i in $(seq 1 30); do posttrain verify-task-app "$TASK_APP_URL" --no-rollout && exit 0; '
-    "sleep 10; done; exit 1"
-)
+# The operator's settings the init container's task-app check needs (posttrain.controller.verify.policy_from_env)
+ADDRESS_SETTINGS_ENV = {
+    "POSTTRAIN_TASK_APP_ALLOWED_NETWORKS": "task_app_allowed_networks",
+    "POSTTRAIN_TASK_APP_DENIED_NETWORKS": "task_app_denied_networks",
+    "POSTTRAIN_API_SERVER_ADDRESSES": "api_server_addresses",
+}
 
 
 def torchrun_env(job: Job, settings: OperatorSettings, topo: Topology) -> list[dict[str, Any]]:
@@ -90,6 +92,23 @@ def wait_script(urls: list[str], timeout: int) -> str:
     )
 
 
+def verify_task_app_command(task_app: TaskAppTarget, settings: OperatorSettings) -> list[str]:
+    """The operator's own check (posttrain.controller.verify), from the trainer pod: one deadline per
+    attempt, retried with backoff for as long as the operator would, fixed messages only. No shell: the
+    URL is one argument."""
+    return ["posttrain", "verify-task-app", "--in-cluster",
+            "--retry-for", f"{max(1.0, settings.verify_timeout_seconds):g}",
+            "--timeout", f"{min(max(settings.verify_request_timeout, 1.0), 60.0):g}",
+            "--", task_app.url]  # fmt: skip
+
+
+def verify_task_app_env(task_app: TaskAppTarget, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The task app's key (from the same Secret) and the address rules of the operator's settings."""
+    rules = [{"name": env, "value": str(getattr(settings, name))}
+             for env, name in ADDRESS_SETTINGS_ENV.items() if getattr(settings, name)]  # fmt: skip
+    return [*task_app_key_env(task_app), *rules]
+
+
 def init_containers(
     image: str, settings: OperatorSettings, task_app: TaskAppTarget | None, wait_for: list[str]
 ) -> list[dict[str, Any]]:
@@ -97,10 +116,9 @@ def init_containers(
     pull = settings.image_pull_policy
     init: list[dict[str, Any]] = []
     if task_app is not None:
-        env = [{"name": "TASK_APP_URL", "value": task_app.url}, *task_app_key_env(task_app)]
-        command = ["sh", "-c", VERIFY_TASK_APP]
-        init.append({"name": "verify-task-app", "image": image, "imagePullPolicy": pull, "command": command,
-                     "env": env})  # fmt: skip
+        init.append({"name": "verify-task-app", "image": image, "imagePullPolicy": pull,
+                     "command": verify_task_app_command(task_app, settings),
+                     "env": verify_task_app_env(task_app, settings)})  # fmt: skip
     if wait_for:
         command = ["python", "-c", wait_script(wait_for, settings.readiness_timeout_seconds)]
         init.append({"name": "wait-for-servers", "image": image, "imagePullPolicy": pull, "command": command})

@@ -1,0 +1,59 @@
+"""Pure: keys of a TOML config that hold a literal secret (an API key, a token, a password) instead of a
+reference to one. A config travels whole into the custom resource (spec.originalToml), into git and into
+the job's files: a literal key there is a leaked key. `posttrain convert`, `validate` and `train` refuse
+it, naming file:line; the key belongs in a Secret the job names (e.g. [judge.api_key_secret_ref],
+--api-key-secret) or, for a local run, in an environment variable named by a `*_env` key.
+
+A key is secret-looking when its words (split at `_`, `-`, `.`) hold password, passwd, passphrase, secret,
+token, credential(s), authorization, apikey, or api/private/secret followed by key; and it is a reference,
+not a secret, when its last word says so (`api_key_env`, `api_key_secret_ref`, `token_file`, `secret_name`).
+Tokenizer special tokens (pad_token, eos_token, ...) are text, not secrets. Only non-empty strings count."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+SECRET_WORDS = frozenset(
+    {"password", "passwd", "passphrase", "secret", "token", "credential", "credentials", "authorization",
+     "apikey", "api-key", "bearer"}  # fmt: skip
+)
+KEY_PAIRS = frozenset({("api", "key"), ("private", "key"), ("secret", "key"), ("access", "token")})
+REFERENCE_WORDS = frozenset({"env", "ref", "name", "names", "file", "path", "var", "variable", "id", "url"})
+TEXT_TOKENS = frozenset(
+    {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", "stop", "start", "end", "image", "video",
+     "audio", "think", "tool", "placeholder"}  # fmt: skip
+)
+
+
+def _words(key: str) -> list[str]:
+    # camelCase too (apiKey, accessToken): split before an upper-case letter
+    return [w for w in re.split(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])", key) if w]
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a key's name says it holds a secret value (see the module's docstring)."""
+    words = [w.lower() for w in _words(key)]
+    if not words or words[-1] in REFERENCE_WORDS:
+        return False
+    if len(words) >= 2 and words[-1] == "token" and words[-2] in TEXT_TOKENS:
+        return False
+    if any(w in SECRET_WORDS for w in words):
+        return True
+    return any(pair in KEY_PAIRS for pair in zip(words, words[1:], strict=False))
+
+
+def literal_secrets(raw: Any, path: str = "") -> Iterator[str]:
+    """Dotted paths (array indices left out, as toml_locate wants them) of every secret-looking key with a
+    non-empty string value in a parsed TOML document."""
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            child = f"{path}.{key}" if path else str(key)
+            if isinstance(value, str) and value.strip() and is_secret_key(str(key)):
+                yield child
+            elif isinstance(value, dict | list):
+                yield from literal_secrets(value, child)
+    elif isinstance(raw, list):
+        for item in raw:
+            yield from literal_secrets(item, path)
