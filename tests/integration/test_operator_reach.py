@@ -22,6 +22,13 @@ from typing import Any
 
 import pytest
 import yaml
+from fixtures.operator_process import (
+    OperatorProcess,
+    api_client_of,
+    ensure_crds,
+    kubeconfig_of,
+    rljob_manifest,
+)
 from kubernetes import client, config
 from posttrain.api.resources import GROUP, VERSION
 from posttrain.controller import render
@@ -32,8 +39,6 @@ from posttrain.controller.render.taskapp import TaskAppTarget, render_task_app
 from posttrain.controller.render.token import with_token
 from posttrain.controller.settings import OperatorSettings
 from posttrain.dev.devcluster import kubectl_path
-
-from fixtures.operator_process import OperatorProcess, api_client_of, ensure_crds, kubeconfig_of, rljob_manifest
 
 pytestmark = pytest.mark.cluster
 

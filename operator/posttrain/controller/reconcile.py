@@ -58,6 +58,7 @@ from posttrain.controller.status import (
     status_write_needed,
 )
 from posttrain.controller.taskapp_index import TASKAPP_INDEX, TaskAppView, trusts_the_apps_check
+from posttrain.controller.tenancy import NOT_ENABLED, not_opted_in
 from posttrain.controller.verify import (
     INVALID_SPEC as TASKAPP_INVALID,
 )
@@ -642,10 +643,11 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
     await read_result(rt, job, observed)
     now = utcnow()
 
-    def derive(seen: Observed) -> dict[str, Any]:
+    def derive(seen: Observed, blocked: tuple[str, str] | None = None) -> dict[str, Any]:
         expected = plan.expected if plan is not None else None
         return derive_status(job, observed=seen, expected=expected, verification=verification, now=now,
-                             bucket=bucket(job.spec, rt.settings), invalid=state.invalid)  # fmt: skip
+                             bucket=bucket(job.spec, rt.settings), invalid=state.invalid,
+                             blocked=blocked)  # fmt: skip
 
     desired = derive(observed)
     stuck_seconds = stuck_for(state, desired["phase"], time.time(), job.status)
@@ -664,6 +666,13 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
             state.invalid = refused.message
             logger.warning("%s %s: %s", owner.kind, owner.name, refused)
             desired = derive(observed)
+        except KubeError as err:
+            # the operator's reach policy: this namespace has not opted in (controller/tenancy.py); the
+            # job waits with that reason and is tried again at the next pass
+            if (why := not_opted_in(err, owner.namespace)) is None:
+                raise
+            logger.warning("%s %s: %s", owner.kind, owner.name, why)
+            desired = derive(observed, (NOT_ENABLED, why))
     await patch_status(rt, owner, job.status, desired, state)
     phase = job.status.get("phase") or desired["phase"]
     if phase in TERMINAL:

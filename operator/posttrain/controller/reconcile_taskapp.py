@@ -12,7 +12,7 @@ import kopf
 
 from posttrain.api.resources import DEFAULT_API_KEY_SECRET_KEY
 from posttrain.controller.bounds import bound_status, event_message
-from posttrain.controller.kube import object_path
+from posttrain.controller.kube import KubeError, object_path
 from posttrain.controller.objects import Owner, TaskAppObject, owner_of, parse_task_app
 from posttrain.controller.reconcile import (
     ChildRefused,
@@ -36,6 +36,7 @@ from posttrain.controller.status import (
     status_patch,
     taskapp_status,
 )
+from posttrain.controller.tenancy import NOT_ENABLED, not_opted_in
 from posttrain.controller.verify import Attempt, VerifyPolicy, as_verification
 
 
@@ -46,6 +47,10 @@ async def _check(rt: Runtime, app: TaskAppObject, state: LoopState, observed: An
         await ensure_children(rt, render_task_app(app, rt.settings), observed, state)
     except ChildRefused as refused:
         return task_app_service_url(app), Attempt(False, INVALID_SPEC, refused.message)
+    except KubeError as err:  # the namespace has not opted in (controller/tenancy.py): say so, retry
+        if (why := not_opted_in(err, app.owner.namespace)) is None:
+            raise
+        return task_app_service_url(app), Attempt(False, NOT_ENABLED, why)
     url = task_app_service_url(app)
     secret = app.spec.api_key_secret_ref
     name = secret.name if secret else None
