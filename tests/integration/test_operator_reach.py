@@ -108,7 +108,10 @@ def reach(cluster: Any) -> str:
              "ValidatingAdmissionPolicyBinding"}  # fmt: skip
     docs = [d for d in rendered_prod() if d["kind"] in kinds and d["metadata"]["name"] in names]
     assert {d["kind"] for d in docs} == kinds
-    ok(kubectl(kcfg, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs)))
+    # (a field manager of its own: the dev overlay's labels on posttrain-system, applied by other tests of
+    # this session, stay)
+    ok(kubectl(kcfg, "apply", "--server-side", "--force-conflicts", "--field-manager=test-operator-reach",
+               "-f", "-", stdin=yaml.safe_dump_all(docs)))  # fmt: skip
     assert ok(kubectl(kcfg, "auth", "can-i", "create", "deployments", "-n", "kube-system",
                       f"--as={OPERATOR}")).strip() == "yes"  # fmt: skip  (RBAC alone would let it)
     deadline = time.monotonic() + 60
@@ -145,6 +148,13 @@ def test_the_operator_may_not_create_in_kube_system_nor_in_a_namespace_that_did_
               "ownerReferences": [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "RLJob", "name": "x",
                                    "uid": "00000000-0000-0000-0000-000000000001", "controller": True}]}}  # fmt: skip
     refused(apply_as_operator(reach, secret), "has not opted in")
+    # In its own namespace: the Secret of its rollout-token key (made once), nothing else of its own.
+    key = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "posttrain-token-key", "namespace": "posttrain-system"}}
+    ok(as_operator(reach, "create", "-f", "-", "--dry-run=server", stdin=json.dumps(key)))
+    other = {**key, "metadata": {**key["metadata"], "name": "posttrain-other"}}
+    assert as_operator(reach, "create", "-f", "-", "--dry-run=server", stdin=json.dumps(other)).returncode != 0
+    assert as_operator(reach, "create", "deployment", "x", "--image=busybox", "-n", "posttrain-system",
+                       "--dry-run=server").returncode != 0  # fmt: skip
 
 
 def test_every_child_the_operator_renders_is_admitted_in_an_opted_in_namespace(reach: str, tenant: str) -> None:
