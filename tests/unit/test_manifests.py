@@ -65,10 +65,19 @@ def documented_rules(table: str) -> dict[tuple[str, str], set[str]]:
     return rules
 
 
+# Rules narrowed to the objects they name (RBAC's resourceNames; the README's table lists their verbs).
+NAMED = {
+    ("admissionregistration.k8s.io", "validatingadmissionpolicies"): ["posttrain-trainer-own-job"],
+    ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"): ["posttrain-trainer-own-job"],
+    ("kopf.dev", "clusterkopfpeerings"): ["posttrain"],
+}
+
+
 def granted_rules(role: dict) -> dict[tuple[str, str], set[str]]:
     rules: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
-        assert "resourceNames" not in rule
+        if "resourceNames" in rule:
+            assert all(NAMED.get((g, r)) == rule["resourceNames"] for g in rule["apiGroups"] for r in rule["resources"]), rule
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 rules.setdefault((group, resource), set()).update(rule["verbs"])
@@ -426,3 +435,21 @@ def test_prod_limits_the_operators_egress_and_never_to_the_metadata_address(rel)
     assert {443, 6443, 80} <= allowed.keys()
     assert any(reaches(p, ipaddress.ip_address("10.0.0.1")) for p in allowed[443])  # e.g. the API server
     assert set(allowed) <= {53, 80, 443, 6443, 8000, 8080}
+
+
+@needs_kubectl
+def test_the_operators_cluster_wide_reads_and_writes_by_name_are_narrowed_to_that_name():
+    """The trainer policy is read by name and kopf patches only its own peering object: resourceNames."""
+    role = find(render("overlays/prod"), "ClusterRole", "posttrain-operator")
+    named: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                if (group, resource) in NAMED:
+                    key = "named" if rule.get("resourceNames") == NAMED[(group, resource)] else "any"
+                    named.setdefault((group, resource), set()).update(f"{key}:{v}" for v in rule["verbs"])
+    assert named == {
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies"): {"named:get"},
+        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"): {"named:get"},
+        ("kopf.dev", "clusterkopfpeerings"): {"any:list", "any:watch", "named:patch"},
+    }
