@@ -315,6 +315,20 @@ def test_the_operator_says_why_a_job_waits_in_a_namespace_that_has_not_opted_in(
                 time.sleep(0.5)
             got = status()
             assert got["phase"] == "Pending"
+            # A TaskApp deployed from an image says the same in its Verified condition.
+            make(reach, {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TaskApp", "metadata": {"name": "app", "namespace": ns},
+                         "spec": {"image": "math:1", "port": 8000}})  # fmt: skip
+
+            def verified() -> dict[str, Any]:
+                app = json.loads(ok(kubectl(reach, "get", "taskapp", "app", "-n", ns, "-o", "json")))
+                conds = (app.get("status") or {}).get("conditions") or []
+                return next((c for c in conds if c["type"] == "Verified"), {})
+
+            deadline = time.monotonic() + 60
+            while verified().get("reason") != "NamespaceNotEnabled":
+                assert time.monotonic() < deadline, f"{verified()}\n{op.log_tail()}"
+                time.sleep(0.5)
+            assert "posttrain.dev/tenant=enabled" in verified()["message"]
             assert f"namespace {ns} has not opted in" in got["message"]
             assert "posttrain.dev/tenant=enabled" in got["message"]
             assert not json.loads(ok(kubectl(reach, "get", "jobs,deployments,services", "-n", ns, "-o", "json")))["items"]

@@ -28,5 +28,5 @@ def not_opted_in(err: BaseException, namespace: str) -> str | None:
     return (
         f"namespace {namespace} has not opted in to posttrain: a cluster admin labels it "
         f"{TENANT_LABEL}={TENANT_ENABLED} (kubectl label namespace {namespace} {TENANT_LABEL}={TENANT_ENABLED}); "
-        "the job waits until then"
+        "it waits until then"
     )
