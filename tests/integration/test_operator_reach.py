@@ -233,7 +233,14 @@ def test_in_an_opted_in_namespace_the_operator_makes_nothing_but_its_own_childre
     refused(apply_as_operator(reach, other), "runs the trainer identity")
     tokened = json.loads(json.dumps(server))
     tokened["spec"]["template"]["spec"]["automountServiceAccountToken"] = True
-    refused(apply_as_operator(reach, tokened), "mounts no ServiceAccount token")
+    refused(apply_as_operator(reach, tokened), "mounts no token")
+    account = json.loads(json.dumps(server))
+    account["spec"]["template"]["spec"]["serviceAccountName"] = "ci-deployer"
+    refused(apply_as_operator(reach, account), "runs the default ServiceAccount")
+    projected = json.loads(json.dumps(trainer))
+    projected["spec"]["template"]["spec"]["volumes"].append(
+        {"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}})
+    refused(apply_as_operator(reach, projected), "no projected serviceAccountToken")
     host = json.loads(json.dumps(server))
     host["spec"]["template"]["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
     refused(apply_as_operator(reach, host), "hostPath")
