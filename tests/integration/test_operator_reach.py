@@ -14,9 +14,11 @@ object would start pods).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -290,64 +292,83 @@ def operator_kubeconfig(kcfg: str, out: Path) -> str:
     return str(out)
 
 
-def test_the_operator_says_why_a_job_waits_in_a_namespace_that_has_not_opted_in(
-    reach: str, namespace: str, tmp_path: Path
-) -> None:
-    """The real operator under its own account, limited to this namespace (kopf then lists and watches
-    namespaces: the namespaced overlay's read-only ClusterRole, bound for the test)."""
-    ns = namespace
+SFT = {"model": {"base": "x"}, "algorithm": {"type": "offline", "method": "sft", "variety": "fft"},
+       "compute": {"gpuType": "H100", "gpuCount": 1}}  # fmt: skip
+
+
+@contextlib.contextmanager
+def operator_as_its_account(kcfg: str, ns: str, tmp_path: Path, **env: str) -> Iterator[OperatorProcess]:
+    """The real operator under its own account, limited to `ns` (kopf then lists and watches namespaces:
+    a read-only ClusterRole like the namespaced overlay's, bound for the test)."""
     extra = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
              "metadata": {"name": f"reach-{ns}"},
              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"reach-{ns}"},
              "subjects": [{"kind": "ServiceAccount", "name": "posttrain-operator", "namespace": "posttrain-system"}]}
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": f"reach-{ns}"},
             "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]}  # fmt: skip
-    ok(kubectl(reach, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all([role, extra])))
-    sft = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SFTJob", "metadata": {"name": "sft", "namespace": ns},
-           "spec": {"model": {"base": "x"}, "algorithm": {"type": "offline", "method": "sft", "variety": "fft"},
-                    "compute": {"gpuType": "H100", "gpuCount": 1}}}  # fmt: skip
+    ok(kubectl(kcfg, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all([role, extra])))
     try:
-        op_kcfg = operator_kubeconfig(reach, tmp_path / "operator.kubeconfig")
-        env = {"POSTTRAIN_RESYNC_SECONDS": "2", "POSTTRAIN_S3_ENDPOINT": "http://127.0.0.1:9"}
+        op_kcfg = operator_kubeconfig(kcfg, tmp_path / "operator.kubeconfig")
+        env = {"POSTTRAIN_RESYNC_SECONDS": "2", "POSTTRAIN_S3_ENDPOINT": "http://127.0.0.1:9", **env}
         with OperatorProcess(op_kcfg, tmp_path / "operator.log", namespace=ns, env=env).start() as op:
-            make(reach, sft)
-
-            def status() -> dict[str, Any]:
-                out = ok(kubectl(reach, "get", "sftjob", "sft", "-n", ns, "-o", "json"))
-                return json.loads(out).get("status") or {}
-
-            deadline = time.monotonic() + 60
-            while status().get("reason") != "NamespaceNotEnabled":
-                assert time.monotonic() < deadline, f"{status()}\n{op.log_tail()}"
-                time.sleep(0.5)
-            got = status()
-            assert got["phase"] == "Pending"
-            # A TaskApp deployed from an image says the same in its Verified condition.
-            make(reach, {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TaskApp", "metadata": {"name": "app", "namespace": ns},
-                         "spec": {"image": "math:1", "port": 8000}})  # fmt: skip
-
-            def verified() -> dict[str, Any]:
-                app = json.loads(ok(kubectl(reach, "get", "taskapp", "app", "-n", ns, "-o", "json")))
-                conds = (app.get("status") or {}).get("conditions") or []
-                return next((c for c in conds if c["type"] == "Verified"), {})
-
-            deadline = time.monotonic() + 60
-            while verified().get("reason") != "NamespaceNotEnabled":
-                assert time.monotonic() < deadline, f"{verified()}\n{op.log_tail()}"
-                time.sleep(0.5)
-            assert "posttrain.dev/tenant=enabled" in verified()["message"]
-            assert f"namespace {ns} has not opted in" in got["message"]
-            assert "posttrain.dev/tenant=enabled" in got["message"]
-            assert not json.loads(ok(kubectl(reach, "get", "jobs,deployments,services", "-n", ns, "-o", "json")))["items"]
-            # A cluster admin opts the namespace in: the job goes on (its trainer Job is made).
-            ok(kubectl(reach, "label", "namespace", ns, TENANT_LABEL))
-            deadline = time.monotonic() + 60
-            while status().get("phase") in (None, "Pending"):
-                assert time.monotonic() < deadline, f"{status()}\n{op.log_tail()}"
-                time.sleep(0.5)
-            assert status()["phase"] in ("Provisioning", "Running"), status()
-            assert ok(kubectl(reach, "get", "job", "sft-trainer", "-n", ns, "-o", "name")).strip()
+            yield op
             log = op.log_tail(200_000)
             assert "Traceback" not in log, log[-3000:]
     finally:
-        kubectl(reach, "delete", "clusterrolebinding,clusterrole", f"reach-{ns}", "--ignore-not-found")
+        kubectl(kcfg, "delete", "clusterrolebinding,clusterrole", f"reach-{ns}", "--ignore-not-found")
+
+
+def status_of(kcfg: str, ns: str, kind: str, name: str) -> dict[str, Any]:
+    return json.loads(ok(kubectl(kcfg, "get", kind, name, "-n", ns, "-o", "json"))).get("status") or {}
+
+
+def wait_reason(kcfg: str, ns: str, kind: str, name: str, reason: str, op: OperatorProcess) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while (got := status_of(kcfg, ns, kind, name)).get("reason") != reason:
+        assert time.monotonic() < deadline, f"{got}\n{op.log_tail()}"
+        time.sleep(0.5)
+    return got
+
+
+def test_the_operator_says_why_a_job_waits_in_a_namespace_that_has_not_opted_in(
+    reach: str, namespace: str, tmp_path: Path
+) -> None:
+    ns = namespace
+    sft = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SFTJob", "metadata": {"name": "sft", "namespace": ns}, "spec": SFT}
+    with operator_as_its_account(reach, ns, tmp_path) as op:
+        make(reach, sft)
+        got = wait_reason(reach, ns, "sftjob", "sft", "NamespaceNotEnabled", op)
+        assert got["phase"] == "Pending"
+        assert f"namespace {ns} has not opted in" in got["message"]
+        assert "posttrain.dev/tenant=enabled" in got["message"]
+        assert not json.loads(ok(kubectl(reach, "get", "jobs,deployments,services,secrets", "-n", ns, "-o", "json")))["items"]
+        # A TaskApp deployed from an image says the same in its Verified condition.
+        make(reach, {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TaskApp", "metadata": {"name": "app", "namespace": ns},
+                     "spec": {"image": "math:1", "port": 8000}})  # fmt: skip
+        app = wait_reason(reach, ns, "taskapp", "app", "NamespaceNotEnabled", op)
+        verified = next(c for c in app["conditions"] if c["type"] == "Verified")
+        assert verified["reason"] == "NamespaceNotEnabled" and "posttrain.dev/tenant=enabled" in verified["message"]
+        # A cluster admin opts the namespace in: the job goes on (its trainer Job is made).
+        ok(kubectl(reach, "label", "namespace", ns, TENANT_LABEL))
+        deadline = time.monotonic() + 60
+        while status_of(reach, ns, "sftjob", "sft").get("phase") in (None, "Pending"):
+            assert time.monotonic() < deadline, f"{status_of(reach, ns, 'sftjob', 'sft')}\n{op.log_tail()}"
+            time.sleep(0.5)
+        assert status_of(reach, ns, "sftjob", "sft")["phase"] in ("Provisioning", "Running")
+        assert ok(kubectl(reach, "get", "job", "sft-trainer", "-n", ns, "-o", "name")).strip()
+
+
+def test_an_install_whose_settings_the_policy_refuses_says_so_instead_of_retrying_silently(
+    reach: str, tenant: str, tmp_path: Path
+) -> None:
+    """A trainer ServiceAccount the policy does not name (static identity under another name): the job waits
+    with reason OperatorReachRefused and the policy's own words."""
+    ns = tenant
+    sft = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SFTJob", "metadata": {"name": "sft", "namespace": ns}, "spec": SFT}
+    env = {"POSTTRAIN_TRAINER_IDENTITY": "static", "POSTTRAIN_TRAINER_SERVICE_ACCOUNT": "ml-runner"}
+    with operator_as_its_account(reach, ns, tmp_path, **env) as op:
+        make(reach, sft)
+        got = wait_reason(reach, ns, "sftjob", "sft", "OperatorReachRefused", op)
+        assert got["phase"] == "Pending"
+        assert "posttrain-operator-reach" in got["message"] and "runs the trainer identity" in got["message"]
+        assert not json.loads(ok(kubectl(reach, "get", "jobs", "-n", ns, "-o", "json")))["items"]

@@ -11,16 +11,18 @@ from fixtures.jobs import job_object, sft_spec
 from posttrain.controller.kube import KubeError, _status_message
 from posttrain.controller.objects import parse_job
 from posttrain.controller.status import Observed, derive_status, get_condition
-from posttrain.controller.tenancy import NOT_ENABLED, not_opted_in
+from posttrain.controller.tenancy import NOT_ENABLED, REACH_REFUSED, not_opted_in, reach_refusal
 
 NS = "n" * 63  # the longest namespace name: the refusal's message is longer than KubeError's own text
 
 
-def refusal(status: int = 403, policy: str = "posttrain-operator-reach") -> KubeError:
+OPTED_OUT = f"namespace {NS} has not opted in to posttrain: a cluster admin labels it posttrain.dev/tenant=enabled"
+
+
+def refusal(status: int = 403, policy: str = "posttrain-operator-reach", said: str = OPTED_OUT) -> KubeError:
     message = (
         f'rolebindings.rbac.authorization.k8s.io "posttrain-trainer-status" is forbidden: ValidatingAdmissionPolicy'
-        f" '{policy}' with binding '{policy}' denied request: namespace {NS} has not opted in to posttrain: a"
-        f" cluster admin labels it posttrain.dev/tenant=enabled"
+        f" '{policy}' with binding '{policy}' denied request: {said}"
     )
     body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "reason": "Forbidden"}).encode()
     path = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings/posttrain-trainer-status"
@@ -57,3 +59,15 @@ def test_a_blocked_job_waits_pending_with_the_reason() -> None:
     failed = derive_status(job, observed=Observed(), expected=None, verification=None, now=now,
                            invalid="spec.x: bad", blocked=(NOT_ENABLED, why))  # fmt: skip
     assert failed["phase"] == "Failed"
+
+
+def test_any_other_refusal_of_the_reach_policy_is_reported_in_its_own_words() -> None:
+    said = "a Job of the posttrain operator runs the trainer identity: serviceAccountName posttrain-trainer or x"
+    assert not_opted_in(refusal(said=said), NS) is None
+    reason, message = reach_refusal(refusal(said=said), NS) or ("", "")
+    assert reason == REACH_REFUSED and message.endswith(said) and "posttrain-operator-reach" in message
+    assert reach_refusal(refusal(), NS) == (NOT_ENABLED, not_opted_in(refusal(), NS))
+    long = reach_refusal(refusal(said="x" * 5000), NS)
+    assert long is not None and len(long[1]) < 400  # bounded: it goes into status
+    assert reach_refusal(refusal(policy="someone-elses-policy", said=said), NS) is None
+    assert reach_refusal(KubeError(403, "forbidden"), NS) is None

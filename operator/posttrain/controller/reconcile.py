@@ -58,7 +58,7 @@ from posttrain.controller.status import (
     status_write_needed,
 )
 from posttrain.controller.taskapp_index import TASKAPP_INDEX, TaskAppView, trusts_the_apps_check
-from posttrain.controller.tenancy import NOT_ENABLED, not_opted_in
+from posttrain.controller.tenancy import reach_refusal
 from posttrain.controller.verify import (
     INVALID_SPEC as TASKAPP_INVALID,
 )
@@ -667,12 +667,12 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
             logger.warning("%s %s: %s", owner.kind, owner.name, refused)
             desired = derive(observed)
         except KubeError as err:
-            # the operator's reach policy: this namespace has not opted in (controller/tenancy.py); the
-            # job waits with that reason and is tried again at the next pass
-            if (why := not_opted_in(err, owner.namespace)) is None:
+            # the operator's reach policy, e.g. this namespace has not opted in (controller/tenancy.py):
+            # the job waits with that reason and is tried again at the next pass
+            if (refused := reach_refusal(err, owner.namespace)) is None:
                 raise
-            logger.warning("%s %s: %s", owner.kind, owner.name, why)
-            desired = derive(observed, (NOT_ENABLED, why))
+            logger.warning("%s %s: %s", owner.kind, owner.name, refused[1])
+            desired = derive(observed, refused)
     await patch_status(rt, owner, job.status, desired, state)
     phase = job.status.get("phase") or desired["phase"]
     if phase in TERMINAL:

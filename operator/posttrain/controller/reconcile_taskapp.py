@@ -36,7 +36,7 @@ from posttrain.controller.status import (
     status_patch,
     taskapp_status,
 )
-from posttrain.controller.tenancy import NOT_ENABLED, not_opted_in
+from posttrain.controller.tenancy import reach_refusal
 from posttrain.controller.verify import Attempt, VerifyPolicy, as_verification
 
 
@@ -47,10 +47,10 @@ async def _check(rt: Runtime, app: TaskAppObject, state: LoopState, observed: An
         await ensure_children(rt, render_task_app(app, rt.settings), observed, state)
     except ChildRefused as refused:
         return task_app_service_url(app), Attempt(False, INVALID_SPEC, refused.message)
-    except KubeError as err:  # the namespace has not opted in (controller/tenancy.py): say so, retry
-        if (why := not_opted_in(err, app.owner.namespace)) is None:
+    except KubeError as err:  # the reach policy, e.g. the namespace has not opted in (controller/tenancy.py)
+        if (refused := reach_refusal(err, app.owner.namespace)) is None:
             raise
-        return task_app_service_url(app), Attempt(False, NOT_ENABLED, why)
+        return task_app_service_url(app), Attempt(False, *refused)
     url = task_app_service_url(app)
     secret = app.spec.api_key_secret_ref
     name = secret.name if secret else None
