@@ -71,3 +71,25 @@ def test_any_other_refusal_of_the_reach_policy_is_reported_in_its_own_words() ->
     assert long is not None and len(long[1]) < 400  # bounded: it goes into status
     assert reach_refusal(refusal(policy="someone-elses-policy", said=said), NS) is None
     assert reach_refusal(KubeError(403, "forbidden"), NS) is None
+
+
+def test_the_policy_names_what_the_operator_renders() -> None:
+    """The reach policy hard-codes names the code defines: they must not drift apart."""
+    from pathlib import Path
+
+    import yaml
+    from posttrain.controller.render.identity import NAMESPACE_ROLE, POLICY_SERVICE_ACCOUNT
+    from posttrain.controller.render.network import NETWORK_POLICY
+    from posttrain.controller.settings import OperatorSettings
+    from posttrain.controller.tenancy import REACH_POLICY, TENANT_ENABLED, TENANT_LABEL
+
+    path = Path(__file__).resolve().parents[2] / "manifests/base/operator-policy.yaml"
+    policy, binding = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert policy["metadata"]["name"] == binding["metadata"]["name"] == REACH_POLICY
+    text = path.read_text()
+    settings = OperatorSettings()
+    for name in (POLICY_SERVICE_ACCOUNT, settings.trainer_service_account, NAMESPACE_ROLE, NETWORK_POLICY):
+        assert f"'{name}'" in text, name
+    assert f"'{TENANT_LABEL}' in namespaceObject.metadata.labels" in text
+    assert f"namespaceObject.metadata.labels['{TENANT_LABEL}'] == '{TENANT_ENABLED}'" in text
+    assert f"{TENANT_LABEL}={TENANT_ENABLED}" in text  # the message tells the admin what to set
