@@ -270,6 +270,9 @@ def documented_annotation(key: str, readme: str) -> bool:
 def test_no_diff_after_the_operator_reconciled(platform, namespace, math_taskapp, tmp_path):
     ns = namespace if isinstance(namespace, str) else getattr(namespace, "name", str(namespace))
     kcfg = platform
+    # A cluster admin opts the namespace in: the platform's policy posttrain-operator-reach refuses the
+    # operator's account every write in a namespace without this label (test_operator_reach.py).
+    kubectl(kcfg, "label", "namespace", ns, "posttrain.dev/tenant=enabled")
     op_kcfg, own_token = operator_credentials(kcfg, tmp_path)
     enforced = rbac_enforced(kcfg)
     print(f"operator token: {'ServiceAccount' if own_token else 'admin'}; RBAC enforced: {enforced}")

@@ -3,6 +3,7 @@ the RBAC that manifests/README.md documents, no more."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shutil
 import subprocess
@@ -64,10 +65,19 @@ def documented_rules(table: str) -> dict[tuple[str, str], set[str]]:
     return rules
 
 
+# Rules narrowed to the objects they name (RBAC's resourceNames; the README's table lists their verbs).
+NAMED = {
+    ("admissionregistration.k8s.io", "validatingadmissionpolicies"): ["posttrain-trainer-own-job"],
+    ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"): ["posttrain-trainer-own-job"],
+    ("kopf.dev", "clusterkopfpeerings"): ["posttrain"],
+}
+
+
 def granted_rules(role: dict) -> dict[tuple[str, str], set[str]]:
     rules: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
-        assert "resourceNames" not in rule
+        if "resourceNames" in rule:
+            assert all(NAMED.get((g, r)) == rule["resourceNames"] for g in rule["apiGroups"] for r in rule["resources"]), rule
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 rules.setdefault((group, resource), set()).update(rule["verbs"])
@@ -340,3 +350,106 @@ def test_dev_node_overlay_runs_everything_from_local_images_on_a_cluster_without
     assert (namespace, task_app["spec"]["apiKeySecretRef"]["name"]) in secrets
     assert (namespace, env["POSTTRAIN_S3_SECRET_NAME"]) in secrets
     find(docs, "Namespace", namespace)
+
+
+# ------------------------------------------------------------------------------ the operator's reach
+OPERATOR_ACCOUNT = "system:serviceaccount:posttrain-system:posttrain-operator"
+TENANT_LABEL = ("posttrain.dev/tenant", "enabled")
+
+
+@needs_kubectl
+@pytest.mark.parametrize("rel", [*OVERLAYS, NAMESPACED])
+def test_every_install_confines_the_operator_with_the_reach_policy(rel):
+    """base/operator-policy.yaml is in every install, denies, fails closed, and matches exactly the account
+    the operator's Deployment runs as (tests/integration/test_operator_reach.py proves what it refuses)."""
+    docs = render(rel)
+    policy = find(docs, "ValidatingAdmissionPolicy", "posttrain-operator-reach")
+    binding = find(docs, "ValidatingAdmissionPolicyBinding", "posttrain-operator-reach")
+    assert binding["spec"] == {"policyName": "posttrain-operator-reach", "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["*/*"] and rule["apiGroups"] == ["*"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE", "CONNECT"}
+    (cond,) = spec["matchConditions"]
+    deployment = find(docs, "Deployment", "posttrain-operator")
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    assert cond["expression"].strip() == (
+        f"request.userInfo.username == 'system:serviceaccount:{deployment['metadata']['namespace']}:{account}'"
+    )
+    assert f"'{OPERATOR_ACCOUNT}'" in cond["expression"]
+    # The message tells a cluster admin what to set; the operator reads it (controller/tenancy.py).
+    assert any("has not opted in to posttrain" in v.get("messageExpression", "") for v in spec["validations"])
+    assert all(v.get("reason") == "Forbidden" for v in spec["validations"])
+
+
+@needs_kubectl
+def test_namespaces_that_run_jobs_opt_in_and_prod_keeps_the_operators_own_out():
+    def labels(rel: str, name: str) -> dict:
+        return find(render(rel), "Namespace", name)["metadata"].get("labels") or {}
+
+    key, value = TENANT_LABEL
+    assert labels("overlays/dev", "posttrain-system").get(key) == value  # dev jobs run there
+    assert labels("overlays/dev-node", "posttrain-jobs").get(key) == value
+    assert labels(NAMESPACED, "team-a").get(key) == value
+    assert key not in labels("overlays/prod", "posttrain-system")
+    assert key not in labels(NAMESPACED, "posttrain-system")
+
+
+METADATA = [ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")]
+
+
+def reaches(peer: dict, address) -> bool:
+    block = peer.get("ipBlock")
+    if block is None:
+        return False  # a pod or namespace selector selects pods, never the metadata service
+    net = ipaddress.ip_network(block["cidr"])
+    if address.version != net.version or address not in net:
+        return False
+    return not any(address in ipaddress.ip_network(e) for e in block.get("except") or [])
+
+
+@needs_kubectl
+@pytest.mark.parametrize("rel", ["overlays/prod", NAMESPACED])
+def test_prod_limits_the_operators_egress_and_never_to_the_metadata_address(rel):
+    docs = render(rel)
+    policy = find(docs, "NetworkPolicy", "posttrain-operator-egress")
+    deployment = find(docs, "Deployment", "posttrain-operator")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    spec = policy["spec"]
+    assert policy["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert "Egress" in spec["policyTypes"]
+    allowed: dict[int, list[dict]] = {}
+    for rule in spec["egress"]:
+        # a rule without `to` (or without ports) would admit every address (or every port)
+        assert rule.get("to"), rule
+        assert rule.get("ports"), rule
+        for port in rule["ports"]:
+            allowed.setdefault(int(port["port"]), []).extend(rule["to"])
+        for peer in rule["to"]:
+            for address in METADATA:
+                assert not reaches(peer, address), (address, peer)
+    # DNS (to kube-dns only), the API server, task apps over http and https.
+    assert all("ipBlock" not in p for p in allowed[53])
+    assert {443, 6443, 80} <= allowed.keys()
+    assert any(reaches(p, ipaddress.ip_address("10.0.0.1")) for p in allowed[443])  # e.g. the API server
+    assert set(allowed) <= {53, 80, 443, 6443, 8000, 8080}
+
+
+@needs_kubectl
+def test_the_operators_cluster_wide_reads_and_writes_by_name_are_narrowed_to_that_name():
+    """The trainer policy is read by name and kopf patches only its own peering object: resourceNames."""
+    role = find(render("overlays/prod"), "ClusterRole", "posttrain-operator")
+    named: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                if (group, resource) in NAMED:
+                    key = "named" if rule.get("resourceNames") == NAMED[(group, resource)] else "any"
+                    named.setdefault((group, resource), set()).update(f"{key}:{v}" for v in rule["verbs"])
+    assert named == {
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies"): {"named:get"},
+        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"): {"named:get"},
+        ("kopf.dev", "clusterkopfpeerings"): {"any:list", "any:watch", "named:patch"},
+    }

@@ -62,10 +62,13 @@ def is_own_session(session: aiohttp.ClientSession) -> bool:
 
 
 class KubeError(Exception):
-    def __init__(self, status: int, message: str, details: dict[str, Any] | None = None):
+    def __init__(
+        self, status: int, message: str, details: dict[str, Any] | None = None, api_message: str = ""
+    ):
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
         self.details = details  # a Status' `details` ({name, kind, causes: [{field, message}]})
+        self.api_message = api_message  # a Status' `message` in full (the text above is cut short)
 
 
 def collection_path(api_version: str, kind: str, namespace: str | None) -> str:
@@ -201,7 +204,9 @@ class Kube:
                 delay = min(delay * 2, 5.0)
                 continue
             text = content.decode(errors="replace")
-            raise KubeError(status, f"{method} {path}: {text[:300]}", _status_details(content))
+            raise KubeError(
+                status, f"{method} {path}: {text[:300]}", _status_details(content), _status_message(content)
+            )
         raise AssertionError("unreachable")
 
     # --- verbs -------------------------------------------------------------------------------------
@@ -321,6 +326,15 @@ def _ssl_of(verify: Any, cert: tuple[str, str] | None) -> ssl.SSLContext | bool:
     if cert:
         context.load_cert_chain(*cert)
     return context
+
+
+def _status_message(content: bytes, limit: int = 2000) -> str:
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return ""
+    message = body.get("message") if isinstance(body, dict) else None
+    return message[:limit] if isinstance(message, str) else ""
 
 
 def _status_details(content: bytes) -> dict[str, Any] | None:

@@ -57,6 +57,7 @@ from posttrain.controller.status import (
     status_write_needed,
 )
 from posttrain.controller.taskapp_index import TASKAPP_INDEX, TaskAppView, trusts_the_apps_check
+from posttrain.controller.tenancy import reach_refusal
 from posttrain.controller.verify import (
     INVALID_SPEC as TASKAPP_INVALID,
 )
@@ -692,11 +693,11 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
     await read_result(rt, job, observed)
     now = utcnow()
 
-    def derive(seen: Observed) -> dict[str, Any]:
+    def derive(seen: Observed, blocked: tuple[str, str] | None = None) -> dict[str, Any]:
         expected = plan.expected if plan is not None else None
         return derive_status(job, observed=seen, expected=expected, verification=verification, now=now,
                              bucket=bucket(job.spec, rt.settings), invalid=state.invalid,
-                             conflict=state.conflict)  # fmt: skip
+                             conflict=state.conflict, blocked=blocked)  # fmt: skip
 
     desired = derive(observed)
     stuck_seconds = stuck_for(state, desired["phase"], time.time(), job.status)
@@ -719,6 +720,13 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
             state.conflict = conflict.message
             logger.warning("%s %s: %s", owner.kind, owner.name, conflict)
             desired = derive(observed)
+        except KubeError as err:
+            # the operator's reach policy, e.g. this namespace has not opted in (controller/tenancy.py):
+            # the job waits with that reason and is tried again at the next pass
+            if (refused := reach_refusal(err, owner.namespace)) is None:
+                raise
+            logger.warning("%s %s: %s", owner.kind, owner.name, refused[1])
+            desired = derive(observed, refused)
     await patch_status(rt, owner, job.status, desired, state)
     phase = job.status.get("phase") or desired["phase"]
     if phase in TERMINAL:

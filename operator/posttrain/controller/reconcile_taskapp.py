@@ -12,7 +12,7 @@ import kopf
 
 from posttrain.api.resources import DEFAULT_API_KEY_SECRET_KEY
 from posttrain.controller.bounds import bound_status, event_message
-from posttrain.controller.kube import object_path
+from posttrain.controller.kube import KubeError, object_path
 from posttrain.controller.objects import Owner, TaskAppObject, owner_of, parse_task_app
 from posttrain.controller.reconcile import (
     ChildRefused,
@@ -39,6 +39,7 @@ from posttrain.controller.status import (
     status_patch,
     taskapp_status,
 )
+from posttrain.controller.tenancy import reach_refusal
 from posttrain.controller.verify import Attempt, VerifyPolicy, as_verification
 
 
@@ -56,6 +57,10 @@ async def _check(rt: Runtime, app: TaskAppObject, state: LoopState, observed: An
         return task_app_service_url(app), Attempt(False, INVALID_SPEC, refused.message)
     except NotOwned as conflict:  # an object of someone else's under its Deployment's or Service's name
         return task_app_service_url(app), Attempt(False, CHILD_NOT_OWNED, conflict.message)
+    except KubeError as err:  # the reach policy, e.g. the namespace has not opted in (controller/tenancy.py)
+        if (refused := reach_refusal(err, app.owner.namespace)) is None:
+            raise
+        return task_app_service_url(app), Attempt(False, *refused)
     url = task_app_service_url(app)
     secret = app.spec.api_key_secret_ref
     name = secret.name if secret else None

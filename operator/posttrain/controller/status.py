@@ -337,12 +337,15 @@ def derive_status(
     invalid: str | None = None,
     complete_pass: bool = True,
     conflict: str | None = None,
+    blocked: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """The operator-owned status fields of a job (see OWNED_FIELDS). `expected` is None until the children
     have been rendered (i.e. before an RLJob's task app is verified; an SFTJob needs no verification).
     `invalid` is why the spec cannot be turned into children (it names the field): the job fails with
     reason InvalidSpec; `conflict` names an object under a child's name that the job does not own (reason
-    ChildNotOwned: the operator never adopts it). observedGeneration moves only on a `complete_pass` (children applied, nothing
+    ChildNotOwned: the operator never adopts it). `blocked` is (reason, message) when the API server refuses
+    the children for a reason a person outside the spec must fix (the namespace has not opted in): the job
+    waits, Pending. observedGeneration moves only on a `complete_pass` (children applied, nothing
     failed); every condition carries the generation it was computed for.
 
     The phase is the first that holds of: the trainer Job finished (Succeeded/Failed), the job cannot run
@@ -367,6 +370,7 @@ def derive_status(
         _finished(job, observed.trainer, bucket, now, out, conds)
         or (_Outcome(FAILED, CHILD_NOT_OWNED, conflict) if conflict else None)
         or _cannot_run(job, verification, invalid, start, now, conds)
+        or (_Outcome(PENDING, *blocked) if blocked else None)
         or _finishing(job, status)
         or _from_children(expected, observed, conds)
     )
