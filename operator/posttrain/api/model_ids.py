@@ -223,9 +223,14 @@ def fine_tuned_model_id(kind_prefix: str, base: str, namespace: str, name: str, 
     return f"{kind_prefix}:{base}:{namespace}.{name}.{uid8(uid)}"
 
 
+def namespace_prefix(namespace: str) -> str:
+    """A namespace's folder of the bucket: its jobs read and write only under it (docs/storage.md)."""
+    return f"jobs/{namespace}/"
+
+
 def job_artifact_prefix(namespace: str, name: str, uid: str) -> str:
     """Where a job's artifacts live in the bucket: `jobs/<ns>/<name>-<uid8>/`."""
-    return f"jobs/{namespace}/{name}-{uid8(uid)}/"
+    return f"{namespace_prefix(namespace)}{name}-{uid8(uid)}/"
 
 
 @dataclass(frozen=True)
