@@ -2,8 +2,8 @@
 
 A namespace's jobs read and write only `jobs/<namespace>/` of the bucket, and read the shared base models
 under `models/` (POSTTRAIN_BASE_MODEL_URI). Another namespace's folder is readable only where that
-namespace shares its models (`read_from`, the storage half of the posttrain.dev/share-models-with
-annotation: posttrain.api.model_ids.ShareRule). One rule, three renderings:
+namespace shares its models with it (`read_from`: the storage half of the operator setting
+POSTTRAIN_SHARED_MODELS, see read_from()). One rule, three renderings:
 
 - iam_policy: an AWS IAM policy document (prod S3), also MinIO's policy format. With the namespace
   `${aws:username}` it is one policy for every MinIO user named after its namespace (the dev overlay).
@@ -16,9 +16,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from posttrain.api.model_ids import namespace_prefix
+from posttrain.api.model_ids import SHARED_MODEL_PREFIX, namespace_prefix
 
-SHARED_READ_PREFIXES = ("models/",)  # base models: the same for every namespace, read-only
+SHARED_READ_PREFIXES = (SHARED_MODEL_PREFIX,)  # base models: the same for every namespace, read-only
+
+
+def read_from(namespace: str, shared_models: dict[str, list[str]]) -> list[str]:
+    """The namespaces whose folders `namespace` may read, from the operator's shared_models setting."""
+    return sorted(
+        owner
+        for owner, readers in shared_models.items()
+        if owner != namespace and (namespace in readers or "*" in readers)
+    )
 
 
 def readable_prefixes(namespace: str, read_from: Iterable[str] = ()) -> list[str]:

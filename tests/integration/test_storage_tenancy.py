@@ -118,3 +118,18 @@ def test_a_shared_folder_is_readable_not_writable(server, monkeypatch):
     _denied(lambda: s3.put_bytes(client, server.bucket, shared, b"evil"))
     _denied(lambda: client.remove_object(server.bucket, shared))
     _denied(lambda: s3.get_bytes(client, server.bucket, "jobs/teamb/job-1/final/model.safetensors"))
+
+
+def test_the_cli_uploads_datasets_into_the_namespaces_folder(server, monkeypatch, tmp_path):
+    """`posttrain train/convert -n NS` upload with the namespace's own keys, into jobs/NS/datasets/."""
+    from posttrain import dataset_upload
+
+    for key, value in server.namespace_env("team").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("S3_BUCKET", server.bucket)
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    uri = dataset_upload.upload(data, field="job.data", namespace="team")
+    assert uri.startswith(f"s3://{server.bucket}/jobs/team/datasets/") and uri.endswith("-train.jsonl")
+    with pytest.raises(S3Error):
+        dataset_upload.upload(data, field="job.data", namespace="teamb")

@@ -68,7 +68,7 @@ def local_datasets(args: argparse.Namespace, text: str) -> tuple[str | None, str
         flag = "--dataset" if from_flag else field
         path = dataset_upload.find_local(str(value), args.config, field=flag, file=where)
         dataset_upload.check_dataset(path)
-        uri = dataset_upload.upload(path, field=flag, file=where)
+        uri = dataset_upload.upload(path, field=flag, file=where, namespace=args.namespace)
         print(f"dataset: {path} -> {uri}", file=sys.stderr)
         out.append(uri)
     return out[0], out[1]
