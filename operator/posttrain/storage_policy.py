@@ -88,3 +88,25 @@ def iam_policy(bucket: str, namespace: str = "${aws:username}", read_from: Itera
             },
         ],
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m posttrain.storage_policy --bucket B --namespace NS`: the IAM policy of one namespace."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m posttrain.storage_policy", description=main.__doc__)
+    parser.add_argument("--bucket", required=True)
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--read-from", action="append", default=[], help="a namespace that shares its models")
+    parser.add_argument("--format", choices=["iam", "seaweedfs"], default="iam")
+    args = parser.parse_args(argv)
+    if args.format == "iam":
+        print(json.dumps(iam_policy(args.bucket, args.namespace, args.read_from), indent=2))
+    else:
+        print(json.dumps(seaweed_actions(args.bucket, args.namespace, args.read_from), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

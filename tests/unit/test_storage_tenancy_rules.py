@@ -110,3 +110,25 @@ def test_storage_policies() -> None:
     assert by_sid["ReadWriteOwnFolder"]["Resource"] == ["arn:aws:s3:::bkt/jobs/team-a/*"]
     assert by_sid["ListOwnAndShared"]["Condition"]["StringLike"]["s3:prefix"] == ["jobs/team-a/*", "models/*"]
     assert "${aws:username}" in str(sp.iam_policy("bkt"))  # one MinIO policy for users named after namespaces
+
+
+def test_minio_tenants_plan() -> None:
+    from posttrain import minio_tenants
+
+    users = minio_tenants.plan({"team-a": "a" * 12, "team-b": "b" * 12}, "bkt", {"team-b": ["team-a"]})
+    assert [(u.namespace, u.policy_name) for u in users] == [("team-a", "posttrain-ns-team-a"), ("team-b", "posttrain-ns-team-b")]
+    assert users[0].policy == sp.iam_policy("bkt", "team-a", ["team-b"])
+    assert users[1].policy == sp.iam_policy("bkt", "team-b", [])
+    with pytest.raises(ValueError, match="8 characters"):
+        minio_tenants.plan({"team-a": "short"}, "bkt", {})
+
+
+def test_the_docs_policy_template_is_the_rendered_one() -> None:
+    """docs/storage.md shows the IAM policy storage_policy renders (placeholders for bucket and namespace)."""
+    import json
+    import re
+
+    text = (REPO / "docs" / "storage.md").read_text()
+    block = re.search(r"<!-- iam-policy -->\n```json\n(.*?)```", text, re.S)
+    assert block, "docs/storage.md lost its IAM policy template"
+    assert json.loads(block.group(1)) == sp.iam_policy("BUCKET", "NAMESPACE")
