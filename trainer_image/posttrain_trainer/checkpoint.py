@@ -308,14 +308,28 @@ def _verified_manifest(
     return files
 
 
+def _deepspeed_data_classes() -> list[Any]:
+    """The plain data classes DeepSpeed pickles into its ZeRO optimizer shards (found with
+    torch.serialization.get_unsafe_globals_in_checkpoint on stage 2 and 3 checkpoints): allowed by name,
+    nothing else."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
 def _load_deepspeed(engine: D.TrainEngine, folder: Path) -> None:
     """DeepSpeed reads its shards through its checkpoint engine with torch.load(weights_only=False);
-    here that engine reads them with weights_only=True (tensors and plain containers, no code)."""
+    here that engine reads them with weights_only=True (tensors, plain containers and the data classes
+    above: no code)."""
     ds_engine = engine.model.checkpoint_engine
     original = ds_engine.load
+    allowed = _deepspeed_data_classes()
 
     def load(path, map_location=None):
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=map_location, weights_only=True)
 
     ds_engine.load = load
     try:
