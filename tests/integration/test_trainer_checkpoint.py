@@ -209,3 +209,24 @@ def test_deepspeed_checkpoint_resumes_without_pickle(s3_env, tmp_path):
     assert resumed == pytest.approx(saved, abs=1e-6)
     tampered = run(tmp_path / "tampered.json", "tamper")
     assert "does not match the checksum" in tampered["error"]
+
+
+def test_pickled_model_weights_are_never_loaded(tiny_model_dir, tmp_path):
+    """A model folder (model.source, a base in S3) whose weights are a pickle (pytorch_model.bin) is refused
+    by the trainer, and the pickle never runs."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    for path in folder.glob("*.safetensors*"):
+        path.unlink()
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (marker.write_text, ("ran",))
+
+    torch.save({"model.embed_tokens.weight": Payload()}, folder / "pytorch_model.bin")
+    with pytest.raises(OSError, match="safetensors"):
+        load_model_and_tokenizer(folder, trainer_mode="full", seed=0)
+    assert not marker.exists()
