@@ -7,32 +7,22 @@ import io
 
 import pytest
 import torch
+from fixtures.s3 import TENANTS
 from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
-from posttrain.s3server import s3_server
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import storage as s3
 from posttrain_trainer.distributed import ParallelConfig, build_engine
 
-# "team" and "teamb": a prefix check without the trailing slash would let team read teamb's folder.
-NAMESPACES = ("team", "teamb", "reader")
-
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with s3_server(
-        tmp_path_factory.mktemp("s3-tenants"), namespaces=NAMESPACES, shares={"reader": ("team",)}
-    ) as srv:
-        root = srv.client()
-        for ns in NAMESPACES:
-            root.put_object(
-                srv.bucket,
-                f"jobs/{ns}/job-1/final/model.safetensors",
-                io.BytesIO(b"w" + ns.encode()),
-                1 + len(ns),
-            )
-        root.put_object(srv.bucket, "models/tiny/config.json", io.BytesIO(b"{}"), 2)
-        yield srv
+def server(tenant_s3_server):
+    root = tenant_s3_server.client()
+    for ns in TENANTS:
+        data = b"w" + ns.encode()
+        root.put_object(tenant_s3_server.bucket, f"jobs/{ns}/job-1/final/model.safetensors", io.BytesIO(data), len(data))
+    root.put_object(tenant_s3_server.bucket, "models/tiny/config.json", io.BytesIO(b"{}"), 2)
+    return tenant_s3_server
 
 
 def _client(server, namespace, monkeypatch):
@@ -133,3 +123,42 @@ def test_the_cli_uploads_datasets_into_the_namespaces_folder(server, monkeypatch
     assert uri.startswith(f"s3://{server.bucket}/jobs/team/datasets/") and uri.endswith("-train.jsonl")
     with pytest.raises(S3Error):
         dataset_upload.upload(data, field="job.data", namespace="teamb")
+
+
+def test_a_real_trainer_runs_on_its_namespaces_keys_and_not_in_anothers_folder(server, tiny_model_dir, tmp_path):
+    """The SFT trainer (base model from models/, dataset, checkpoints with retention, final model, manifest)
+    works with nothing but its namespace's keys; pointed at another namespace's folder it fails."""
+    import json
+    import subprocess
+
+    from test_trainer_sft import make_dataset, make_job, report_lines, trainer_cmd, trainer_env
+
+    root = server.client()
+    for path in tiny_model_dir.iterdir():  # the admin uploads base models (POSTTRAIN_BASE_MODEL_URI)
+        if path.is_file():
+            root.fput_object(server.bucket, f"models/tiny-sft/{path.name}", str(path))
+    keys = server.namespace_env("team")
+    train, _ = make_dataset(tmp_path / "data", n_train=32)
+    team = server.namespace_client("team")
+    train_uri = s3.upload_file(team, train, server.bucket, "jobs/team/datasets/train.jsonl")
+    hp = {"n_epochs": 1, "batch_size": 8, "learning_rate": 1e-3, "sequence_length": 64}
+
+    def run(folder: str, name: str) -> subprocess.CompletedProcess:
+        job_path, job = make_job(tmp_path / name, tiny_model_dir, train_uri, None, hp=hp,
+                                 storage=server.storage(), name=name, checkpoint_every=2)  # fmt: skip
+        job["model_path"] = f"s3://{server.bucket}/models/tiny-sft/"
+        job["storage"]["prefix"] = f"jobs/{folder}/{name}-1/"
+        job_path.write_text(json.dumps(job))
+        return subprocess.run(trainer_cmd(job_path, 1), env=trainer_env(keys), capture_output=True, text=True,
+                              timeout=240)  # fmt: skip
+
+    ok = run("team", "own")
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    result = report_lines(tmp_path / "own" / "report.jsonl")[-1]["result"]
+    assert result["artifacts"]["model"] == f"s3://{server.bucket}/jobs/team/own-1/final/"
+    assert s3.exists(root, server.bucket, "jobs/team/own-1/manifest.json")
+
+    refused = run("teamb", "theirs")
+    assert refused.returncode != 0
+    assert "AccessDenied" in refused.stdout + refused.stderr
+    assert not list(root.list_objects(server.bucket, prefix="jobs/teamb/theirs-1/", recursive=True))
