@@ -40,7 +40,7 @@ RL_NAME = "e2e-rl"
 WRONG_NAME = "e2e-wrong-key"
 SFT_NAME = "e2e-sft"
 BUCKET = "posttrain"
-S3_KEYS = ("posttrain-dev", "posttrain-dev-only")  # the dev overlay's throwaway MinIO pair
+S3_KEYS = ("posttrain-dev", "posttrain-dev-only")  # MinIO's root pair (dev overlay, throwaway): the admin's
 TINY_BASE = "posttrain/tiny-random-qwen2"
 IMAGES = ("operator", "taskapp-math", "rollout", "trainer", "minio")
 T0 = time.monotonic()
@@ -120,7 +120,10 @@ def install(kube: Kube) -> None:
     )
     kube.run("-n", "posttrain-system", "rollout", "status", "deployment/posttrain-operator", "--timeout=600s",
              timeout=620)  # fmt: skip
-    say("MinIO and the operator are ready")
+    # each jobs namespace's MinIO user (jobs/<namespace>/ only): its jobs hold no other keys
+    kube.run("-n", "posttrain-system", "wait", "--for=condition=complete", "job/minio-tenants", "--timeout=600s",
+             timeout=620)  # fmt: skip
+    say("MinIO (with a user per jobs namespace) and the operator are ready")
     wait(
         lambda: (kube.json("-n", NS, "get", "taskapps", "math").get("status") or {}).get("verified"),
         600, "TaskApp math verified",
@@ -334,7 +337,7 @@ def wrong_key_job(kube: Kube, workdir: Path) -> None:
 def sft_job(kube: Kube, workdir: Path) -> str:
     data = REPO / "examples" / "demo" / "sft_warmup.jsonl"
     client = s3_client(kube)
-    key = f"datasets/{SFT_NAME}/train.jsonl"
+    key = f"jobs/{NS}/datasets/{SFT_NAME}/train.jsonl"  # the namespace's folder: its jobs read no other
     if not client.bucket_exists(BUCKET):
         client.make_bucket(BUCKET)
     client.fput_object(BUCKET, key, str(data))

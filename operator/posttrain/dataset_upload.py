@@ -8,6 +8,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from posttrain.api.model_ids import namespace_prefix
 from posttrain.errors import Problem, UserError
 
 S3_VARIABLES = ("S3_ENDPOINT", "S3_ACCESS_KEY_ID", "S3_SECRET_ACCESS_KEY")
@@ -42,9 +43,11 @@ def check_dataset(path: Path, *, max_images_per_message: int | None = None) -> i
     return report.examples
 
 
-def upload(path: Path, *, field: str, file: str | None = None) -> str:
-    """s3://$S3_BUCKET/datasets/<sha16>-<name> (content-addressed: the same file uploads to the same key),
-    or a UserError saying how to make the file reachable."""
+def upload(path: Path, *, field: str, file: str | None = None, namespace: str | None = None) -> str:
+    """s3://$S3_BUCKET/jobs/<namespace>/datasets/<sha16>-<name> (content-addressed: the same file uploads to
+    the same key; inside the namespace's folder, the only one its jobs' keys may read: docs/storage.md), or
+    datasets/<sha16>-<name> when no namespace is known (keys of the whole bucket). A UserError says how to
+    make the file reachable."""
     if not s3_configured():
         raise UserError(
             Problem(
@@ -61,6 +64,7 @@ def upload(path: Path, *, field: str, file: str | None = None) -> str:
     bucket = os.environ.get("S3_BUCKET", "posttrain")
     client = storage.client_from_env({"endpoint": os.environ["S3_ENDPOINT"], "bucket": bucket})
     storage.ensure_bucket(client, bucket)
-    key = f"datasets/{digest}-{path.name}"
+    folder = f"{namespace_prefix(namespace)}datasets/" if namespace else "datasets/"
+    key = f"{folder}{digest}-{path.name}"
     client.fput_object(bucket, key, str(path))
     return f"s3://{bucket}/{key}"

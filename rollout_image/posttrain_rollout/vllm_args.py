@@ -77,6 +77,9 @@ def vllm_argv(
         # from (after temperature, top-k, top-p), not of the raw model (vLLM's default): the trainer uses
         # them as the behaviour policy (old_logprobs = "sampler") and measures the mismatch against them.
         argv += ["--logprobs-mode", "processed_logprobs"]
+    if not any(arg.split("=")[0] == "--load-format" for arg in extra):
+        # weights only from safetensors: vLLM's "auto" falls back to *.bin / *.pt, which are pickle
+        argv += ["--load-format", "safetensors"]
     argv += extra
     return argv
 

@@ -142,7 +142,7 @@ def merge_lora(
 
     out_dir = Path(out_dir)
     torch_dtype = hardware.torch_dtype(dtype or hardware.vllm_dtype(hardware.probe()))
-    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch_dtype)
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch_dtype, use_safetensors=True)
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     if tmp.exists():

@@ -57,15 +57,18 @@ def build(engine_kind: str, bf16: bool) -> D.TrainEngine:
 def checkpointed(engine: D.TrainEngine, folder: Path, bf16: bool) -> D.TrainEngine:
     """The engine rebuilt from the full state it saves (as checkpoint.py writes and reads it)."""
     from posttrain_trainer import fsdp
+    from posttrain_trainer.safe_state import load_state, save_state, save_tensors
+    from safetensors.torch import load_file
 
     weights = fsdp.full_model_state(engine.model)
     optim = fsdp.full_optimizer_state(engine.model, engine.optimizer)
     if D.is_main():
-        torch.save({"weights": weights, "optim": optim}, folder / "state.pt")
+        save_tensors(weights, folder / "model.safetensors")
+        save_state(optim, folder, "optimizer")
     D.barrier()
     fresh = build("fsdp", bf16)
-    saved = torch.load(folder / "state.pt", weights_only=False)
-    fsdp.load_full_state(fresh.model, fresh.optimizer, saved["weights"], saved["optim"])
+    weights, optim = load_file(str(folder / "model.safetensors")), load_state(folder, "optimizer")
+    fsdp.load_full_state(fresh.model, fresh.optimizer, weights, optim)
     return fresh
 
 

@@ -205,7 +205,7 @@ def test_eval_cluster_runs_a_job_and_follows_it(kube, namespace, monkeypatch, ca
     assert code == 0, out
     phases = [line.split()[1] for line in out.splitlines() if line.startswith("phase:")]
     assert phases[-1] == "Succeeded" and set(phases) <= {"Pending", "Running", "Succeeded"}, out
-    assert f"results: s3://posttrain/evals/{namespace}/eval-qwen/" in out
+    assert f"results: s3://posttrain/jobs/{namespace}/evals/eval-qwen/" in out
     job = batch.read_namespaced_job("eval-qwen", namespace)
     container = job.spec.template.spec.containers[0]
     command = container.command

@@ -236,7 +236,7 @@ def test_images_are_pinned_in_prod():
 def test_no_secret_values_outside_the_dev_overlay():
     assert not [d for d in render("overlays/prod") if d["kind"] == "Secret"], "prod must not carry a Secret"
     dev_secrets = {d["metadata"]["name"] for d in render("overlays/dev") if d["kind"] == "Secret"}
-    assert dev_secrets == {"minio-credentials", "posttrain-s3"}
+    assert dev_secrets == {"minio-credentials", "posttrain-s3", "minio-tenant-keys"}
     base = yaml.safe_load_all((MANIFESTS / "base" / "minio-credentials.template.yaml").read_text())
     for doc in base:
         assert all(v.startswith("<") for v in doc["stringData"].values()), "the template holds a real value"
@@ -453,3 +453,36 @@ def test_the_operators_cluster_wide_reads_and_writes_by_name_are_narrowed_to_tha
         ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"): {"named:get"},
         ("kopf.dev", "clusterkopfpeerings"): {"any:list", "any:watch", "named:patch"},
     }
+
+
+@needs_kubectl
+@pytest.mark.parametrize("rel", ["overlays/dev", "overlays/dev-node"])
+def test_dev_jobs_get_their_namespaces_minio_user_never_the_root_pair(rel):
+    """Storage per tenant (docs/storage.md): every posttrain-s3 holds a MinIO user named after its
+    namespace, which the minio-tenants Job makes (with the root pair, which only it and MinIO see)."""
+    import base64
+
+    docs = render(rel)
+
+    def data(doc):
+        return {k: base64.b64decode(v).decode() for k, v in (doc.get("data") or {}).items()}
+
+    root = data(find(docs, "Secret", "minio-credentials"))
+    tenant_keys = data(find(docs, "Secret", "minio-tenant-keys"))
+    s3_secrets = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "posttrain-s3"]
+    assert s3_secrets
+    for secret in s3_secrets:
+        keys, namespace = data(secret), secret["metadata"]["namespace"]
+        assert keys["S3_ACCESS_KEY_ID"] == namespace != root["MINIO_ROOT_USER"]
+        assert keys["S3_SECRET_ACCESS_KEY"] != root["MINIO_ROOT_PASSWORD"]
+        assert tenant_keys[namespace] == keys["S3_SECRET_ACCESS_KEY"]
+    job = find(docs, "Job", "minio-tenants")
+    spec = job["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    assert c["image"].startswith("posttrain/operator") and "posttrain.minio_tenants" in c["command"]
+    assert {v["secret"]["secretName"] for v in spec["volumes"]} == {"minio-tenant-keys"}
+    env_refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if "valueFrom" in e}
+    assert env_refs == {"minio-credentials"}
+    # nothing else refers to the root pair but MinIO itself and this Job
+    users = [d["metadata"]["name"] for d in docs if "minio-credentials" in str(d.get("spec", ""))]
+    assert sorted(users) == ["minio", "minio-tenants"]

@@ -162,6 +162,7 @@ def test_vllm_argv_and_env(tmp_path):
     plain = vllm_args.vllm_argv("/m", 1)
     assert plain[plain.index("--logprobs-mode") + 1] == "processed_logprobs"  # the sampling distribution's
     assert vllm_args.vllm_argv("/m", 1, extra=["--logprobs-mode=raw_logprobs"]).count("--logprobs-mode") == 0
+    assert plain[plain.index("--load-format") + 1] == "safetensors"  # never *.bin / *.pt (pickle)
     assert argv[:4] == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model"]
     joined = " ".join(argv)
     for part in ("--host 127.0.0.1", "--port 1234", "--served-model-name n", "--max-model-len 512",

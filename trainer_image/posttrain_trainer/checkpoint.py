@@ -6,8 +6,14 @@ checkpoint without it is incomplete (the job died while saving) and is ignored o
 
 DeepSpeed: every rank saves its own ZeRO shards with engine.save_checkpoint into a rank-local folder and
 uploads them under step-N/deepspeed/; rank 0 adds the common files. FSDP2: the full model and optimizer
-state are gathered onto rank 0, which writes them as model.pt / optimizer.pt (optimizer state keyed by
-parameter name); on resume every rank reads them and keeps its shards (fsdp.py).
+state are gathered onto rank 0, which writes them as model.safetensors / optimizer.* (optimizer state keyed
+by parameter name); on resume every rank reads them and keeps its shards (fsdp.py).
+
+Nothing is unpickled on resume (safe_state.py): weights are safetensors, optimizer / scheduler / RNG state
+is safetensors plus JSON, and checksums.json (sha256 of every file, written before trainer_state.json) is
+checked before any file is read. A checkpoint whose files differ from it fails the resume with
+CheckpointIntegrityError. DeepSpeed's own shard files are torch.save archives: they are checked against
+the same manifest and read with torch.load(weights_only=True) (tensors and plain data only).
 
 Retention: [training] keep_checkpoints (default DEFAULT_KEEP_CHECKPOINTS; 0 keeps every one). After a
 checkpoint is complete, rank 0 deletes the complete checkpoints older than the newest `keep`, and the
@@ -27,11 +33,23 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from posttrain_trainer import distributed as D
 from posttrain_trainer import storage as s3
+from posttrain_trainer.safe_state import (
+    MANIFEST_FILE,
+    CheckpointIntegrityError,
+    file_manifest,
+    load_state,
+    save_state,
+    save_tensors,
+    sha256_file,
+    verify_files,
+)
 
 STATE_FILE = "trainer_state.json"
+MODEL_FILE = "model.safetensors"
 DEFAULT_KEEP_CHECKPOINTS = 3
 _STEP_RE = re.compile(r"checkpoints/step-(\d+)/")
 
@@ -133,30 +151,38 @@ def save_checkpoint(
     rngs = D.gather_objects(rng_state())
     fingerprint = ""
 
+    files: list[str] = []  # rank-local files under `local`, uploaded under key_prefix
     if engine.kind == "deepspeed":
         engine.model.save_checkpoint(str(local / "deepspeed"), tag="state", save_latest=False)
-        s3.upload_dir(client, local / "deepspeed", bucket, key_prefix + "deepspeed/")
+        files = [p.relative_to(local).as_posix() for p in (local / "deepspeed").rglob("*") if p.is_file()]
     else:
         weights, optim = _train_state(engine)
         if D.is_main():
             fingerprint = tensor_fingerprint(optim)
-            torch.save(weights, local / "model.pt")
-            torch.save(optim, local / "optimizer.pt")
+            save_tensors(weights, local / MODEL_FILE)
+            files = [MODEL_FILE, *save_state(optim, local, "optimizer")]
             if engine.scheduler is not None:
-                torch.save(engine.scheduler.state_dict(), local / "scheduler.pt")
-            for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
-                if (local / name).exists():
-                    s3.upload_file(client, local / name, bucket, key_prefix + name)
+                files += save_state(engine.scheduler.state_dict(), local, "scheduler")
+    if D.is_main():
+        files += save_state(rngs, local, "rng")
+    checksums = file_manifest(local, files)
+    for name in checksums:
+        s3.upload_file(client, local / name, bucket, key_prefix + name)
+    every_rank = D.gather_objects(checksums)
     D.barrier()
     if D.is_main():
-        torch.save(rngs, local / "rng.pt")
-        s3.upload_file(client, local / "rng.pt", bucket, key_prefix + "rng.pt")
+        manifest: dict[str, str] = {}
+        for rank_files in every_rank:
+            manifest.update(rank_files)
+        (local / MANIFEST_FILE).write_text(json.dumps({"files": manifest}, sort_keys=True))
+        s3.upload_file(client, local / MANIFEST_FILE, bucket, key_prefix + MANIFEST_FILE)
         state = {
             "step": step,
             "world_size": D.world_size(),
             "engine": engine.kind,
             "data": data_state or {},
             "optimizer_fingerprint": fingerprint,
+            "checksums_sha256": sha256_file(local / MANIFEST_FILE),
             "saved_at": time.time(),
             **(extra or {}),
         }
@@ -222,18 +248,24 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Collective. Restores weights, optimizer, scheduler and this rank's RNG; returns trainer_state.json."""
     key_prefix = step_prefix(prefix, step)
+    where = f"checkpoint {s3.s3_uri(bucket, key_prefix)}"
     state = s3.get_json(client, bucket, key_prefix + STATE_FILE)
     local = Path(workdir) / "resume" / f"step-{step}" / f"rank-{D.rank()}"
+    if local.exists():
+        shutil.rmtree(local)
     local.mkdir(parents=True, exist_ok=True)
+    manifest = _verified_manifest(client, bucket, key_prefix, local, state, where)
+    wanted = {n: d for n, d in manifest.items() if n.startswith("deepspeed/") == (engine.kind == "deepspeed")}
+    wanted.update({n: d for n, d in manifest.items() if n.startswith("rng.")})
+    fetched = local / "files"
+    for name in wanted:
+        s3.download_file(client, s3.s3_uri(bucket, key_prefix + name), fetched / name)
+    verify_files(fetched, wanted, where=where)  # before anything is read
     if engine.kind == "deepspeed":
-        ds_dir = s3.download_dir(client, s3.s3_uri(bucket, key_prefix + "deepspeed/"), local / "deepspeed")
-        engine.model.load_checkpoint(str(ds_dir), tag="state")
+        _load_deepspeed(engine, fetched / "deepspeed")
     else:
-        for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
-            if s3.exists(client, bucket, key_prefix + name):
-                s3.download_file(client, s3.s3_uri(bucket, key_prefix + name), local / name)
-        weights = torch.load(local / "model.pt", map_location="cpu", weights_only=False)
-        optim = torch.load(local / "optimizer.pt", map_location="cpu", weights_only=False)
+        weights = load_file(str(fetched / MODEL_FILE))
+        optim = load_state(fetched, "optimizer")
         if engine.kind == "fsdp":
             from posttrain_trainer.fsdp import load_full_state
 
@@ -245,15 +277,65 @@ def load_checkpoint(
                     f"checkpoint step-{step} does not fit the model: unexpected={unexpected[:5]}"
                 )
             engine.optimizer.load_state_dict(optim)
-        if engine.scheduler is not None and (local / "scheduler.pt").exists():
-            engine.scheduler.load_state_dict(torch.load(local / "scheduler.pt", weights_only=False))
-    s3.download_file(client, s3.s3_uri(bucket, key_prefix + "rng.pt"), local / "rng.pt")
-    rngs = torch.load(local / "rng.pt", weights_only=False)
+        if engine.scheduler is not None and (fetched / "scheduler.json").exists():
+            engine.scheduler.load_state_dict(load_state(fetched, "scheduler"))
+    rngs = load_state(fetched, "rng")
     set_rng_state(rngs[D.rank() % len(rngs)])
     D.barrier()
     shutil.rmtree(local, ignore_errors=True)
     state["resumed_optimizer_fingerprint"] = optimizer_fingerprint(engine)
     return state
+
+
+def _verified_manifest(
+    client, bucket: str, key_prefix: str, local: Path, state: dict[str, Any], where: str
+) -> dict[str, str]:
+    """checksums.json of a checkpoint, checked against the digest trainer_state.json recorded for it."""
+    if not s3.exists(client, bucket, key_prefix + MANIFEST_FILE):
+        raise CheckpointIntegrityError(
+            f"{where} has no {MANIFEST_FILE}: it was written by an older posttrain (pickle files), which "
+            "is never loaded; delete the checkpoint to start over"
+        )
+    path = s3.download_file(client, s3.s3_uri(bucket, key_prefix + MANIFEST_FILE), local / MANIFEST_FILE)
+    if sha256_file(path) != state.get("checksums_sha256"):
+        raise CheckpointIntegrityError(f"{where}: {MANIFEST_FILE} does not match {STATE_FILE}")
+    try:
+        files = json.loads(path.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointIntegrityError(f"{where}: {MANIFEST_FILE} is malformed") from err
+    if not isinstance(files, dict) or not files:
+        raise CheckpointIntegrityError(f"{where}: {MANIFEST_FILE} lists no files")
+    return files
+
+
+def _deepspeed_data_classes() -> list[Any]:
+    """The plain data classes DeepSpeed pickles into its ZeRO optimizer shards (found with
+    torch.serialization.get_unsafe_globals_in_checkpoint on stage 2 and 3 checkpoints): allowed by name,
+    nothing else."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def _load_deepspeed(engine: D.TrainEngine, folder: Path) -> None:
+    """DeepSpeed reads its shards through its checkpoint engine with torch.load(weights_only=False);
+    here that engine reads them with weights_only=True (tensors, plain containers and the data classes
+    above: no code)."""
+    ds_engine = engine.model.checkpoint_engine
+    original = ds_engine.load
+    allowed = _deepspeed_data_classes()
+
+    def load(path, map_location=None):
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=map_location, weights_only=True)
+
+    ds_engine.load = load
+    try:
+        engine.model.load_checkpoint(str(folder), tag="state")
+    finally:
+        ds_engine.load = original
 
 
 def checkpoint_summary(state: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ in bf16 and gradients reduced in fp32 onto fp32 master shards (MixedPrecisionPol
 
 Weights leave the shards only through torch.distributed.checkpoint's state-dict API: the full state dict,
 gathered onto rank 0's CPU one tensor at a time (cpu_offload), for weight sync, the final save and
-checkpoints. A checkpoint holds the full model and optimizer state (the same model.pt / optimizer.pt files
+checkpoints. A checkpoint holds the full model and optimizer state (the same model.safetensors / optimizer.* files
 as a single-process run, optimizer state keyed by parameter name), so a job resumes on any number of ranks."""
 
 from __future__ import annotations

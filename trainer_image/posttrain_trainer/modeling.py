@@ -127,7 +127,7 @@ def load_model_and_tokenizer(
     vision = is_vision_model(AutoConfig.from_pretrained(model_dir))
     auto_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     quantized = trainer_mode == "qlora"
-    load_kwargs: dict[str, Any] = {"dtype": dtype}
+    load_kwargs: dict[str, Any] = {"dtype": dtype, "use_safetensors": True}  # never *.bin (pickle)
     if quantized:
         from posttrain_trainer import quantization
 

@@ -57,12 +57,20 @@ def client_from_env(storage: StorageRef | dict[str, Any]) -> Minio:
     if not access or not secret:
         raise RuntimeError(f"S3 credentials missing: set {ACCESS_KEY_ENV} and {SECRET_KEY_ENV}")
     endpoint, secure = _endpoint_and_secure(storage.endpoint, storage.secure)
-    return Minio(endpoint, access_key=access, secret_key=secret, secure=secure, region=storage.region)
+    # A region skips GetBucketLocation, which keys limited to the namespace's folder may not be allowed.
+    region = storage.region or os.environ.get("S3_REGION") or None
+    return Minio(endpoint, access_key=access, secret_key=secret, secure=secure, region=region)
 
 
 def ensure_bucket(client: Minio, bucket: str) -> None:
-    if not client.bucket_exists(bucket):
-        client.make_bucket(bucket)
+    """Make the bucket when it is missing. Keys limited to a namespace's folder may not ask (AccessDenied):
+    the bucket is the install's then, and exists."""
+    try:
+        if not client.bucket_exists(bucket):
+            client.make_bucket(bucket)
+    except S3Error as err:
+        if err.code != "AccessDenied":
+            raise
 
 
 def put_bytes(

@@ -322,6 +322,13 @@ def toml_to_cr(
             )
         if validation:
             spec["validationDataset"] = validation if isinstance(validation, dict) else {"uri": validation}
+    source = (spec.get("model") or {}).get("source")
+    owner = model_ids.weights_namespace(str(source)) if source else None
+    if namespace and owner and owner != namespace:
+        warnings.append(
+            f"model.source is a model of namespace {owner!r}: the operator fails this job unless {owner!r} "
+            f"shares its models with {namespace!r} (POSTTRAIN_SHARED_MODELS, docs/storage.md)"
+        )
     spec["originalToml"] = text
     metadata: dict[str, Any] = {"name": name or content_name(kind, spec)}
     if namespace:

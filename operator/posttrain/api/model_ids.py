@@ -103,7 +103,10 @@ class ModelIdError(ValueError):
 # What `model.source` may hold in a custom resource: a posttrain fine-tuned id (its weights are found from
 # the namespace, name and uid8 at its end), an s3:// URI of weights, or an absolute path inside the image.
 # The CRD carries this pattern (crdgen), so the API server refuses anything else at `kubectl apply`.
-SOURCE_PATTERN = r"^(?:(?:ft|fft|qft|rl):.+:[^.:/]+\.[^:/]+\.[0-9A-Za-z]{1,8}|s3://[^/]+/.*|/.+)$"
+# An s3:// URI must be inside a namespace's folder or the shared models/ (weights_namespace says whose).
+SOURCE_PATTERN = (
+    r"^(?:(?:ft|fft|qft|rl):.+:[^.:/]+\.[^:/]+\.[0-9A-Za-z]{1,8}|s3://[^/]+/(?:jobs/[^/]+/|models/).*|/.+)$"
+)
 # What `model.base` may hold: a model id (org/name), an s3:// URI or an absolute path; no braces, spaces or
 # other characters that would end up inside a path template or a command line.
 BASE_PATTERN = r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9._-]+)*|s3://[^/\s]+/\S*|/\S+)$"
@@ -182,6 +185,8 @@ def normalize_source(model_id: str, mode: str) -> str:
     """Check a model.source: a fine-tuned id containing a known base usable for `mode`; returned with the
     base segment spelled canonically."""
     model_id = model_id.strip()
+    if model_id.startswith("s3://"):
+        weights_namespace(model_id)  # inside a namespace's folder (or models/), whatever the bucket
     if is_local_weights(model_id):
         return model_id
     if not is_fine_tuned_id(model_id):
@@ -223,9 +228,14 @@ def fine_tuned_model_id(kind_prefix: str, base: str, namespace: str, name: str, 
     return f"{kind_prefix}:{base}:{namespace}.{name}.{uid8(uid)}"
 
 
+def namespace_prefix(namespace: str) -> str:
+    """A namespace's folder of the bucket: its jobs read and write only under it (docs/storage.md)."""
+    return f"jobs/{namespace}/"
+
+
 def job_artifact_prefix(namespace: str, name: str, uid: str) -> str:
     """Where a job's artifacts live in the bucket: `jobs/<ns>/<name>-<uid8>/`."""
-    return f"jobs/{namespace}/{name}-{uid8(uid)}/"
+    return f"{namespace_prefix(namespace)}{name}-{uid8(uid)}/"
 
 
 @dataclass(frozen=True)
@@ -277,3 +287,57 @@ def source_weights(source: str, bucket: str) -> tuple[str, str]:
         f"{source!r} names no weights posttrain can find",
         fix="use a posttrain fine-tuned id (rl:<base>:<namespace>.<name>.<uid8>) or an s3:// URI",
     )
+
+
+# ------------------------------------------------------------------------ whose folder weights are in
+
+SHARED_MODEL_PREFIX = "models/"  # base models in the bucket: every namespace reads them (docs/storage.md)
+SHARE_WITH_EVERY_NAMESPACE = "*"
+SHARING_FIX = (
+    "train from a model of this namespace; the cluster admin lets a namespace use another's models with "
+    "the operator setting POSTTRAIN_SHARED_MODELS (docs/storage.md)"
+)
+
+
+def weights_namespace(value: str, bucket: str | None = None) -> str | None:
+    """The namespace whose folder of `bucket` weights named by `value` are in: the <namespace> of a
+    posttrain fine-tuned id, or of an s3:// URI under jobs/<namespace>/. None for weights every namespace
+    may read (a path in the image, a model id, the shared models/ folder). ModelIdError for an s3:// URI
+    anywhere else (another bucket, or a key outside jobs/<namespace>/ and models/), and for keys with
+    empty, "." or ".." segments (a store may normalise them into another folder). bucket None: the URI's
+    own (what the CLI can check without knowing the operator's bucket)."""
+    if is_fine_tuned_id(value):
+        return parse_fine_tuned_id(value).namespace
+    if not value.startswith("s3://"):
+        return None
+    uri_bucket, _, key = value[len("s3://") :].partition("/")
+    bucket = uri_bucket if bucket is None else bucket
+    segments = key.split("/")
+    if any(s in ("", ".", "..") for s in segments[:-1]) or segments[-1] in (".", ".."):
+        raise ModelIdError(f"{value!r} has an empty, '.' or '..' folder in its key", fix="name the folder plainly")
+    if uri_bucket == bucket and key.startswith(SHARED_MODEL_PREFIX):
+        return None
+    if uri_bucket != bucket or len(segments) < 3 or segments[0] != "jobs":
+        raise ModelIdError(
+            f"{value!r} is outside this namespace's folder of object storage (s3://{bucket}/jobs/<namespace>/)",
+            fix="use weights under the namespace's folder, e.g. the fine_tuned_model id of one of its jobs",
+        )
+    return segments[1]
+
+
+def shares_models(owner: str, reader: str, shared: dict[str, list[str]]) -> bool:
+    """Whether namespace `owner` lets namespace `reader` train from its models: shared maps an owner to the
+    namespaces it shares with ("*": every namespace). A namespace always reads its own."""
+    allowed = shared.get(owner, [])
+    return owner == reader or reader in allowed or SHARE_WITH_EVERY_NAMESPACE in allowed
+
+
+def check_weights_access(value: str, field: str, namespace: str, bucket: str, shared: dict[str, list[str]]) -> None:
+    """ModelIdError when a job of `namespace` may not read the weights `value` names (field: spec path)."""
+    owner = weights_namespace(value, bucket)
+    if owner is not None and not shares_models(owner, namespace, shared):
+        raise ModelIdError(
+            f"{field} {value!r} is a model of namespace {owner!r}, which does not share its models with "
+            f"namespace {namespace!r}",
+            fix=SHARING_FIX,
+        )

@@ -68,8 +68,11 @@ def local_datasets(args: argparse.Namespace, text: str) -> tuple[str | None, str
         flag = "--dataset" if from_flag else field
         path = dataset_upload.find_local(str(value), args.config, field=flag, file=where)
         dataset_upload.check_dataset(path)
-        uri = dataset_upload.upload(path, field=flag, file=where)
+        uri = dataset_upload.upload(path, field=flag, file=where, namespace=args.namespace)
         print(f"dataset: {path} -> {uri}", file=sys.stderr)
+        if not args.namespace:
+            print("warning: no --namespace: the dataset is outside every namespace's folder, which a job's "
+                  "own S3 keys cannot read (docs/storage.md); pass -n NAMESPACE", file=sys.stderr)  # fmt: skip
         out.append(uri)
     return out[0], out[1]
 

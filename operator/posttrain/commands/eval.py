@@ -17,7 +17,7 @@ before and after training on the same seeds.
 - the summary table: episodes, errors, mean reward, success rate (reward >= --success-threshold) and pass@k
   (estimated from --samples per seed, or as the task app reports it); summary.json beside the traces.
 --cluster runs the same evaluation as a Kubernetes Job (the model served on its GPU) and follows it; its
-traces and summary go to S3 (s3://<bucket>/evals/<namespace>/<name>/). Exit 0 when every rollout answered,
+traces and summary go to S3 (s3://<bucket>/jobs/<namespace>/evals/<name>/). Exit 0 when every rollout answered,
 1 when some failed, 2 on a usage mistake."""
 
 from __future__ import annotations

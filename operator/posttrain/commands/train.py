@@ -129,14 +129,14 @@ def dataset_files(args: argparse.Namespace, raw: dict[str, Any]) -> dict[str, st
     return out
 
 
-def upload_dataset_s3(path: Path, field: str = "job.data") -> dict[str, Any] | None:
-    """s3://$S3_BUCKET/datasets/<sha>-<name> when S3_ENDPOINT and the keys are set (returns the dataset
-    ref), else None (the caller puts the file in a ConfigMap)."""
+def upload_dataset_s3(path: Path, field: str = "job.data", namespace: str | None = None) -> dict[str, Any] | None:
+    """s3://$S3_BUCKET/jobs/<namespace>/datasets/<sha>-<name> when S3_ENDPOINT and the keys are set (returns
+    the dataset ref), else None (the caller puts the file in a ConfigMap)."""
     from posttrain import dataset_upload
 
     if not dataset_upload.s3_configured():
         return None
-    uri = dataset_upload.upload(path, field=field)
+    uri = dataset_upload.upload(path, field=field, namespace=namespace)
     print(f"dataset: {path} -> {uri}")
     return {"uri": uri}
 
@@ -234,7 +234,8 @@ def run_cluster(args: argparse.Namespace, kind: str, raw: dict[str, Any]) -> int
     if kind == "sft":
         for role, value in dataset_files(args, raw).items():
             if isinstance(value, Path):
-                ref = upload_dataset_s3(value, "data.validation_path" if role == "validation" else "job.data")
+                field = "data.validation_path" if role == "validation" else "job.data"
+                ref = upload_dataset_s3(value, field, namespace)
                 if ref is None:
                     local_files[role] = value
                     continue

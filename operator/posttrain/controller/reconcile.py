@@ -25,7 +25,7 @@ from posttrain.controller import render
 from posttrain.controller.bounds import bound_status, event_message
 from posttrain.controller.kube import KubeError, collection_path, object_path, path_of
 from posttrain.controller.objects import Job, Owner, TaskAppObject, owner_of, parse_job
-from posttrain.controller.render.model import bucket
+from posttrain.controller.render.model import bucket, check_model_access
 from posttrain.controller.render.names import SERVER_ROLES, child_name, legacy_token_name
 from posttrain.controller.render.taskapp import TaskAppTarget, task_app_target
 from posttrain.controller.render.token import carried_over_token, derived_token, with_token
@@ -683,6 +683,8 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
         return None
     try:
         job = parse_cached(obj, state)
+        # before the task app is verified: another namespace's model fails the job at once
+        check_model_access(job.spec, owner.namespace, rt.settings)
     except SpecError as err:
         await reconcile_invalid(rt, obj, observed, state, err)
         return None

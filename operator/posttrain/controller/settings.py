@@ -65,6 +65,11 @@ class OperatorSettings(BaseSettings):
     s3_region: str | None = None
     s3_secret_name: str = "posttrain-s3"  # keys S3_ACCESS_KEY_ID / S3_SECRET_ACCESS_KEY
     base_model_uri: str = "{base}"  # how a base model id becomes the trainer/vLLM model path
+    # Namespaces whose models other namespaces may train from (model.source, an s3:// model.base):
+    # {"team-a": ["team-b"]} lets team-b use team-a's models, ["*"] every namespace. Without an entry a job
+    # naming another namespace's model fails (InvalidSpec). The storage keys must allow the read too
+    # (storage_policy.py read_from; docs/storage.md). JSON in POSTTRAIN_SHARED_MODELS.
+    shared_models: dict[str, list[str]] = Field(default_factory=dict)
 
     # Trainer pods patch their job's status.progress/result, and only their own job's (manifests/README.md,
     # "Trainer identity"):

@@ -3,7 +3,8 @@ applies it and follows it).
 
 The Job runs `posttrain eval` in the rollout image (vLLM + this package) with the model served on the pod's
 GPUs, the task app's key from a Secret (ENVIRONMENT_API_KEY), S3 keys from the operator's S3 Secret, and
-uploads traces.jsonl and summary.json to s3://<bucket>/evals/<namespace>/<name>/. Its pod carries the
+uploads traces.jsonl and summary.json to s3://<bucket>/jobs/<namespace>/evals/<name>/ (the namespace's
+folder: its S3 keys reach no other, docs/storage.md). Its pod carries the
 labels posttrain.dev/job=<name> and posttrain.dev/role=eval, so `posttrain logs <name>` finds it. The pod is
 locked down: non-root, no privilege escalation, every capability dropped, RuntimeDefault seccomp, no service
 account token."""
@@ -14,6 +15,8 @@ import hashlib
 import json
 import re
 from typing import Any
+
+from posttrain.api.model_ids import namespace_prefix
 
 ROLE_EVAL = "eval"
 WORKDIR = "/work"
@@ -30,7 +33,7 @@ def eval_job_name(model: str, task: str, seeds: list[int]) -> str:
 
 
 def results_uri(bucket: str, namespace: str, name: str) -> str:
-    return f"s3://{bucket}/evals/{namespace}/{name}/"
+    return f"s3://{bucket}/{namespace_prefix(namespace)}evals/{name}/"
 
 
 def _eval_env(api_key_secret: str, s3_endpoint: str, s3_secret: str) -> list[dict[str, Any]]:

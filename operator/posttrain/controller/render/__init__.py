@@ -23,7 +23,7 @@ from posttrain.api.topology import Topology, rl_topology, sft_topology
 from posttrain.controller.objects import Job
 from posttrain.controller.render.identity import IDENTITY_KINDS, render_trainer_identity
 from posttrain.controller.render.jobfile import dataset_path, render_config_secret, render_jobfile
-from posttrain.controller.render.model import model_location
+from posttrain.controller.render.model import check_model_access, model_location
 from posttrain.controller.render.servers import render_servers
 from posttrain.controller.render.taskapp import TaskAppTarget
 from posttrain.controller.render.trainer import render_trainer
@@ -84,6 +84,7 @@ def render_sftjob(job: Job, settings: OperatorSettings) -> Rendered:
 
 
 def render_job(job: Job, settings: OperatorSettings, task_app: TaskAppTarget | None) -> Rendered:
+    check_model_access(job.spec, job.owner.namespace, settings)
     if job.is_rl:
         assert task_app is not None, "an RLJob is rendered once its task app is verified"
         return render_rljob(job, settings, task_app)
