@@ -6,7 +6,7 @@ POSTTRAIN := $(VENV)/bin/posttrain
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup k8s-bins node-bins argocd-bins test test-unit demo bench bench-demo cluster-up cluster-down crds lint images e2e e2e-gitops clean
+.PHONY: setup k8s-bins node-bins argocd-bins test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images e2e e2e-gitops clean
 
 setup:
 	bash hack/setup.sh
@@ -27,6 +27,14 @@ test: setup k8s-bins
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# The user's guide (mkdocs.yml) into site/; docs-gen rewrites docs/reference/ from the code (a unit test
+# fails when it is stale, and builds the site with --strict).
+docs: setup
+	$(PY) -m mkdocs build --strict
+
+docs-gen: setup
+	$(PY) hack/gen_docs.py
 
 # A real Argo CD (built from the Go module proxy, cached outside the clone) syncs jobs from a git repository
 # into the dev control plane; not part of `test` (its cold build alone is longer than CI's budget allows).
@@ -67,4 +75,4 @@ e2e: setup k8s-bins node-bins images
 	$(PY) hack/e2e_node.py
 
 clean:
-	rm -rf .cluster .cluster-e2e .cluster-harness.log .runs .pytest_cache .ruff_cache
+	rm -rf site .cluster .cluster-e2e .cluster-harness.log .runs .pytest_cache .ruff_cache

@@ -116,7 +116,9 @@ def _rows(model: type[BaseModel], prefix: str, sections: list[tuple[str, type[Ba
             sections.append((key, nested[0]))
             continue
         help_text = field.description or ""
-        rows.append(f"| `{key}` | {_type_name(field.annotation)} | {_md(_default(field))} | {_bounds(field)} | {_md(help_text)} |")
+        rows.append(
+            f"| `{key}` | {_type_name(field.annotation)} | {_md(_default(field))} | {_bounds(field)} | {_md(help_text)} |"
+        )
     return rows
 
 
@@ -172,14 +174,22 @@ def _schema_rows(schema: dict[str, Any], path: str, rows: list[str], rules: list
         kind = sub.get("type", "")
         if kind == "array" and isinstance(sub.get("items"), dict):
             kind = f"array of {sub['items'].get('type', 'object')}"
-        bounds = [f"{k} {sub[k]}" for k in ("minimum", "maximum", "maxLength", "maxItems", "pattern") if k in sub]
+        bounds = [
+            f"{k} {sub[k]}" for k in ("minimum", "maximum", "maxLength", "maxItems", "pattern") if k in sub
+        ]
         if "enum" in sub:
             bounds.append("one of " + ", ".join(f"`{v}`" for v in sub["enum"]))
         req = name in (schema.get("required") or [])
-        rows.append(f"| `{p}` | {kind}{' (required)' if req else ''} | {_md('; '.join(bounds))} | {_md(sub.get('description', ''))} |")
+        rows.append(
+            f"| `{p}` | {kind}{' (required)' if req else ''} | {_md('; '.join(bounds))} | {_md(sub.get('description', ''))} |"
+        )
         if sub.get("type") == "object":
             _schema_rows(sub, p, rows, rules)
-        elif sub.get("type") == "array" and isinstance(sub.get("items"), dict) and sub["items"].get("type") == "object":
+        elif (
+            sub.get("type") == "array"
+            and isinstance(sub.get("items"), dict)
+            and sub["items"].get("type") == "object"
+        ):
             _schema_rows(sub["items"], f"{p}[]", rows, rules)
 
 
@@ -205,9 +215,21 @@ def crds_page() -> str:
             rows: list[str] = []
             rules: list[str] = []
             _schema_rows(schema["properties"][part], "", rows, rules)
-            out += [f"### {part}\n", "| field | type | bounds | description |", "|---|---|---|---|", *rows, ""]
+            out += [
+                f"### {part}\n",
+                "| field | type | bounds | description |",
+                "|---|---|---|---|",
+                *rows,
+                "",
+            ]
             if rules:
-                out += [f"CEL rules on `{part}`:\n", "| where | rule | message |", "|---|---|---|", *rules, ""]
+                out += [
+                    f"CEL rules on `{part}`:\n",
+                    "| where | rule | message |",
+                    "|---|---|---|",
+                    *rules,
+                    "",
+                ]
     return "\n".join(out)
 
 
@@ -259,7 +281,9 @@ def _env_reads() -> dict[str, set[str]]:
             name = None
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
                 target = ast.unparse(node.func)
-                if target in ("os.environ.get", "os.getenv", "environ.get") and isinstance(node.args[0], ast.Constant):
+                if target in ("os.environ.get", "os.getenv", "environ.get") and isinstance(
+                    node.args[0], ast.Constant
+                ):
                     name = node.args[0].value
             elif (isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("os.environ", "environ")
                   and isinstance(node.slice, ast.Constant)):  # fmt: skip
@@ -281,13 +305,15 @@ def environment_page() -> str:
            "| variable | type | default | what it does |", "|---|---|---|---|"]  # fmt: skip
     for name, field in OperatorSettings.model_fields.items():
         help_text = field.description or comments.get(name, "")
-        out.append(f"| `{prefix}{name.upper()}` | {_type_name(field.annotation)} | {_md(_default(field))} | {_md(help_text)} |")
+        out.append(
+            f"| `{prefix}{name.upper()}` | {_type_name(field.annotation)} | {_md(_default(field))} | {_md(help_text)} |"
+        )
     out += ["", "## Read by the CLI, the local runner and the servers\n",
             "Every variable the `posttrain` package reads by name, and where (secrets such as "
             "`ENVIRONMENT_API_KEY` and the S3 keys are read from the environment, never from flags).\n",
             "| variable | read in |", "|---|---|"]  # fmt: skip
     for name, modules in sorted(_env_reads().items()):
-        if name.startswith(prefix) and name[len(prefix):].lower() in OperatorSettings.model_fields:
+        if name.startswith(prefix) and name[len(prefix) :].lower() in OperatorSettings.model_fields:
             continue
         out.append(f"| `{name}` | {', '.join(f'`{m}`' for m in sorted(modules))} |")
     return "\n".join(out) + "\n"
@@ -318,16 +344,30 @@ def _outcomes() -> list[tuple[str, str, str]]:
             continue
         assigned: dict[str, list[str]] = {}
         for node in ast.walk(func):
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                consts = [c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+            ):
+                consts = [
+                    c.value
+                    for c in ast.walk(node.value)
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                ]
                 assigned.setdefault(node.targets[0].id, []).extend(consts)
         for node in ast.walk(func):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_Outcome" and len(node.args) >= 2:
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", "") == "_Outcome"
+                and len(node.args) >= 2
+            ):
                 phase, message = value(node.args[0]), value(node.args[2]) if len(node.args) > 2 else ""
                 reason_node = node.args[1]
                 reasons = [value(reason_node)]
                 if not reasons[0] and isinstance(reason_node, ast.Name):
-                    reasons = [r for r in assigned.get(reason_node.id, []) if re.fullmatch(r"[A-Z][A-Za-z]+", r)]
+                    reasons = [
+                        r for r in assigned.get(reason_node.id, []) if re.fullmatch(r"[A-Z][A-Za-z]+", r)
+                    ]
                 found += [(phase, r, message) for r in reasons if phase and r]
     return found
 
@@ -348,7 +388,9 @@ REASON_HELP = {
 def status_page() -> str:
     from posttrain.controller import status
 
-    phases = [p for p in ("Pending", "Verifying", "Provisioning", "Running", "Succeeded", "Failed", "Suspended")]
+    phases = [
+        p for p in ("Pending", "Verifying", "Provisioning", "Running", "Succeeded", "Failed", "Suspended")
+    ]
     out = [HEADER, "# Status fields, phases and reasons\n",
            "From the pure status derivation (`posttrain/controller/status.py`). The status fields with their "
            "types are in the [CRD reference](crds.md).\n", "## Phases\n", "`" + "`, `".join(phases) + "`; "
@@ -392,7 +434,9 @@ def render() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 when a page is stale")
     parser.add_argument("--out", type=Path, default=OUT, help="folder (default docs/reference)")
     args = parser.parse_args(argv)
