@@ -36,6 +36,7 @@ CLI_USER_ERROR = 2
 CLI_NOT_FOUND = 3
 CLI_TIMEOUT = 4
 CLI_INTERRUPTED = 130
+CLI_CLOSED_PIPE = 141
 CLI_EXIT_CODES: dict[int, str] = {
     CLI_OK: "success: the file was written, the check passed, the job Succeeded",
     CLI_FAILED: "the job Failed (`train`, `status NAME`), a task-app check failed (`verify-task-app`), "
@@ -45,6 +46,8 @@ CLI_EXIT_CODES: dict[int, str] = {
     CLI_NOT_FOUND: "no such job (`status NAME`)",
     CLI_TIMEOUT: "gave up waiting (`train --poll-timeout`, `status --watch --timeout`, `eval --cluster`)",
     CLI_INTERRUPTED: "interrupted (Ctrl-C)",
+    CLI_CLOSED_PIPE: "the reader of stdout went away (`posttrain status | head -1`): the rest of the output is "
+    "dropped without a traceback (128 + SIGPIPE, as a shell reports it)",
 }
 
 EXIT_OK = 0

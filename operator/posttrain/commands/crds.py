@@ -2,12 +2,7 @@
 
 By default they are printed to stdout as one multi-document YAML, ready for `kubectl apply --server-side -f -`;
 -o DIR writes one file per kind (the repository's crds/ is `-o crds`). --check compares a folder instead of
-writing (exit 1 when it is stale).
-
-examples:
-  posttrain crds | kubectl apply --server-side -f -
-  posttrain crds -o crds                 # regenerate the repository's crds/
-  posttrain crds -o crds --check         # CI: exit 1 when crds/ differs from the models"""
+writing (exit 1 when it is stale)."""
 
 from __future__ import annotations
 
@@ -17,6 +12,13 @@ from pathlib import Path
 
 from posttrain.api.crdgen import crd_files, write_crds
 from posttrain.api.exitcodes import CLI_FAILED, CLI_OK, CLI_USER_ERROR
+
+# Shown at the end of --help (cli.py adds them).
+EXAMPLES = """\
+  posttrain crds | kubectl apply --server-side -f -
+  posttrain crds -o crds                        # regenerate the repository's crds/
+  posttrain crds -o crds --check                # CI: exit 1 when crds/ differs from the models
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from posttrain.commands.argtypes import positive_float, positive_int
+from posttrain.commands.argtypes import http_url, namespace, object_name, positive_float, positive_int
 from posttrain.commands.status import (
     EXIT_FAILED,
     EXIT_TIMEOUT,
@@ -34,6 +34,14 @@ from posttrain.errors import Problem, UserError
 
 FIELD_MANAGER = "posttrain-cli"
 CONFIGMAP_LIMIT = 900 * 1024
+
+
+# Shown at the end of --help (cli.py adds them).
+EXAMPLES = """\
+  posttrain train --type rl --config examples/rl_qwen3_4b.toml --task-app math -n team-a
+  posttrain train --local --type rl --config examples/demo/rl.toml
+  posttrain train --local --type sft --config examples/demo/sft.toml --dataset examples/demo/sft_warmup.jsonl
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,14 +62,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "[model].source (clearing base), any other id [model].base",
     )
     parser.add_argument("--name", help="job name (default: from [model].label or the file name)")
-    parser.add_argument("-n", "--namespace", help="namespace (default: the kube context's)")
+    parser.add_argument("-n", "--namespace", type=namespace, help="namespace (default: the kube context's)")
     parser.add_argument("--context", help="kube context (default: current)")
-    parser.add_argument("--task-url", help="task app URL (overrides [services].task_url and TASK_APP_URL)")
+    parser.add_argument("--task-url", type=http_url, help="task app URL (overrides [services].task_url and TASK_APP_URL)")
     parser.add_argument(
-        "--task-app", dest="task_app_name", help="name of a TaskApp in the namespace (cluster mode)"
+        "--task-app", dest="task_app_name", type=object_name, help="name of a TaskApp in the namespace (cluster mode)"
     )
     parser.add_argument(
-        "--api-key-secret",
+        "--api-key-secret", type=object_name,
         help="Secret holding the task app key (key ENVIRONMENT_API_KEY); default: one made from $ENVIRONMENT_API_KEY",
     )
     parser.add_argument("--no-poll", dest="poll", action="store_false", help="apply and return")
