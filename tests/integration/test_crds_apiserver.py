@@ -126,6 +126,7 @@ def test_spec_is_immutable_except_suspend(custom, namespace):
 def test_kubectl_get_shows_the_printer_columns(crds, custom, namespace):
     created = create(custom, namespace, example("rl_qwen3_4b.yaml"))
     name = created["metadata"]["name"]
+    fine_tuned = f"rl:Qwen/Qwen3-4B:{namespace}.{name}.1a2b3c4d"
     custom.patch_namespaced_custom_object_status(
         GROUP,
         VERSION,
@@ -135,15 +136,22 @@ def test_kubectl_get_shows_the_printer_columns(crds, custom, namespace):
         {
             "status": {
                 "phase": "Running",
+                "reason": "Running",
                 "model": "Qwen/Qwen3-4B",
-                "progress": {"step": 7, "meanReturn": 0.5},
+                "fineTunedModel": fine_tuned,
+                # as the trainer reports it (posttrain_trainer.report.camel_progress)
+                "progress": {"step": 12, "total": 50, "display": "12/50", "meanReturn": 0.5, "evalScore": 0.25},
             }
         },
     )
     out = crds.kubectl("get", "rljobs", "-n", namespace).stdout
     header, row = out.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "MODEL", "STEP", "RETURN", "FINE-TUNED-MODEL", "AGE"]
-    assert row.split()[:5] == [name, "Running", "Qwen/Qwen3-4B", "7", "0.5"]
+    assert header.split() == ["NAME", "PHASE", "PROGRESS", "REWARD", "EVAL", "REASON", "AGE"]
+    assert row.split()[:6] == [name, "Running", "12/50", "0.5", "0.25", "Running"]
+    assert fine_tuned not in out  # ~70 characters: only with -o wide
+    wide = crds.kubectl("get", "rljobs", "-n", namespace, "-o", "wide").stdout
+    assert wide.splitlines()[0].split()[-2:] == ["MODEL", "FINE-TUNED-MODEL"]
+    assert wide.splitlines()[1].split()[-2:] == ["Qwen/Qwen3-4B", fine_tuned]
 
 
 def test_kubectl_explain_documents_the_spec(crds):
