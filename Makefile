@@ -6,7 +6,7 @@ POSTTRAIN := $(VENV)/bin/posttrain
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup k8s-bins node-bins argocd-bins test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images e2e e2e-gitops clean
+.PHONY: setup k8s-bins node-bins argocd-bins gitops-deps test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images e2e e2e-gitops clean
 
 setup:
 	bash hack/setup.sh
@@ -20,6 +20,10 @@ node-bins:
 
 argocd-bins:
 	bash hack/build-argocd.sh
+
+# What the real Argo CD e2e runs beside Argo CD: redis (its cache) and git (`git daemon` serves the jobs' repo).
+gitops-deps:
+	bash hack/debian-deps.sh redis-server:redis-server git:git
 
 # The whole suite: unit tests, integration tests on the real control plane, real S3 and real vLLM.
 test: setup k8s-bins
@@ -38,7 +42,7 @@ docs-gen: setup
 
 # A real Argo CD (built from the Go module proxy, cached outside the clone) syncs jobs from a git repository
 # into the dev control plane; not part of `test` (its cold build alone is longer than CI's budget allows).
-e2e-gitops: setup k8s-bins argocd-bins
+e2e-gitops: setup k8s-bins argocd-bins gitops-deps
 	$(PY) -m pytest tests/e2e/test_gitops_argocd.py -m argocd -s $(PYTEST_ARGS)
 
 # DEMO_ARGS: options of `python -m posttrain.local.demo` (--help), e.g. DEMO_ARGS=--sft-warmup

@@ -274,10 +274,12 @@ def toml_to_cr(
     validation_dataset: str | dict[str, Any] | None = None,
     file: str | None = None,
     env: dict[str, str] | None = None,
+    queue: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """`posttrain convert`: TOML text -> (custom resource dict, warnings). `dataset` / `validation_dataset`
     are s3:// URIs (the command uploads local files first) or dataset refs ({"configMapRef": ...}); a local
-    path, given or in the TOML, is refused: the cluster cannot read it."""
+    path, given or in the TOML, is refused: the cluster cannot read it. `queue` names a Kueue LocalQueue
+    (spec.scheduling.queueName: the job's pods wait for Kueue's admission)."""
     env = dict(os.environ) if env is None else env
     kind, config, warnings = load(text, kind=kind, file=file, model=model)
     spec = config_to_spec(config, kind)
@@ -325,6 +327,8 @@ def toml_to_cr(
             )
         if validation:
             spec["validationDataset"] = validation if isinstance(validation, dict) else {"uri": validation}
+    if queue:
+        spec["scheduling"] = {"queueName": queue}
     spec["originalToml"] = text
     metadata: dict[str, Any] = {"name": name or content_name(kind, spec)}
     if namespace:

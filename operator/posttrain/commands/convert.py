@@ -48,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--dataset", help="SFT: training JSONL (an s3:// URI, or a local file: checked and uploaded to S3)"
     )
+    parser.add_argument(
+        "--queue", type=object_name, help="Kueue LocalQueue (spec.scheduling.queueName): the job waits for admission"
+    )
     parser.add_argument("--output", "-o", type=Path, help="write the YAML here (default: stdout)")
     parser.add_argument("--strict", action="store_true", help="treat warnings as errors: exit 2 when there are any (CI)")
     parser.set_defaults(func=run)
@@ -106,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         dataset=dataset,
         validation_dataset=validation,
         file=str(args.config),
+        queue=args.queue,
     )
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
