@@ -74,7 +74,7 @@ lint: setup
 images:
 	bash hack/build-images.sh
 
-# The cluster path for real (README "make e2e"): needs root; outside `make test` (it takes ~30-60 min).
+# The cluster path for real (docs/operations/real-node-e2e.md): needs root; outside `make test` (it takes ~30-60 min).
 e2e: setup k8s-bins node-bins images
 	$(PY) hack/e2e_node.py
 
