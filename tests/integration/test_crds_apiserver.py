@@ -124,6 +124,8 @@ def test_spec_is_immutable_except_suspend(custom, namespace):
 
 
 def test_kubectl_get_shows_the_printer_columns(crds, custom, namespace):
+    from posttrain_trainer.report import camel_progress
+
     created = create(custom, namespace, example("rl_qwen3_4b.yaml"))
     name = created["metadata"]["name"]
     fine_tuned = f"rl:Qwen/Qwen3-4B:{namespace}.{name}.1a2b3c4d"
@@ -139,8 +141,8 @@ def test_kubectl_get_shows_the_printer_columns(crds, custom, namespace):
                 "reason": "Running",
                 "model": "Qwen/Qwen3-4B",
                 "fineTunedModel": fine_tuned,
-                # as the trainer reports it (posttrain_trainer.report.camel_progress)
-                "progress": {"step": 12, "total": 50, "display": "12/50", "meanReturn": 0.5, "evalScore": 0.25},
+                # what the trainer's reporter patches
+                "progress": camel_progress(step=12, total=50, mean_return=0.5, eval_score=0.25),
             }
         },
     )
