@@ -156,6 +156,27 @@ def test_kubectl_get_shows_the_printer_columns(crds, custom, namespace):
     assert wide.splitlines()[1].split()[-2:] == ["Qwen/Qwen3-4B", fine_tuned]
 
 
+def test_kubectl_get_sftjobs_shows_loss_and_taskapps_their_reason(crds, custom, namespace):
+    from posttrain_trainer.report import camel_progress
+
+    name = create(custom, namespace, example("sft_lora.yaml"))["metadata"]["name"]
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "sftjobs", name,
+        {"status": {"phase": "Running", "reason": "Running", "progress": camel_progress(step=3, total=40, loss=1.25)}},
+    )  # fmt: skip
+    header, row = crds.kubectl("get", "sftjobs", "-n", namespace).stdout.splitlines()[:2]
+    assert header.split() == ["NAME", "PHASE", "PROGRESS", "LOSS", "EVAL", "REASON", "AGE"]
+    assert row.split()[:4] == [name, "Running", "3/40", "1.25"]
+    app = create(custom, namespace, example("taskapp-math.yaml"))["metadata"]["name"]
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "taskapps", app,
+        {"status": {"verified": False, "reason": "Unauthorized", "url": "http://math:8000"}},
+    )  # fmt: skip
+    header, row = crds.kubectl("get", "taskapps", "-n", namespace).stdout.splitlines()[:2]
+    assert header.split() == ["NAME", "VERIFIED", "REASON", "AGE"]
+    assert row.split()[:3] == [app, "false", "Unauthorized"]
+
+
 def test_kubectl_explain_documents_the_spec(crds):
     out = crds.kubectl("explain", "rljob.spec").stdout
     assert "model" in out and "compute" in out and "suspend" in out
