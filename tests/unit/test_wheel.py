@@ -6,6 +6,7 @@ and the installed `posttrain` command is run from outside the checkout."""
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import re
 import shutil
 import subprocess
@@ -129,6 +130,22 @@ def test_the_base_install_converts_and_validates(wheel: Path, tmp_path: Path):
         cwd=work, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert val.returncode == 0, val.stderr
+    # status and plot of a local run (matplotlib is a base dependency; torch is not)
+    run = work / "runs" / "demo-rl-1a2b3c4d"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"name": "demo-rl", "kind": "rl", "uid": "1a2b3c4d", "phase": "Succeeded"}))
+    (run / "report.jsonl").write_text(
+        "".join(json.dumps({"progress": {"step": s, "total": 3, "meanReturn": s / 4, "loss": 1 / s}}) + "\n"
+                for s in (1, 2, 3))
+    )  # fmt: skip
+    status = subprocess.run([posttrain, "status", "--local", "--runs-dir", "runs", "-o", "json"], cwd=work,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)[0]["phase"] == "Succeeded"
+    plot = subprocess.run([posttrain, "plot", "demo-rl-1a2b3c4d", "--local", "--runs-dir", "runs", "-o", "c.png"],
+                          cwd=work, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert plot.returncode == 0, plot.stderr
+    assert (work / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     crds = subprocess.run([posttrain, "crds"], cwd=work, capture_output=True, text=True, timeout=120)
     assert crds.returncode == 0, crds.stderr
     assert crds.stdout.count("kind: CustomResourceDefinition") == 3
