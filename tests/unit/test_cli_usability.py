@@ -80,6 +80,11 @@ def test_strict_makes_warnings_exit_2(tmp_path: Path):
     conv = cli("convert", "--strict", "--config", str(path), "--task-app", "math")
     assert conv.returncode == 2 and conv.stdout == ""
     assert cli("convert", "--config", str(path), "--task-app", "math").returncode == 0
+    # train refuses before it starts anything
+    runs = tmp_path / "runs"
+    train = cli("train", "--local", "--strict", "--type", "rl", "--config", str(path), "--runs-dir", str(runs))
+    assert train.returncode == 2 and "--strict" in train.stderr
+    assert not runs.exists() or not any(runs.iterdir())
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ from posttrain.commands.status import (
     load_kube,
     poll,
 )
+from posttrain.commands.validate import strict_warnings
 from posttrain.errors import Problem, UserError
 
 FIELD_MANAGER = "posttrain-cli"
@@ -72,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--api-key-secret", type=object_name,
         help="Secret holding the task app key (key ENVIRONMENT_API_KEY); default: one made from $ENVIRONMENT_API_KEY",
     )
+    parser.add_argument("--strict", action="store_true", help="treat warnings as errors: exit 2 when there are any (CI)")
     parser.add_argument("--no-poll", dest="poll", action="store_false", help="apply and return")
     parser.add_argument("--poll-timeout", type=positive_float, default=3600.0, help="seconds (default 3600)")
     parser.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds (default 5)")
@@ -106,6 +108,7 @@ def load_job(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, A
     kind, config, warnings = convert.load(text, kind=args.job_type, file=str(args.config), model=args.model)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    strict_warnings(args, warnings)  # before anything is applied or started
     return kind, raw, normalized_config(config)
 
 
