@@ -200,7 +200,11 @@ def crds_page() -> str:
            "The fields of the custom resources (group `posttrain.dev`, version `v1alpha1`), from the CRDs in "
            "`crds/`, which are generated from the same models (`posttrain crds`).\n"]  # fmt: skip
     for filename, text in sorted(crd_files().items()):
-        crd = yaml.safe_load(text)
+        # crds/ may also hold other objects installed with the CRDs (an admission policy): only CRDs here
+        docs = [d for d in yaml.safe_load_all(text) if d and d.get("kind") == "CustomResourceDefinition"]
+        if not docs:
+            continue
+        crd = docs[0]
         kind = crd["spec"]["names"]["kind"]
         version = crd["spec"]["versions"][0]
         schema = version["schema"]["openAPIV3Schema"]

@@ -179,6 +179,7 @@ def test_one_exit_code_table_holds_what_the_commands_return():
 def test_crds_prints_to_stdout_by_default(tmp_path: Path):
     result = cli("crds", cwd=tmp_path)
     assert result.returncode == 0
-    kinds = [doc["spec"]["names"]["kind"] for doc in yaml.safe_load_all(result.stdout)]
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "CustomResourceDefinition"]
+    kinds = [doc["spec"]["names"]["kind"] for doc in docs]
     assert kinds == ["RLJob", "SFTJob", "TaskApp"]
     assert list(tmp_path.iterdir()) == []
