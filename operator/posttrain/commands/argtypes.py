@@ -77,11 +77,15 @@ def object_name(text: str) -> str:
 
 
 def http_url(text: str) -> str:
-    """An http(s) URL with a host, the rule of [services].task_url and judge_url."""
-    from posttrain.api.sections import http_url as check
+    """A task app URL, checked by the very rule of [services].task_url (the field the flag replaces)."""
+    from pydantic import ValidationError
+
+    from posttrain.api.sections import ServicesConfig
 
     try:
-        return check(text) or text
-    except ValueError as err:
-        message, _, fix = str(err).partition(" -- fix: ")
+        ServicesConfig.model_validate({"task_url": text})
+    except ValidationError as err:
+        message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
+        message, _, fix = message.partition(" -- fix: ")
         raise argparse.ArgumentTypeError(f"{message} ({fix})" if fix else message) from None
+    return text.strip()
