@@ -274,27 +274,31 @@ def _settings_comments(cls: type) -> dict[str, str]:
 
 
 def _env_reads() -> dict[str, set[str]]:
-    """Environment variables the package reads (os.environ / os.getenv with a literal name), by module."""
-    pkg = ROOT / "operator" / "posttrain"
+    """Environment variables the packages read (os.environ / os.getenv with a literal name), by module: the
+    CLI and operator (posttrain, without its developer tooling in posttrain.dev), the trainer and the rollout
+    server."""
+    roots = [ROOT / "operator" / "posttrain", ROOT / "trainer_image" / "posttrain_trainer",
+             ROOT / "rollout_image" / "posttrain_rollout"]  # fmt: skip
     found: dict[str, set[str]] = {}
-    for path in sorted(pkg.rglob("*.py")):
-        if "dev" in path.relative_to(pkg).parts[:1]:
-            continue  # developer tooling: not the product's environment
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            name = None
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
-                target = ast.unparse(node.func)
-                if target in ("os.environ.get", "os.getenv", "environ.get") and isinstance(
-                    node.args[0], ast.Constant
-                ):
-                    name = node.args[0].value
-            elif (isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("os.environ", "environ")
-                  and isinstance(node.slice, ast.Constant)):  # fmt: skip
-                name = node.slice.value
-            if isinstance(name, str) and re.fullmatch(r"[A-Z][A-Z0-9_]+", name):
-                module = ".".join(path.relative_to(pkg.parent).with_suffix("").parts)
-                found.setdefault(name, set()).add(module)
+    for pkg in roots:
+        for path in sorted(pkg.rglob("*.py")):
+            if pkg.name == "posttrain" and path.relative_to(pkg).parts[0] == "dev":
+                continue  # developer tooling: not the product's environment
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                name = None
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+                    target = ast.unparse(node.func)
+                    if target in ("os.environ.get", "os.getenv", "environ.get") and isinstance(
+                        node.args[0], ast.Constant
+                    ):
+                        name = node.args[0].value
+                elif (isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("os.environ", "environ")
+                      and isinstance(node.slice, ast.Constant)):  # fmt: skip
+                    name = node.slice.value
+                if isinstance(name, str) and re.fullmatch(r"[A-Z][A-Z0-9_]+", name):
+                    module = ".".join(path.relative_to(pkg.parent).with_suffix("").parts)
+                    found.setdefault(name, set()).add(module)
     return found
 
 
@@ -312,8 +316,8 @@ def environment_page() -> str:
         out.append(
             f"| `{prefix}{name.upper()}` | {_type_name(field.annotation)} | {_md(_default(field))} | {_md(help_text)} |"
         )
-    out += ["", "## Read by the CLI, the local runner and the servers\n",
-            "Every variable the `posttrain` package reads by name, and where (secrets such as "
+    out += ["", "## Read by the CLI, the local runner, the trainer and the rollout server\n",
+            "Every variable the `posttrain`, `posttrain_trainer` and `posttrain_rollout` packages read by name, and where (secrets such as "
             "`ENVIRONMENT_API_KEY` and the S3 keys are read from the environment, never from flags).\n",
             "| variable | read in |", "|---|---|"]  # fmt: skip
     for name, modules in sorted(_env_reads().items()):
