@@ -67,6 +67,15 @@ def namespace(text: str) -> str:
     return text
 
 
+def job_name(text: str) -> str:
+    """A job's metadata.name: a DNS-1123 label (its pods and Services are named after it)."""
+    if not _DNS_LABEL.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a valid job name (use lower-case letters, digits and '-', at most 63, e.g. math-rl)"
+        )
+    return text
+
+
 def object_name(text: str) -> str:
     """An object's name (a Secret, a TaskApp): a DNS-1123 subdomain (at most 253)."""
     if not _DNS_SUBDOMAIN.fullmatch(text):

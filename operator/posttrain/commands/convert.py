@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from posttrain.api.convert import _read, to_yaml, toml_to_cr
-from posttrain.commands.argtypes import http_url, namespace, object_name
+from posttrain.commands.argtypes import http_url, job_name, namespace, object_name
 from posttrain.commands.validate import strict_warnings
 from posttrain.errors import Problem, UserError
 
@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--type", dest="job_type", choices=["rl", "sft"], help="rl or sft (detected when absent)"
     )
-    parser.add_argument("--name", help="metadata.name (default: derived from the content)")
+    parser.add_argument("--name", type=job_name, help="metadata.name (default: derived from the content)")
     parser.add_argument("--namespace", "-n", type=namespace, help="metadata.namespace (default: none, kubectl's)")
     parser.add_argument("--model", help="override the model: a base id, or a fine-tuned id (model.source)")
     parser.add_argument("--task-url", type=http_url, help="the task app URL (wins over TASK_APP_URL and services.task_url)")

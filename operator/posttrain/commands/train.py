@@ -19,7 +19,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from posttrain.commands.argtypes import http_url, namespace, object_name, positive_float, positive_int
+from posttrain.commands.argtypes import (
+    http_url,
+    job_name,
+    namespace,
+    object_name,
+    positive_float,
+    positive_int,
+)
 from posttrain.commands.status import (
     EXIT_FAILED,
     EXIT_TIMEOUT,
@@ -62,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="override the TOML's model as synth's --model does: a fine-tuned id (ft:/rl:...) becomes "
         "[model].source (clearing base), any other id [model].base",
     )
-    parser.add_argument("--name", help="job name (default: from [model].label or the file name)")
+    parser.add_argument("--name", type=job_name, help="job name (default: from [model].label or the file name)")
     parser.add_argument("-n", "--namespace", type=namespace, help="namespace (default: the kube context's)")
     parser.add_argument("--context", help="kube context (default: current)")
     parser.add_argument("--task-url", type=http_url, help="task app URL (overrides [services].task_url and TASK_APP_URL)")
