@@ -6,7 +6,7 @@ POSTTRAIN := $(VENV)/bin/posttrain
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup k8s-bins node-bins argocd-bins test test-unit demo bench bench-demo cluster-up cluster-down crds lint images e2e e2e-gitops clean
+.PHONY: setup k8s-bins node-bins argocd-bins gitops-deps test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images e2e e2e-gitops clean
 
 setup:
 	bash hack/setup.sh
@@ -21,6 +21,10 @@ node-bins:
 argocd-bins:
 	bash hack/build-argocd.sh
 
+# What the real Argo CD e2e runs beside Argo CD: redis (its cache) and git (`git daemon` serves the jobs' repo).
+gitops-deps:
+	bash hack/debian-deps.sh redis-server:redis-server git:git
+
 # The whole suite: unit tests, integration tests on the real control plane, real S3 and real vLLM.
 test: setup k8s-bins
 	$(PY) -m pytest tests -m "not argocd" $(PYTEST_ARGS)
@@ -28,9 +32,17 @@ test: setup k8s-bins
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
+# The user's guide (mkdocs.yml) into site/; docs-gen rewrites docs/reference/ from the code (a unit test
+# fails when it is stale, and builds the site with --strict).
+docs: setup
+	$(PY) -m mkdocs build --strict
+
+docs-gen: setup
+	$(PY) hack/gen_docs.py
+
 # A real Argo CD (built from the Go module proxy, cached outside the clone) syncs jobs from a git repository
 # into the dev control plane; not part of `test` (its cold build alone is longer than CI's budget allows).
-e2e-gitops: setup k8s-bins argocd-bins
+e2e-gitops: setup k8s-bins argocd-bins gitops-deps
 	$(PY) -m pytest tests/e2e/test_gitops_argocd.py -m argocd -s $(PYTEST_ARGS)
 
 # DEMO_ARGS: options of `python -m posttrain.local.demo` (--help), e.g. DEMO_ARGS=--sft-warmup
@@ -62,9 +74,9 @@ lint: setup
 images:
 	bash hack/build-images.sh
 
-# The cluster path for real (README "make e2e"): needs root; outside `make test` (it takes ~30-60 min).
+# The cluster path for real (docs/operations/real-node-e2e.md): needs root; outside `make test` (it takes ~30-60 min).
 e2e: setup k8s-bins node-bins images
 	$(PY) hack/e2e_node.py
 
 clean:
-	rm -rf .cluster .cluster-e2e .cluster-harness.log .runs .pytest_cache .ruff_cache
+	rm -rf site .cluster .cluster-e2e .cluster-harness.log .runs .pytest_cache .ruff_cache

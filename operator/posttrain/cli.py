@@ -7,10 +7,12 @@ Every parser refuses abbreviated flags (`--model` is never taken for `--model-pa
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
 from posttrain import __version__
+from posttrain.api.exitcodes import CLI_CLOSED_PIPE, CLI_INTERRUPTED, CLI_USER_ERROR
 from posttrain.errors import UserError
 
 # Order is the order shown in --help.
@@ -26,9 +28,19 @@ SUBCOMMANDS: list[str] = [
     "verify_task_app",
     "filter",
     "operator",
+    "completion",
 ]
 
-EXIT_USER_ERROR = 2
+EXIT_USER_ERROR = CLI_USER_ERROR
+EXAMPLES = """\
+examples:
+  posttrain validate --config rl.toml
+  posttrain convert --config rl.toml --task-app math -n team-a | kubectl apply --server-side -f -
+  posttrain train --local --type rl --config examples/demo/rl.toml
+  posttrain status -A
+  posttrain completion bash > /etc/bash_completion.d/posttrain
+
+`posttrain COMMAND --help` for each command's flags; exit codes: docs/reference/exit-codes.md"""
 
 
 class Parser(argparse.ArgumentParser):
@@ -52,11 +64,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"posttrain {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name in SUBCOMMANDS:
-        importlib.import_module(f"posttrain.commands.{name}").register(subparsers)
+        module = importlib.import_module(f"posttrain.commands.{name}")
+        module.register(subparsers)
+        sub = subparsers.choices[name.replace("_", "-")]
+        sub.epilog = "examples:\n" + module.EXAMPLES.rstrip()
+        sub.formatter_class = argparse.RawDescriptionHelpFormatter  # keep the examples' lines
+    parser.epilog = EXAMPLES
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # `posttrain status | head -1`: the reader has gone, so the rest of the output goes nowhere, quietly
+        # (Python's own flush at exit would raise again: stdout now points at /dev/null).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return CLI_CLOSED_PIPE
+
+
+def _run(argv: list[str] | None) -> int:
     from posttrain.kubeaccess import problem_for
 
     parser = build_parser()
@@ -69,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return CLI_INTERRUPTED
+    except BrokenPipeError:
+        raise
     except Exception as err:
         problem = problem_for(err)
         if problem is None:

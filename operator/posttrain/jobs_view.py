@@ -113,10 +113,11 @@ def _fmt(value: float | None, digits: str = ".3g") -> str:
     return "-" if value is None else format(value + 0.0, digits)
 
 
-def table(rows: list[JobRow], *, now: datetime.datetime, namespaces: bool = True) -> str:
-    """`kubectl get`-style columns: NAMESPACE NAME KIND PHASE STEP REWARD EVAL LOSS MODEL AGE."""
+def table(rows: list[JobRow], *, now: datetime.datetime, namespaces: bool = True, wide: bool = False) -> str:
+    """`kubectl get`-style columns: NAMESPACE NAME KIND PHASE STEP REWARD EVAL LOSS MODEL AGE; `wide` adds
+    FINE-TUNED-MODEL (ids are ~70 characters: out of the default view, as in `kubectl get rljobs -o wide`)."""
     head = (["NAMESPACE"] if namespaces else []) + ["NAME", "KIND", "PHASE", "STEP", "REWARD", "EVAL", "LOSS",
-                                                     "MODEL", "AGE"]  # fmt: skip
+                                                     "MODEL", "AGE"] + (["FINE-TUNED-MODEL"] if wide else [])  # fmt: skip
     lines = [head]
     for r in rows:
         step = "-" if r.step is None else (f"{r.step}/{r.total}" if r.total else str(r.step))
@@ -124,6 +125,8 @@ def table(rows: list[JobRow], *, now: datetime.datetime, namespaces: bool = True
         model = r.model or "-"
         cells = ([r.namespace] if namespaces else []) + [r.name, r.kind, r.phase, step, _fmt(r.reward),
                                                           _fmt(r.eval_score), _fmt(r.loss), model, age]  # fmt: skip
+        if wide:
+            cells.append(r.fine_tuned_model or "-")
         lines.append(cells)
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
     return "\n".join(

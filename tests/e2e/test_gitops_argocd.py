@@ -55,7 +55,7 @@ from posttrain.api.exitcodes import EXIT_CONFIG_ERROR
 pytestmark = [pytest.mark.cluster, pytest.mark.argocd]
 
 REPO = Path(__file__).resolve().parents[2]
-SECRET = "math-taskapp-key"
+SECRET = "math-task-app-key"
 GOOD, BAD = "math-gspo", "math-gspo-fails"
 # How Argo CD applies and diffs: as shipped (server-side apply, so its structured-merge diff), its default
 # (client-side apply and the three-way diff against last-applied-configuration), and server-side diff

@@ -6,7 +6,7 @@ eval split, disjoint from training) before training and after each iteration.
 
 The test asserts that the held-out reward after the 2nd iteration exceeds the base model's by MARGIN, that
 each iteration kept some samples and trained from the base model, and that the run left its reward curve,
-its kept samples and nothing running. Measured numbers are in the README."""
+its kept samples and nothing running. Measured numbers are in docs/benchmarks.md."""
 
 from __future__ import annotations
 

@@ -124,8 +124,11 @@ def test_spec_is_immutable_except_suspend(custom, namespace):
 
 
 def test_kubectl_get_shows_the_printer_columns(crds, custom, namespace):
+    from posttrain_trainer.report import camel_progress
+
     created = create(custom, namespace, example("rl_qwen3_4b.yaml"))
     name = created["metadata"]["name"]
+    fine_tuned = f"rl:Qwen/Qwen3-4B:{namespace}.{name}.1a2b3c4d"
     custom.patch_namespaced_custom_object_status(
         GROUP,
         VERSION,
@@ -135,15 +138,43 @@ def test_kubectl_get_shows_the_printer_columns(crds, custom, namespace):
         {
             "status": {
                 "phase": "Running",
+                "reason": "Running",
                 "model": "Qwen/Qwen3-4B",
-                "progress": {"step": 7, "meanReturn": 0.5},
+                "fineTunedModel": fine_tuned,
+                # what the trainer's reporter patches
+                "progress": camel_progress(step=12, total=50, mean_return=0.5, eval_score=0.25),
             }
         },
     )
     out = crds.kubectl("get", "rljobs", "-n", namespace).stdout
     header, row = out.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "MODEL", "STEP", "RETURN", "FINE-TUNED-MODEL", "AGE"]
-    assert row.split()[:5] == [name, "Running", "Qwen/Qwen3-4B", "7", "0.5"]
+    assert header.split() == ["NAME", "PHASE", "PROGRESS", "REWARD", "EVAL", "REASON", "AGE"]
+    assert row.split()[:6] == [name, "Running", "12/50", "0.5", "0.25", "Running"]
+    assert fine_tuned not in out  # ~70 characters: only with -o wide
+    wide = crds.kubectl("get", "rljobs", "-n", namespace, "-o", "wide").stdout
+    assert wide.splitlines()[0].split()[-2:] == ["MODEL", "FINE-TUNED-MODEL"]
+    assert wide.splitlines()[1].split()[-2:] == ["Qwen/Qwen3-4B", fine_tuned]
+
+
+def test_kubectl_get_sftjobs_shows_loss_and_taskapps_their_reason(crds, custom, namespace):
+    from posttrain_trainer.report import camel_progress
+
+    name = create(custom, namespace, example("sft_lora.yaml"))["metadata"]["name"]
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "sftjobs", name,
+        {"status": {"phase": "Running", "reason": "Running", "progress": camel_progress(step=3, total=40, loss=1.25)}},
+    )  # fmt: skip
+    header, row = crds.kubectl("get", "sftjobs", "-n", namespace).stdout.splitlines()[:2]
+    assert header.split() == ["NAME", "PHASE", "PROGRESS", "LOSS", "EVAL", "REASON", "AGE"]
+    assert row.split()[:4] == [name, "Running", "3/40", "1.25"]
+    app = create(custom, namespace, example("taskapp-math.yaml"))["metadata"]["name"]
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "taskapps", app,
+        {"status": {"verified": False, "reason": "Unauthorized", "url": "http://math:8000"}},
+    )  # fmt: skip
+    header, row = crds.kubectl("get", "taskapps", "-n", namespace).stdout.splitlines()[:2]
+    assert header.split() == ["NAME", "VERIFIED", "REASON", "AGE"]
+    assert row.split()[:3] == [app, "false", "Unauthorized"]
 
 
 def test_kubectl_explain_documents_the_spec(crds):

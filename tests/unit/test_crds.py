@@ -68,9 +68,17 @@ def test_names_columns_subresource():
     assert names["shortNames"] == ["rlj"] and names["categories"] == ["posttrain"]
     version = doc["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Phase", "Model", "Step", "Return", "Fine-Tuned-Model", "Age",
+    columns = version["additionalPrinterColumns"]
+    # the default view: what someone polling wants; model ids (long) only with -o wide (priority 1)
+    assert [c["name"] for c in columns if not c.get("priority")] == [
+        "Phase", "Progress", "Reward", "Eval", "Reason", "Age",
     ]  # fmt: skip
+    assert [c["name"] for c in columns if c.get("priority") == 1] == ["Model", "Fine-Tuned-Model"]
+    assert {c["name"]: c["jsonPath"] for c in columns}["Progress"] == ".status.progress.display"
+    sft = [c["name"] for c in crd("SFTJob")["spec"]["versions"][0]["additionalPrinterColumns"] if not c.get("priority")]
+    assert sft == ["Phase", "Progress", "Loss", "Eval", "Reason", "Age"]
+    ta = [c["name"] for c in crd("TaskApp")["spec"]["versions"][0]["additionalPrinterColumns"] if not c.get("priority")]
+    assert ta == ["Verified", "Reason", "Age"]
     assert crd("SFTJob")["spec"]["names"]["shortNames"] == ["sftj"]
     assert crd("TaskApp")["spec"]["names"]["shortNames"] == ["ta"]
     assert doc["spec"]["scope"] == "Namespaced"

@@ -129,3 +129,10 @@ def test_fsdp_is_read_from_parallelism_and_refused_beside_deepspeed_or_lora():
         parse_rl_config(config({"fsdp": True, "use_deepspeed": True}))
     with pytest.raises(RLConfigError, match="training.parallelism.fsdp .* not trainer_mode = 'lora'"):
         parse_rl_config(config({"fsdp": True}, mode="lora"))
+
+
+def test_progress_carries_the_step_of_total_kubectl_shows():
+    # `kubectl get rljobs` shows PROGRESS 12/50 from status.progress.display (a JSONPath cannot join two fields)
+    assert camel_progress(step=12, total=50)["display"] == "12/50"
+    assert camel_progress(step=3)["display"] == "3"
+    assert "display" not in camel_progress(loss=1.0)

@@ -1,4 +1,4 @@
-"""posttrain trainer: SFT and GSPO under torchrun (see README.md, "The trainer")."""
+"""posttrain trainer: SFT and GSPO under torchrun (see docs/concepts/trainer.md)."""
 
 import logging
 

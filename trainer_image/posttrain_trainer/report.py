@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.api.jobfile import JobFile
+from posttrain.api.resources import progress_display
 
 PROGRESS_KEYS = {
     "step": "step",
     "total": "total",
+    "display": "display",
     "loss": "loss",
     "mean_return": "meanReturn",
     "judge_scores": "judgeScores",
@@ -61,6 +63,8 @@ def camel_progress(**fields: Any) -> dict[str, Any]:
         name = PROGRESS_KEYS.get(key, key)
         if name in allowed and value is not None:
             out[name] = _clean(value)
+    if "step" in out:  # the Progress column of `kubectl get` (a JSONPath cannot join step and total)
+        out["display"] = progress_display(out["step"], out.get("total"))
     out.setdefault("updatedAt", _now())
     return out
 

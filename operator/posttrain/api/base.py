@@ -8,6 +8,8 @@ One model hierarchy serves both shapes of a job:
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Any
 
 from pydantic import (
@@ -16,6 +18,7 @@ from pydantic import (
     SerializationInfo,
     SerializerFunctionWrapHandler,
     ValidationInfo,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -29,6 +32,41 @@ EXTRAS_KEY = "extras"
 def _is_cr(info: ValidationInfo | SerializationInfo) -> bool:
     context = info.context
     return bool(isinstance(context, dict) and context.get("cr"))
+
+
+def numeric_kind(annotation: Any) -> str | None:
+    """ "integer" or "number" when every non-None member of a field's type is int or float, else None."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return numeric_kind(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        kinds = {numeric_kind(a) for a in typing.get_args(annotation) if a is not type(None)}
+        if kinds == {"integer"}:
+            return "integer"
+        return "number" if kinds and kinds <= {"integer", "number"} else None
+    return {int: "integer", float: "number"}.get(annotation)
+
+
+def refuse_non_number(value: Any, annotation: Any) -> Any:
+    """pydantic's lax mode reads `true` as 1 and "2e-4" as 0.0002; in a job config either is a mistake
+    (a quoted number, a flag in the wrong key), so a numeric key takes numbers only."""
+    kind = numeric_kind(annotation)
+    if kind and isinstance(value, bool | str):
+        what = "a boolean" if isinstance(value, bool) else "a string"
+        try:
+            unquoted = float(value) if isinstance(value, str) else None
+        except ValueError:
+            unquoted = None
+        fix = (
+            f"write it without quotes: {value.strip()}"
+            if unquoted is not None and isinstance(value, str)
+            else f"write {'a number, e.g. 0.5' if kind == 'number' else 'an integer, e.g. 8'}"
+        )
+        shown = str(value).lower() if isinstance(value, bool) else f'"{value}"'  # as the TOML spells it
+        raise ValueError(
+            f"{shown} is {what}, not {'a number' if kind == 'number' else 'an integer'} -- fix: {fix}"
+        )
+    return value
 
 
 class CRModel(BaseModel):
@@ -59,6 +97,12 @@ class Section(BaseModel):
         loc_by_alias=False,
         allow_inf_nan=False,  # a float is finite: the trainer and the CR's JSON have no use for inf / nan
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        return refuse_non_number(value, field.annotation) if field is not None else value
 
     @model_validator(mode="before")
     @classmethod

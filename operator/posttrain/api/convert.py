@@ -198,6 +198,29 @@ def apply_model_override(raw: dict[str, Any], kind: str, model: str) -> dict[str
     return raw
 
 
+def _with_misspelled_sections(problems: list[Problem], raw: dict[str, Any], kind: str) -> list[Problem]:
+    """A misspelled section (`[trainig]`) is named beside the missing keys it causes, with a did-you-mean."""
+    known = set((RLConfig if kind == "rl" else SFTConfig).model_fields)
+    typos = extras.misspelled_sections(raw, known)
+    if not typos:
+        return problems
+    missing = {(p.field or "").split(".", 1)[0] for p in problems if p.message == "required field is missing"}
+    # only where the section it resembles lacks required keys: otherwise it stays a warning (kept, passed on)
+    typos = {typo: suggestion for typo, suggestion in typos.items() if suggestion in missing}
+    meant = {suggestion: typo for typo, suggestion in typos.items()}
+    out = []
+    for p in problems:
+        section = (p.field or "").split(".", 1)[0]
+        if section in meant and p.message == "required field is missing":
+            p = Problem(f"{p.message} (the file has [{meant[section]}]: did you mean [{section}]?)",
+                        field=p.field, fix=p.fix, file=p.file, line=p.line)  # fmt: skip
+        out.append(p)
+    for typo, suggestion in typos.items():
+        out.append(Problem(f"unknown section [{typo}] (did you mean [{suggestion}]?)", field=typo,
+                           fix=f"rename [{typo}] to [{suggestion}]"))  # fmt: skip
+    return out
+
+
 def load(
     text: str,
     *,
@@ -226,7 +249,9 @@ def load(
     try:
         config, warnings = load_config(raw, kind)
     except ConfigError as err:
-        raise UserError(_all_problems(err.problems, numbers, text, file)) from err
+        raise UserError(
+            _all_problems(_with_misspelled_sections(err.problems, raw, kind), numbers, text, file)
+        ) from err
     bounds = [Problem(m, field=path, fix=f) for path, m, f in extras.passthrough_problems(config)]
     if bounds or numbers:
         raise UserError(_all_problems(bounds, numbers, text, file))
@@ -266,10 +291,12 @@ def toml_to_cr(
     validation_dataset: str | dict[str, Any] | None = None,
     file: str | None = None,
     env: dict[str, str] | None = None,
+    queue: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """`posttrain convert`: TOML text -> (custom resource dict, warnings). `dataset` / `validation_dataset`
     are s3:// URIs (the command uploads local files first) or dataset refs ({"configMapRef": ...}); a local
-    path, given or in the TOML, is refused: the cluster cannot read it."""
+    path, given or in the TOML, is refused: the cluster cannot read it. `queue` names a Kueue LocalQueue
+    (spec.scheduling.queueName: the job's pods wait for Kueue's admission)."""
     env = dict(os.environ) if env is None else env
     kind, config, warnings = load(text, kind=kind, file=file, model=model)
     judge = config.judge if isinstance(config, RLConfig) else None
@@ -329,6 +356,8 @@ def toml_to_cr(
             f"model.source is a model of namespace {owner!r}: the operator fails this job unless {owner!r} "
             f"shares its models with {namespace!r} (POSTTRAIN_SHARED_MODELS, docs/storage.md)"
         )
+    if queue:
+        spec["scheduling"] = {"queueName": queue}
     spec["originalToml"] = text
     metadata: dict[str, Any] = {"name": name or content_name(kind, spec)}
     if namespace:

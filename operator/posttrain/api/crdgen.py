@@ -263,20 +263,32 @@ def object_schema(cls: type[BaseModel], *, immutable: bool = False) -> dict[str,
 
 
 def printer_columns(kind: str) -> list[dict[str, Any]]:
+    """What someone polling `kubectl get` wants first: phase, progress as step/total, the score that says
+    whether it learns (reward for RL, loss for SFT), the held-out eval, why (reason), age. Model ids are
+    long (a fine-tuned id is ~70 characters): they are `-o wide` columns (priority 1)."""
     age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     if kind == "TaskApp":
         return [
             {"name": "Verified", "type": "boolean", "jsonPath": ".status.verified"},
-            {"name": "URL", "type": "string", "jsonPath": ".status.url"},
+            {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
             age,
+            {"name": "URL", "type": "string", "jsonPath": ".status.url", "priority": 1},
+            {"name": "Task", "type": "string", "jsonPath": ".status.taskInfo.name", "priority": 1},
         ]
+    score = (
+        {"name": "Reward", "type": "number", "jsonPath": ".status.progress.meanReturn"}
+        if kind == "RLJob"
+        else {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"}
+    )
     return [
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-        {"name": "Model", "type": "string", "jsonPath": ".status.model"},
-        {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
-        {"name": "Return", "type": "number", "jsonPath": ".status.progress.meanReturn"},
-        {"name": "Fine-Tuned-Model", "type": "string", "jsonPath": ".status.fineTunedModel"},
+        {"name": "Progress", "type": "string", "jsonPath": ".status.progress.display"},
+        score,
+        {"name": "Eval", "type": "number", "jsonPath": ".status.progress.evalScore"},
+        {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
         age,
+        {"name": "Model", "type": "string", "jsonPath": ".status.model", "priority": 1},
+        {"name": "Fine-Tuned-Model", "type": "string", "jsonPath": ".status.fineTunedModel", "priority": 1},
     ]
 
 

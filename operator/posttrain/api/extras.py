@@ -112,7 +112,7 @@ def passthrough_problems(config: BaseModel, path: str = "") -> list[tuple[str, s
         if key not in rules:
             continue
         try:
-            TypeAdapter(rules[key]).validate_python(value)
+            TypeAdapter(rules[key]).validate_python(value, strict=True)  # `true` / "0.2" are not numbers
         except ValidationError as err:
             from posttrain.api.config import fix_for
 
@@ -121,6 +121,24 @@ def passthrough_problems(config: BaseModel, path: str = "") -> list[tuple[str, s
     for child_path, child in _children(config, path):
         found += passthrough_problems(child, child_path)
     return found
+
+
+# Top-level tables the lenient aliases accept (posttrain.api.config) beside each config's own sections.
+SECTION_ALIASES = ("verifier", "topology", "lora", "policy")
+
+
+def misspelled_sections(raw: dict[str, Any], known: set[str]) -> dict[str, str]:
+    """{unknown top-level table: the known section it is close to}: `[trainig]` -> `training`. A config whose
+    required section is misspelled fails with that section's missing keys; this names the cause beside them.
+    Section names are short, so the cut-off is lower than for keys (`[jbo]` -> `job`)."""
+    known = set(known) | set(SECTION_ALIASES) | set(PASSTHROUGH[""])
+    out = {}
+    for key, value in raw.items():
+        if isinstance(value, dict) and key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+            if close:
+                out[key] = close[0]
+    return out
 
 
 def unknown_key_warning(path: str, suggestion: str | None, is_table: bool = False) -> str:

@@ -259,9 +259,20 @@ class Artifacts(CRModel):
     metrics: str | None = Field(None, description="S3 URI of metrics.jsonl.")
 
 
+def progress_display(step: int | None, total: int | None) -> str | None:
+    """`12/50` (or `12` without a total): the Progress column of `kubectl get`, which a JSONPath cannot build
+    from two fields. The trainer writes it with every step (posttrain_trainer.report)."""
+    if step is None:
+        return None
+    return f"{step}/{total}" if total else str(step)
+
+
 class Progress(CRModel):
     step: int | None = Field(None, description="Training step.")
     total: int | None = Field(None, description="Total steps.")
+    display: str | None = Field(
+        None, max_length=48, description='step/total as `kubectl get` shows it ("12/50"); written with the step.'
+    )
     epoch: float | None = Field(None, description="Epoch.")
     loss: float | None = Field(None, description="Training loss.")
     eval_loss: float | None = Field(None, description="Held-out loss.")

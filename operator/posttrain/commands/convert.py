@@ -14,7 +14,16 @@ import sys
 from pathlib import Path
 
 from posttrain.api.convert import _read, to_yaml, toml_to_cr
+from posttrain.commands.argtypes import http_url, job_name, namespace, object_name
+from posttrain.commands.validate import strict_warnings
 from posttrain.errors import Problem, UserError
+
+# Shown at the end of --help (cli.py adds them).
+EXAMPLES = """\
+  posttrain convert --config examples/rl_qwen3_4b.toml --task-app math --api-key-secret math-task-app-key -n team-a > rljob.yaml
+  posttrain convert -c examples/sft_lora.toml --dataset s3://posttrain/datasets/math_chat.jsonl -o sftjob.yaml
+  posttrain convert -c rl.toml --task-app math --strict | kubectl apply --server-side -f -
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,18 +37,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--type", dest="job_type", choices=["rl", "sft"], help="rl or sft (detected when absent)"
     )
-    parser.add_argument("--name", help="metadata.name (default: derived from the content)")
-    parser.add_argument("--namespace", "-n", help="metadata.namespace (default: none, kubectl's)")
+    parser.add_argument("--name", type=job_name, help="metadata.name (default: derived from the content)")
+    parser.add_argument("--namespace", "-n", type=namespace, help="metadata.namespace (default: none, kubectl's)")
     parser.add_argument("--model", help="override the model: a base id, or a fine-tuned id (model.source)")
-    parser.add_argument("--task-url", help="the task app URL (wins over TASK_APP_URL and services.task_url)")
-    parser.add_argument("--task-app", help="name of a TaskApp in the namespace (instead of a URL)")
+    parser.add_argument("--task-url", type=http_url, help="the task app URL (wins over TASK_APP_URL and services.task_url)")
+    parser.add_argument("--task-app", type=object_name, help="name of a TaskApp in the namespace (instead of a URL)")
     parser.add_argument(
-        "--api-key-secret", help="Secret holding the task app's key (key ENVIRONMENT_API_KEY)"
+        "--api-key-secret", type=object_name, help="Secret holding the task app's key (key ENVIRONMENT_API_KEY)"
     )
     parser.add_argument(
         "--dataset", help="SFT: training JSONL (an s3:// URI, or a local file: checked and uploaded to S3)"
     )
+    parser.add_argument(
+        "--queue", type=object_name, help="Kueue LocalQueue (spec.scheduling.queueName): the job waits for admission"
+    )
     parser.add_argument("--output", "-o", type=Path, help="write the YAML here (default: stdout)")
+    parser.add_argument("--strict", action="store_true", help="treat warnings as errors: exit 2 when there are any (CI)")
     parser.set_defaults(func=run)
 
 
@@ -99,9 +112,11 @@ def run(args: argparse.Namespace) -> int:
         dataset=dataset,
         validation_dataset=validation,
         file=str(args.config),
+        queue=args.queue,
     )
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    strict_warnings(args, warnings)
     text_out = to_yaml(resource)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

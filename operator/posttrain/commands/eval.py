@@ -31,7 +31,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from posttrain.commands.argtypes import finite_float, non_negative_float, positive_float, positive_int
+from posttrain.commands.argtypes import (
+    finite_float,
+    http_url,
+    namespace,
+    non_negative_float,
+    object_name,
+    positive_float,
+    positive_int,
+)
 from posttrain.errors import Problem, UserError
 
 EXIT_ROLLOUTS_FAILED = 1
@@ -56,14 +64,21 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+# Shown at the end of --help (cli.py adds them).
+EXAMPLES = """\
+  posttrain eval --task-url http://127.0.0.1:8100 --model HuggingFaceTB/SmolLM2-135M-Instruct --seeds 0-99
+  posttrain eval --task-app math --cluster -n team-a --model rl:Qwen/Qwen3-4B:team-a.math-rl.1a2b3c4d --split eval
+"""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "eval", help="evaluate a model on a task app (locally or as a Kubernetes Job)", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     task = parser.add_argument_group("task app")
-    task.add_argument("--task-url", help="task app base URL (default: $TASK_APP_URL)")
-    task.add_argument("--task-app", help="name of a TaskApp in the cluster namespace (instead of a URL)")
+    task.add_argument("--task-url", type=http_url, help="task app base URL (default: $TASK_APP_URL)")
+    task.add_argument("--task-app", type=object_name, help="name of a TaskApp in the cluster namespace (instead of a URL)")
     task.add_argument("--api-key-env", default="ENVIRONMENT_API_KEY", help="env var holding the task app key")
     task.add_argument("--env-file", type=Path, help="KEY=VALUE file to read the key (and TASK_APP_URL) from")
     task.add_argument("--env-name", default="default", help="env.env_name sent to the task app")
@@ -111,14 +126,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument("--results-uri", help="also upload traces and summary to this s3:// prefix")
     cluster = parser.add_argument_group("--cluster (a Kubernetes Job)")
     cluster.add_argument("--cluster", action="store_true", help="run as a Kubernetes Job and follow it")
-    cluster.add_argument("-n", "--namespace", help="namespace (default: the kube context's)")
+    cluster.add_argument("-n", "--namespace", type=namespace, help="namespace (default: the kube context's)")
     cluster.add_argument("--context", help="kube context (default: current)")
     cluster.add_argument("--image", help="image with posttrain and vLLM (default: $POSTTRAIN_ROLLOUT_IMAGE)")
     cluster.add_argument(
         "--gpus", type=int, default=1, choices=range(0, 65), metavar="N", help="GPUs (default 1)"
     )
     cluster.add_argument(
-        "--api-key-secret", help="Secret with ENVIRONMENT_API_KEY (default: made from the key)"
+        "--api-key-secret", type=object_name, help="Secret with ENVIRONMENT_API_KEY (default: made from the key)"
     )
     cluster.add_argument("--no-wait", dest="wait", action="store_false", help="create the Job and return")
     cluster.add_argument(

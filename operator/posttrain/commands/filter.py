@@ -50,6 +50,12 @@ def _judge_score(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"expected NAME=SCORE, got {text!r}") from None
 
 
+# Shown at the end of --help (cli.py adds them).
+EXAMPLES = """\
+  posttrain filter --input .runs/evals/eval-x/traces.jsonl --min-reward 1 --output sft.jsonl
+"""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "filter",

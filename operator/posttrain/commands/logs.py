@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from posttrain.commands.argtypes import positive_int
+from posttrain.commands.argtypes import namespace, positive_int
 from posttrain.errors import Problem, UserError
 
 LABEL_JOB = "posttrain.dev/job"
@@ -22,6 +22,13 @@ LABEL_ROLE = "posttrain.dev/role"
 # --role as people say it -> the prefix of a local log file's name
 LOCAL_ROLE_FILES = {"task-app": "taskapp", "taskapp": "taskapp", "rollout": "rollout", "policy": "rollout-policy",
                     "reference": "rollout-reference", "trainer": "trainer", "eval": "eval"}  # fmt: skip
+
+
+# Shown at the end of --help (cli.py adds them).
+EXAMPLES = """\
+  posttrain logs math-rl-qwen3-4b-1cb328f8 -n team-a --role trainer -f
+  posttrain logs demo-rl-1821bbe6 --tail 50     # a local run
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--role", help="trainer, rollout, reference, judge, task-app, eval (default: all)")
     parser.add_argument("--tail", type=positive_int, default=None, help="only the last N lines of each log")
-    parser.add_argument("-n", "--namespace", help="namespace (default: the kube context's)")
+    parser.add_argument("-n", "--namespace", type=namespace, help="namespace (default: the kube context's)")
     parser.add_argument("--context", help="kube context (default: current)")
     parser.add_argument("--local", action="store_true", help="a local run (no cluster)")
     parser.add_argument("--runs-dir", type=Path, default=None, help="local runs folder (default .runs/)")

@@ -9,6 +9,13 @@ import argparse
 import logging
 import os
 
+# Shown at the end of --help (cli.py adds them).
+EXAMPLES = """\
+  posttrain operator                            # every namespace, from $KUBECONFIG
+  posttrain operator --namespace team-a --namespace team-b
+  posttrain operator --peering posttrain --liveness http://0.0.0.0:8080/healthz
+"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(

@@ -13,7 +13,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from posttrain.commands.argtypes import namespace
 from posttrain.errors import Problem, UserError
+
+# Shown at the end of --help (cli.py adds them).
+EXAMPLES = """\
+  posttrain plot demo-rl-1821bbe6 -o curve.png
+  posttrain plot math-rl-qwen3-4b-1cb328f8 -n team-a -o curve.png
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("name", help="the job (a local run: its name or <name>-<uid8>)")
     parser.add_argument("-o", "--output", type=Path, help="PNG to write (default: <name>-curve.png here)")
     parser.add_argument("--type", choices=["rl", "sft"], help="job kind (default: both)")
-    parser.add_argument("-n", "--namespace", help="namespace (default: the kube context's)")
+    parser.add_argument("-n", "--namespace", type=namespace, help="namespace (default: the kube context's)")
     parser.add_argument("--context", help="kube context (default: current)")
     parser.add_argument("--local", action="store_true", help="a local run (no cluster)")
     parser.add_argument("--runs-dir", type=Path, default=None, help="local runs folder (default .runs/)")

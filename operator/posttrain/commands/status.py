@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from posttrain.commands.argtypes import positive_float
+from posttrain.commands.argtypes import namespace, positive_float
 from posttrain.errors import Problem, UserError
 from posttrain.kubeaccess import load_kube
 
@@ -116,6 +116,15 @@ def poll(
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
 
 
+# Shown at the end of --help (cli.py adds them).
+EXAMPLES = """\
+  posttrain status                              # jobs of the context's namespace and local runs
+  posttrain status -A -o wide                   # every namespace, with the fine-tuned model ids
+  posttrain status math-rl-qwen3-4b-1cb328f8 -n team-a --watch
+  posttrain status -o json | jq '.[].phase'
+"""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "status",
@@ -125,7 +134,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("name", nargs="?", help="a job (omit to list jobs)")
     parser.add_argument("--type", choices=["rl", "sft"], help="job kind (default: both)")
-    parser.add_argument("-n", "--namespace", help="namespace (default: the kube context's)")
+    parser.add_argument("-n", "--namespace", type=namespace, help="namespace (default: the kube context's)")
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="list jobs of every namespace")
     parser.add_argument("--context", help="kube context (default: current)")
     parser.add_argument("-w", "--watch", action="store_true", help="follow NAME until it ends")
@@ -134,7 +143,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--local", action="store_true", help="only local runs (no cluster)")
     parser.add_argument("--runs-dir", type=Path, default=None, help="local runs folder (default .runs/)")
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "-o", "--output", choices=["json", "yaml", "wide"], help="json or yaml (machine-readable), wide (adds columns)"
+    )
+    parser.add_argument("--json", dest="output", action="store_const", const="json", help="the same as -o json")
     parser.set_defaults(func=run)
 
 
@@ -173,6 +185,14 @@ def list_objects(api: Any, kinds: list[str], namespace: str | None) -> list[dict
     return items
 
 
+def _dump(data: Any, fmt: str) -> str:
+    if fmt == "yaml":
+        import yaml
+
+        return yaml.safe_dump(json.loads(json.dumps(data, default=str)), sort_keys=False).rstrip()
+    return json.dumps(data, indent=2, default=str)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.all_namespaces and args.namespace:
         raise UserError(
@@ -204,10 +224,10 @@ def list_jobs(args: argparse.Namespace) -> int:
             failure = problem_for(err) if not isinstance(err, UserError) else err.problems[0]
             if failure is None:
                 raise
-    if args.json:
-        print(json.dumps([r.as_dict() for r in rows], indent=2))
+    if args.output in ("json", "yaml"):
+        print(_dump([r.as_dict() for r in rows], args.output))
     elif rows:
-        print(table(rows, now=datetime.datetime.now(datetime.UTC)))
+        print(table(rows, now=datetime.datetime.now(datetime.UTC), wide=args.output == "wide"))
     else:
         print("no jobs" + ("" if failure else " (local runs: none; cluster: none)"))
     if failure is not None:
@@ -263,16 +283,16 @@ def show_job(args: argparse.Namespace) -> int:
         return watch(args, where, found)
     if where == "local":
         phase = found.phase
-        if args.json:
-            print(json.dumps({"phase": found.phase, "progress": found.progress, "message": found.message,
-                              "fineTunedModel": found.fine_tuned_model, "s3Uri": found.s3_uri}, indent=2))  # fmt: skip
+        if args.output in ("json", "yaml"):
+            print(_dump({"phase": found.phase, "progress": found.progress, "message": found.message,
+                         "fineTunedModel": found.fine_tuned_model, "s3Uri": found.s3_uri}, args.output))  # fmt: skip
         else:
             print("\n".join(describe_local(found)))
     else:
         job = found[3]
         phase = (job.get("status") or {}).get("phase")
-        if args.json:
-            print(json.dumps(job.get("status") or {}, indent=2, default=str))
+        if args.output in ("json", "yaml"):
+            print(_dump(job.get("status") or {}, args.output))
         else:
             print("\n".join(describe(job)))
     return EXIT_FAILED if phase == "Failed" else 0

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.api.resources import LABEL_USE, USE_TASK_APP_KEY
-from posttrain.commands.argtypes import positive_float, positive_int
+from posttrain.commands.argtypes import (
+    http_url,
+    job_name,
+    namespace,
+    object_name,
+    positive_float,
+    positive_int,
+)
 from posttrain.commands.status import (
     EXIT_FAILED,
     EXIT_TIMEOUT,
@@ -31,10 +38,19 @@ from posttrain.commands.status import (
     load_kube,
     poll,
 )
+from posttrain.commands.validate import strict_warnings
 from posttrain.errors import Problem, UserError
 
 FIELD_MANAGER = "posttrain-cli"
 CONFIGMAP_LIMIT = 900 * 1024
+
+
+# Shown at the end of --help (cli.py adds them).
+EXAMPLES = """\
+  posttrain train --type rl --config examples/rl_qwen3_4b.toml --task-app math -n team-a
+  posttrain train --local --type rl --config examples/demo/rl.toml
+  posttrain train --local --type sft --config examples/demo/sft.toml --dataset examples/demo/sft_warmup.jsonl
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,17 +70,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="override the TOML's model as synth's --model does: a fine-tuned id (ft:/rl:...) becomes "
         "[model].source (clearing base), any other id [model].base",
     )
-    parser.add_argument("--name", help="job name (default: from [model].label or the file name)")
-    parser.add_argument("-n", "--namespace", help="namespace (default: the kube context's)")
+    parser.add_argument("--name", type=job_name, help="job name (default: from [model].label or the file name)")
+    parser.add_argument("-n", "--namespace", type=namespace, help="namespace (default: the kube context's)")
     parser.add_argument("--context", help="kube context (default: current)")
-    parser.add_argument("--task-url", help="task app URL (overrides [services].task_url and TASK_APP_URL)")
+    parser.add_argument("--task-url", type=http_url, help="task app URL (overrides [services].task_url and TASK_APP_URL)")
     parser.add_argument(
-        "--task-app", dest="task_app_name", help="name of a TaskApp in the namespace (cluster mode)"
+        "--task-app", dest="task_app_name", type=object_name, help="name of a TaskApp in the namespace (cluster mode)"
     )
     parser.add_argument(
-        "--api-key-secret",
+        "--api-key-secret", type=object_name,
         help="Secret holding the task app key (key ENVIRONMENT_API_KEY); default: one made from $ENVIRONMENT_API_KEY",
     )
+    parser.add_argument("--strict", action="store_true", help="treat warnings as errors: exit 2 when there are any (CI)")
     parser.add_argument("--no-poll", dest="poll", action="store_false", help="apply and return")
     parser.add_argument("--poll-timeout", type=positive_float, default=3600.0, help="seconds (default 3600)")
     parser.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds (default 5)")
@@ -99,6 +116,7 @@ def load_job(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, A
     kind, config, warnings = convert.load(text, kind=args.job_type, file=str(args.config), model=args.model)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    strict_warnings(args, warnings)  # before anything is applied or started
     return kind, raw, normalized_config(config)
 
 

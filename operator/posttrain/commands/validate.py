@@ -19,6 +19,13 @@ from posttrain.api.convert import _read, load
 from posttrain.api.dataset import validate_jsonl
 from posttrain.errors import Problem, UserError
 
+# Shown at the end of --help (cli.py adds them).
+EXAMPLES = """\
+  posttrain validate --config examples/rl_qwen3_4b.toml
+  posttrain validate -c examples/sft_lora.toml --dataset examples/datasets/math_chat.jsonl
+  posttrain validate --strict -c my.toml        # CI: warnings exit 2 too
+"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -34,7 +41,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--dataset", type=Path, help="SFT JSONL (default: [job].data when it is a local file)"
     )
+    parser.add_argument("--strict", action="store_true", help="treat warnings as errors: exit 2 when there are any (CI)")
     parser.set_defaults(func=run)
+
+
+def strict_warnings(args: argparse.Namespace, warnings: list[str]) -> None:
+    """--strict: warnings (unknown keys, ignored flags) are refused like errors, exit 2."""
+    if getattr(args, "strict", False) and warnings:
+        raise UserError(Problem(f"{len(warnings)} warning(s) above", field="--strict",
+                                fix="fix what the warnings name, or drop --strict"))  # fmt: skip
 
 
 def _max_images(config: dict[str, Any]) -> int | None:
@@ -90,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     if problems:
         raise UserError(problems)
+    strict_warnings(args, warnings)
     if args.config is not None:
         print(f"ok: {args.config} is a valid {kind} config")
     for path, examples in checked:

@@ -85,6 +85,13 @@ class StubPolicy:
         self._server.server_close()
 
 
+# Shown at the end of --help (cli.py adds them).
+EXAMPLES = """\
+  ENVIRONMENT_API_KEY=sk_env_... posttrain verify-task-app http://127.0.0.1:8100
+  posttrain verify-task-app https://task.example.com --no-rollout --json
+"""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "verify-task-app",
