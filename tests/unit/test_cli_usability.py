@@ -91,7 +91,7 @@ def test_strict_makes_warnings_exit_2(tmp_path: Path):
     ("flags", "says"),
     [
         (["--namespace", "Bad_NS"], "'Bad_NS' is not a valid namespace"),
-        (["--task-url", "ftp://x"], "'ftp://x' is not an http(s) URL"),
+        (["--task-url", "ftp://x"], "argument --task-url: is not an http or https URL"),
         (["--task-app", "Math App"], "is not a valid object name"),
         (["--api-key-secret", "key/../x"], "is not a valid object name"),
         (["--name", "Bad_Name"], "'Bad_Name' is not a valid job name"),
@@ -106,7 +106,7 @@ def test_convert_checks_flags_like_the_fields_they_fill(flags: list[str], says: 
 
 def test_train_checks_its_flags_before_it_reaches_a_cluster(tmp_path: Path):
     for flags, says in ((["--name", "Bad_Name"], "not a valid job name"), (["-n", "Bad_NS"], "not a valid namespace"),
-                        (["--task-url", "ftp://x"], "not an http(s) URL")):  # fmt: skip
+                        (["--task-url", "ftp://x"], "not an http or https URL")):  # fmt: skip
         result = cli("train", "--config", str(REPO / "examples" / "rl_qwen3_4b.toml"), *flags, cwd=tmp_path)
         assert result.returncode == 2 and says in result.stderr, result.stderr
         assert "kube" not in result.stderr  # refused before any cluster was asked

@@ -54,8 +54,10 @@ def test_a_bad_task_url_is_refused_by_validate_and_convert_with_its_line(tmp_pat
 
 def test_a_bad_task_url_flag_or_env_is_refused_naming_where_it_came_from(tmp_path, capsys, monkeypatch):
     path = _write(tmp_path, RL)
-    assert main(["convert", "--config", str(path), "--task-url", "http://t:1/admin?x=/health"]) == 2
-    assert "--task-url: the task app URL has a query" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # the flag's type refuses it, as argparse does: exit 2
+        main(["convert", "--config", str(path), "--task-url", "http://t:1/admin?x=/health"])
+    assert refused.value.code == 2
+    assert "argument --task-url: has a query" in capsys.readouterr().err
     monkeypatch.setenv("TASK_APP_URL", "http://u:p@t:1")
     assert main(["convert", "--config", str(path)]) == 2
     assert "TASK_APP_URL: the task app URL carries user info" in capsys.readouterr().err

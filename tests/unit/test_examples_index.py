@@ -60,8 +60,9 @@ def test_the_external_judge_key_comes_from_its_secret_and_nowhere_else():
     out = _render("rl_judge_openai")
     trainer = next(c for c in out.children if c["kind"] == "Job")
     env = {e["name"]: e for e in trainer["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "openai-judge-key"
-    assert env["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "OPENAI_API_KEY"
+    assert env["POSTTRAIN_JUDGE_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "openai-judge-key"
+    assert env["POSTTRAIN_JUDGE_API_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "OPENAI_API_KEY"
+    assert "OPENAI_API_KEY" not in env  # never a trainer variable a TOML could name (docs/secrets-and-urls.md)
     assert not [c for c in out.children if c["metadata"]["labels"]["posttrain.dev/role"] == "judge"]
     template = yaml.safe_load((EXAMPLES / "secrets" / "openai-judge-key.template.yaml").read_text())
     assert template["metadata"]["name"] == "openai-judge-key" and "OPENAI_API_KEY" in template["stringData"]
