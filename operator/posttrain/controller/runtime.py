@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.controller import metrics
 from posttrain.controller.job_loops import JobLoops
 from posttrain.controller.kube import Kube
 from posttrain.controller.namespace_objects import NamespaceObjects
@@ -44,6 +45,7 @@ class Runtime:
     checks: TtlCache[Attempt] = field(default_factory=TtlCache)
     namespace_objects: NamespaceObjects = field(default_factory=NamespaceObjects)
     children: Any = None  # controller/child_watch.py's ChildWatches, started by the startup handler
+    metrics_server: Any = None  # controller/metrics.py's HTTP server, started by the startup handler
 
     def waker(self, key: Key) -> asyncio.Event:
         """A new loop's wake-up event (replacing a cancelled loop's, of an object of the same name)."""
@@ -62,6 +64,9 @@ class Runtime:
             del self.wakers[key]
 
     async def close(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
         await self.loops.stop()
         if self.children is not None:
             await self.children.stop()
@@ -97,7 +102,7 @@ class Runtime:
         return await self.checks.get(
             key,
             lambda attempt: ttl if attempt.ok else failure_ttl,
-            lambda: self.prober.check(url, api_key, deadline=deadline),
+            lambda: metrics.timed_check(lambda: self.prober.check(url, api_key, deadline=deadline)),
         )
 
 

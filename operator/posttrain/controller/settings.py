@@ -94,6 +94,10 @@ class OperatorSettings(BaseSettings):
     # index of every job's pods instead (a watch event per pod change, for every job, stuck or not).
     stuck_seconds: float = 15.0
     watch_pods: bool = False
+    # Prometheus metrics (controller/metrics.py, docs/monitoring.md) on this port; 0: not served (the
+    # Deployment sets 9090, its `metrics` port; off by default so that several operators can run on one host).
+    metrics_port: int = 0
+    metrics_host: str = "0.0.0.0"  # the Deployment's pod IP; tests bind 127.0.0.1
     count_kopf_requests: bool = False  # benchmark: count kopf's own API requests too (liveness probe)
     extra_env: dict[str, str] = Field(default_factory=dict)  # plain env for every container (no secrets)
 
