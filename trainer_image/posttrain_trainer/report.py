@@ -18,6 +18,9 @@ from typing import Any
 
 from posttrain.api.jobfile import JobFile
 
+from posttrain_trainer.live import LiveCurves
+from posttrain_trainer.telemetry import StepMetrics
+
 PROGRESS_KEYS = {
     "step": "step",
     "total": "total",
@@ -31,6 +34,7 @@ PROGRESS_KEYS = {
     "sampler_kl": "samplerKl",
     "eval_score": "evalScore",
     "last_checkpoint": "lastCheckpoint",
+    "metrics": "metrics",
     "updated_at": "updatedAt",
 }
 
@@ -90,6 +94,9 @@ class Reporter:
         self.path = Path(job.report.path) if job.report.path else Path(job.workdir) / "report.jsonl"
         if self.enabled and self.mode == "file":
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        # rank 0's /metrics (telemetry.py) and the curve uploaded while the job runs (live.py)
+        self.metrics = StepMetrics(job, enabled=enabled)
+        self.live = LiveCurves(job, enabled=enabled)
 
     # -- sinks ---------------------------------------------------------------------------------------
     def _stdout(self, kind: str, payload: dict[str, Any]) -> None:
@@ -135,7 +142,16 @@ class Reporter:
             )
 
     # -- API -----------------------------------------------------------------------------------------
+    def record(self, line: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        """One metrics.jsonl line (already appended to `history`): to /metrics and, when due, the live curve."""
+        if not self.enabled:
+            return
+        self.metrics.observe(line)
+        self.live.update(history)
+
     def progress(self, **fields: Any) -> dict[str, Any]:
+        if self.live.uri and "metrics" not in fields:
+            fields["metrics"] = self.live.uri
         progress = camel_progress(**fields)
         if not self.enabled:
             return progress
@@ -172,4 +188,5 @@ class Reporter:
         """The job's last progress line and its result; returns the result as metrics fields."""
         self.progress(**progress)
         self.result(fine_tuned_model, artifacts)
+        self.metrics.close()
         return {"fine_tuned_model": fine_tuned_model, "artifacts": artifacts}

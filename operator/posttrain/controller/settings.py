@@ -68,6 +68,8 @@ class OperatorSettings(BaseSettings):
     # Pods run as this uid/gid (0: the image's own numeric non-root user).
     run_as_user: int = 65532
     master_port: int = 29500
+    # Rank 0 of every trainer serves Prometheus metrics on this port (posttrain_trainer/telemetry.py); 0: none.
+    trainer_metrics_port: int = 9090
     gpu_resource: str = "nvidia.com/gpu"
 
     # Rollout / reference / judge servers.

@@ -130,6 +130,11 @@ def volumes(
     return vols, mounts
 
 
+def metrics_port(settings: OperatorSettings) -> list[dict[str, Any]]:
+    """Rank 0's Prometheus port (the other ranks listen on nothing there); PodMonitors select it by name."""
+    return [{"name": "metrics", "containerPort": settings.trainer_metrics_port}] if settings.trainer_metrics_port else []
+
+
 def trainer_pod(
     job: Job,
     settings: OperatorSettings,
@@ -146,6 +151,8 @@ def trainer_pod(
     if job.is_rl:
         env += token.token_env(job.owner)
     env += task_app_key_env(task_app) + pods.s3_env(spec, settings) + judge_env + pods.plain_env(settings)
+    if settings.trainer_metrics_port:
+        env.append({"name": "POSTTRAIN_METRICS_PORT", "value": str(settings.trainer_metrics_port)})
     vols, mounts = volumes(job, settings, dataset_volume)
     container = {
         "name": ROLE_TRAINER,
@@ -153,7 +160,7 @@ def trainer_pod(
         "imagePullPolicy": settings.image_pull_policy,
         "command": trainer_command(job.trainer_kind),
         "env": env,
-        "ports": [{"name": "rendezvous", "containerPort": settings.master_port}],
+        "ports": [{"name": "rendezvous", "containerPort": settings.master_port}, *metrics_port(settings)],
         "resources": pods.resources(spec, ROLE_TRAINER, topo.gpus(topo.trainer_gpus_per_pod), settings),
         "volumeMounts": mounts,
         "workingDir": WORKDIR,
