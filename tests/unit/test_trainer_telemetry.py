@@ -89,3 +89,14 @@ def test_live_schedule() -> None:
     assert [n for n in range(1, 13) if live.due(n, 5)] == [1, 5, 10]
     assert [n for n in range(1, 4) if live.due(n, 1)] == [1, 2, 3]
     assert not any(live.due(n, 0) for n in range(1, 10))
+
+
+def test_sparkline_of_reward_then_loss() -> None:
+    from posttrain.plotting import sparkline
+
+    lines = [{"step": s, "mean_return": r} for s, r in enumerate([0.0, 0.5, 1.0], start=1)]
+    assert sparkline(lines) == "reward ▁▅█ 0 -> 1 (3 steps)"
+    assert sparkline([{"progress": {"step": 1, "loss": 2.0}}, {"progress": {"step": 2, "loss": 2.0}}]) == (
+        "loss ▁▁ 2 -> 2 (2 steps)"
+    )
+    assert sparkline([{"event": "resumed", "step": 3}]) is None
