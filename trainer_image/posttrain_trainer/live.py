@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ class LiveCurves:
         self.count = 0
         self.uri: str | None = None  # metrics.jsonl in S3, once uploaded
         self.workdir = Path(job.workdir) / "live"
+        self.extra_uploads: list[Callable[[Any], Any]] = []  # more files to upload with the curve (trackers)
 
     def update(self, history: list[dict[str, Any]], *, force: bool = False) -> str | None:
         """Count one record; upload the history and its curve when due. Returns metrics.jsonl's URI."""
@@ -46,7 +48,23 @@ class LiveCurves:
             self.uri = self._upload(history)
         except Exception as err:  # noqa: BLE001 - an S3 hiccup must not end a training run
             print(f"[posttrain] live curve upload failed: {type(err).__name__}: {err}"[:300], file=sys.stderr, flush=True)
+        self.upload_extra()
         return self.uri
+
+    def upload_extra(self) -> None:
+        """The extra uploads (TensorBoard event files), now; failures are reported and skipped."""
+        if not self.enabled or not self.extra_uploads:
+            return
+        from posttrain_trainer import storage as s3
+
+        try:
+            if self.client is None:
+                assert self.job.storage is not None
+                self.client = s3.client_from_env(self.job.storage)
+            for upload in self.extra_uploads:
+                upload(self.client)
+        except Exception as err:  # noqa: BLE001
+            print(f"[posttrain] live upload failed: {type(err).__name__}: {err}"[:300], file=sys.stderr, flush=True)
 
     def _upload(self, history: list[dict[str, Any]]) -> str:
         from posttrain.plotting import plot_curves

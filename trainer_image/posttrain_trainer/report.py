@@ -20,6 +20,7 @@ from posttrain.api.jobfile import JobFile
 
 from posttrain_trainer.live import LiveCurves
 from posttrain_trainer.telemetry import StepMetrics
+from posttrain_trainer.trackers import Trackers
 
 PROGRESS_KEYS = {
     "step": "step",
@@ -97,6 +98,8 @@ class Reporter:
         # rank 0's /metrics (telemetry.py) and the curve uploaded while the job runs (live.py)
         self.metrics = StepMetrics(job, enabled=enabled)
         self.live = LiveCurves(job, enabled=enabled)
+        self.trackers = Trackers(job, enabled=enabled)  # [training] report_to (trackers.py)
+        self.live.extra_uploads.append(self.trackers.upload)
 
     # -- sinks ---------------------------------------------------------------------------------------
     def _stdout(self, kind: str, payload: dict[str, Any]) -> None:
@@ -147,6 +150,7 @@ class Reporter:
         if not self.enabled:
             return
         self.metrics.observe(line)
+        self.trackers.log(line)
         self.live.update(history)
 
     def progress(self, **fields: Any) -> dict[str, Any]:
@@ -189,4 +193,6 @@ class Reporter:
         self.progress(**progress)
         self.result(fine_tuned_model, artifacts)
         self.metrics.close()
+        self.trackers.close()
+        self.live.upload_extra()  # the last event files
         return {"fine_tuned_model": fine_tuned_model, "artifacts": artifacts}
