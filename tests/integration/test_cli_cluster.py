@@ -191,6 +191,7 @@ def test_a_running_jobs_live_curve(kube, namespace, s3_env, tmp_path, capsys, mo
         "kind": "rl", "base_model": "m", "model_path": "m", "workdir": str(tmp_path / "work"),
         "job": {"name": "live", "namespace": namespace, "uid": "0123456789abcdef"},
         "storage": s3_env.storage(f"jobs/{namespace}/live/"), "report": {"mode": "file"},
+        "config": {"training": {"report_to": ["tensorboard"]}},
     })  # fmt: skip
     reporter = Reporter(job)
     history: list[dict] = []
@@ -204,6 +205,10 @@ def test_a_running_jobs_live_curve(kube, namespace, s3_env, tmp_path, capsys, mo
     assert [json.loads(x)["step"] for x in stored.splitlines()] == [1, 2, 3, 4]
     png = s3_env.client().get_object(s3_env.bucket, f"jobs/{namespace}/live/reward_curve.png").read()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    # report_to = "tensorboard": the event files travel with the live curve
+    events = [o.object_name for o in s3_env.client().list_objects(
+        s3_env.bucket, prefix=f"jobs/{namespace}/live/tensorboard/", recursive=True)]  # fmt: skip
+    assert events and all("events.out.tfevents" in k for k in events), events
     _patch_status(kube, namespace, "rljobs", "live", {"phase": "Running", "progress": progress})
     out = tmp_path / "live.png"
     assert main(["plot", "live", "-n", namespace, "-o", str(out)]) == 0
