@@ -100,3 +100,9 @@ def test_sparkline_of_reward_then_loss() -> None:
         "loss ▁▁ 2 -> 2 (2 steps)"
     )
     assert sparkline([{"event": "resumed", "step": 3}]) is None
+
+
+def test_an_sft_validation_line_is_a_loss_not_a_score() -> None:
+    assert telemetry.values_of({"step": 5, "eval_loss": 0.9, "eval_perplexity": 2.5}) == {
+        "posttrain_trainer_step": 5.0, "posttrain_trainer_eval_loss": 0.9,
+    }  # fmt: skip
