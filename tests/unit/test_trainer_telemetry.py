@@ -106,3 +106,14 @@ def test_an_sft_validation_line_is_a_loss_not_a_score() -> None:
     assert telemetry.values_of({"step": 5, "eval_loss": 0.9, "eval_perplexity": 2.5}) == {
         "posttrain_trainer_step": 5.0, "posttrain_trainer_eval_loss": 0.9,
     }  # fmt: skip
+
+
+def test_memory_reports_the_cuda_allocator_when_it_is_in_use(monkeypatch) -> None:
+    import sys
+
+    cuda = SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True, memory_allocated=lambda: 5,
+                           max_memory_allocated=lambda: 7, memory_reserved=lambda: 9)  # fmt: skip
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
+    memory = telemetry.memory_bytes()
+    assert memory["accelerator_allocated"] == 5 and memory["accelerator_peak"] == 7
+    assert memory["accelerator_reserved"] == 9 and memory["rss_peak"] > 0
