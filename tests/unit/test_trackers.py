@@ -83,3 +83,21 @@ def test_tensorboard_event_files_per_step(tmp_path: Path) -> None:
     events.Reload()
     assert [(e.step, round(e.value, 3)) for e in events.Scalars("mean_return")] == [(1, 0.1), (2, 0.4), (3, 0.8)]
     assert Trackers(job, enabled=False, env={}).writers == {}  # other ranks write nothing
+
+
+def test_a_cluster_trainer_gets_only_the_named_trackers_settings_from_the_namespace_secret() -> None:
+    from fixtures.jobs import RL_SPEC
+    from posttrain.controller import render
+    from test_pod_security import SETTINGS, TARGET, rljob
+
+    def trainer_env(**spec) -> dict:
+        out = render.render_rljob(rljob(**spec), SETTINGS, TARGET)
+        (job,) = [c for c in out.children if c["kind"] == "Job"]
+        return {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    env = trainer_env(training={**RL_SPEC["training"], "reportTo": ["tensorboard", "wandb"]})
+    assert env["WANDB_API_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": "posttrain-trackers", "key": "WANDB_API_KEY", "optional": True}
+    }
+    assert "WANDB_PROJECT" in env and not any(k.startswith("MLFLOW_") for k in env)
+    assert not any(k.startswith(("WANDB_", "MLFLOW_")) for k in trainer_env())  # nothing when none is named

@@ -23,6 +23,16 @@ NEEDS: dict[str, tuple[str, tuple[str, ...], str]] = {
 }  # fmt: skip
 
 
+# What a cluster trainer reads from the Secret OperatorSettings.tracker_secret_name in its job's namespace
+# (optional keys; docs/monitoring.md): only for the trackers the job names.
+ENV_KEYS: dict[str, tuple[str, ...]] = {
+    "mlflow": ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME",
+               "MLFLOW_TRACKING_PASSWORD", "MLFLOW_EXPERIMENT_NAME"),
+    "wandb": ("WANDB_API_KEY", "WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_BASE_URL"),
+}  # fmt: skip
+CLUSTER_HINT = "in a cluster, a key of the Secret posttrain-trackers in the job's namespace"
+
+
 def normalize(value: Any) -> list[str] | None:
     """A string ("tensorboard", "tensorboard,mlflow", "all", "none") or a list -> the trackers, in order."""
     if value is None:
@@ -64,5 +74,5 @@ def problems(
                         f"pip install {module} (the trainer image too), or leave {name!r} out"))  # fmt: skip
         elif variables and not any(env.get(v) for v in variables):
             out.append((f"report_to {name!r}: {' or '.join(variables)} is not set",
-                        f"set {what}, or leave {name!r} out"))  # fmt: skip
+                        f"set {what} ({CLUSTER_HINT}), or leave {name!r} out"))  # fmt: skip
     return out

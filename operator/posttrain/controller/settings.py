@@ -75,6 +75,9 @@ class OperatorSettings(BaseSettings):
     # Rollout / reference / judge servers.
     server_port: int = 8000
     judge_secret_name: str = "posttrain-judge-keys"  # external judge provider keys, <PROVIDER>_API_KEY
+    # [training] report_to = "mlflow" / "wandb": the trainer reads their settings (api/trackers.py ENV_KEYS,
+    # each optional) from this Secret of the job's namespace; only for the trackers a job names.
+    tracker_secret_name: str = "posttrain-trackers"
     readiness_timeout_seconds: int = 1800  # the trainer initContainer waits this long for the servers
     # /dev/shm of vLLM server and trainer pods (a memory emptyDir; counts against the pod's memory). "" =
     # no size limit.

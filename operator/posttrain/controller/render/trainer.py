@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from posttrain.api import trackers
 from posttrain.api.topology import Topology
 from posttrain.controller.objects import Job
 from posttrain.controller.render import pods, security, token
@@ -130,6 +131,15 @@ def volumes(
     return vols, mounts
 
 
+def tracker_env(job: Job, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The settings of the experiment trackers the job's report_to names (mlflow, wandb), each an optional
+    key of the namespace's tracker Secret: read by the kubelet into the trainer, never by the operator."""
+    named = trackers.normalize(getattr(getattr(job.spec, "training", None), "report_to", None)) or []
+    ref = {"name": settings.tracker_secret_name, "optional": True}
+    return [{"name": key, "valueFrom": {"secretKeyRef": {**ref, "key": key}}}
+            for name in named for key in trackers.ENV_KEYS.get(name, ())]  # fmt: skip
+
+
 def metrics_port(settings: OperatorSettings) -> list[dict[str, Any]]:
     """Rank 0's Prometheus port (the other ranks listen on nothing there); PodMonitors select it by name."""
     return [{"name": "metrics", "containerPort": settings.trainer_metrics_port}] if settings.trainer_metrics_port else []
@@ -151,6 +161,7 @@ def trainer_pod(
     if job.is_rl:
         env += token.token_env(job.owner)
     env += task_app_key_env(task_app) + pods.s3_env(spec, settings) + judge_env + pods.plain_env(settings)
+    env += tracker_env(job, settings)
     if settings.trainer_metrics_port:
         env.append({"name": "POSTTRAIN_METRICS_PORT", "value": str(settings.trainer_metrics_port)})
     vols, mounts = volumes(job, settings, dataset_volume)
