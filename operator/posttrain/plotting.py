@@ -72,6 +72,25 @@ def curve_points(lines: Iterable[dict[str, Any]]) -> dict[str, list[tuple[int, f
     return {name: sorted(values.items()) for name, values in points.items() if values}
 
 
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(lines: Iterable[dict[str, Any]], width: int = 40) -> str | None:
+    """The training reward (else the loss) as one line of text: `reward ▁▃▅█ 0.12 -> 0.55 (4 steps)`,
+    the last `width` steps; None when the lines hold neither."""
+    series = curve_points(list(lines))
+    name = "mean_return" if series.get("mean_return") else "loss" if series.get("loss") else None
+    if name is None:
+        return None
+    values = [v for _, v in series[name]]
+    shown = values[-width:]
+    low, high = min(shown), max(shown)
+    span = (high - low) or 1.0
+    bars = "".join(SPARKS[min(len(SPARKS) - 1, int((v - low) / span * len(SPARKS)))] for v in shown)
+    label = "reward" if name == "mean_return" else "loss"
+    return f"{label} {bars} {values[0]:.3g} -> {values[-1]:.3g} ({len(values)} steps)"
+
+
 def plot_curves(lines: Iterable[dict[str, Any]], path: str | Path, title: str | None = None) -> Path | None:
     """Draw the job's curves into `path` (PNG); None when the lines hold no point to draw."""
     series = curve_points(list(lines))

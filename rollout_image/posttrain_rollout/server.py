@@ -396,6 +396,17 @@ async def models(request: Request) -> Response:
     return Response(r.content, status_code=r.status_code, media_type="application/json")
 
 
+async def metrics(request: Request) -> Response:
+    """vLLM's own Prometheus metrics (vllm:num_requests_running, vllm:generation_tokens_total, KV cache
+    usage, ...), passed through as they are: Prometheus scrapes the server's one public port."""
+    try:
+        r = await _proxy(request).http().get("/metrics", timeout=10.0)
+    except httpx.HTTPError as err:
+        return _err(502, f"vLLM upstream error: {err}", "upstream_error")
+    media = r.headers.get("content-type", "text/plain; version=0.0.4; charset=utf-8")
+    return Response(r.content, status_code=r.status_code, media_type=media)
+
+
 async def chat(request: Request) -> Response:
     return await _proxy(request).generate(request, "/v1/chat/completions", chat=True)
 
@@ -486,6 +497,7 @@ async def score(request: Request) -> Response:
 ROUTES = (
     ("GET", "/health", health),
     ("GET", "/v1/models", models),
+    ("GET", "/metrics", metrics),
     ("POST", "/v1/chat/completions", chat),
     ("POST", "/v1/completions", completions),
     ("GET", "/v1/captures/{cid}", get_captures),

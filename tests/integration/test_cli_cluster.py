@@ -168,7 +168,7 @@ def test_plot_reads_a_finished_jobs_metrics_from_s3(kube, namespace, s3_env, tmp
     out = tmp_path / "done.png"
     # running: no metrics.jsonl yet
     assert main(["plot", "done", "-n", namespace, "-o", str(out)]) == 2
-    assert "its metrics.jsonl is written when it ends" in capsys.readouterr().err
+    assert "its metrics.jsonl is uploaded after its first step" in capsys.readouterr().err
     _patch_status(kube, namespace, "rljobs", "done",
                   {"phase": "Succeeded", "artifacts": {"metrics": f"s3://{s3_env.bucket}/{key}"}})  # fmt: skip
     assert main(["plot", "done", "-n", namespace, "-o", str(out)]) == 0
@@ -176,6 +176,48 @@ def test_plot_reads_a_finished_jobs_metrics_from_s3(kube, namespace, s3_env, tmp
         out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         and f"wrote {out} ({namespace}/done)" in capsys.readouterr().out
     )
+
+
+def test_a_running_jobs_live_curve(kube, namespace, s3_env, tmp_path, capsys, monkeypatch):
+    """The trainer's live uploads (posttrain_trainer/live.py, the real code on real S3) -> the job's
+    status.progress.metrics -> `posttrain plot` and `posttrain status` while the job still runs."""
+    from posttrain.api.jobfile import JobFile
+    from posttrain_trainer.report import Reporter
+
+    _create(kube, _restem_job(namespace, "live"))
+    monkeypatch.setenv("POSTTRAIN_LIVE_EVERY", "2")
+    monkeypatch.delenv("POSTTRAIN_METRICS_PORT", raising=False)
+    job = JobFile.model_validate({
+        "kind": "rl", "base_model": "m", "model_path": "m", "workdir": str(tmp_path / "work"),
+        "job": {"name": "live", "namespace": namespace, "uid": "0123456789abcdef"},
+        "storage": s3_env.storage(f"jobs/{namespace}/live/"), "report": {"mode": "file"},
+        "config": {"training": {"report_to": ["tensorboard"]}},
+    })  # fmt: skip
+    reporter = Reporter(job)
+    history: list[dict] = []
+    for step, reward in enumerate([0.1, 0.3, 0.2, 0.6, 0.7], start=1):
+        history.append({"step": step, "mean_return": reward, "loss": 1.0 / step})
+        reporter.record(history[-1], history)
+        progress = reporter.progress(step=step, total=10, mean_return=reward)
+    uri = f"s3://{s3_env.bucket}/jobs/{namespace}/live/metrics.jsonl"
+    assert progress["metrics"] == uri  # uploaded after steps 1, 2 and 4: steps 1..4 are in S3
+    stored = s3_env.client().get_object(s3_env.bucket, f"jobs/{namespace}/live/metrics.jsonl").read().decode()
+    assert [json.loads(x)["step"] for x in stored.splitlines()] == [1, 2, 3, 4]
+    png = s3_env.client().get_object(s3_env.bucket, f"jobs/{namespace}/live/reward_curve.png").read()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    # report_to = "tensorboard": the event files travel with the live curve
+    events = [o.object_name for o in s3_env.client().list_objects(
+        s3_env.bucket, prefix=f"jobs/{namespace}/live/tensorboard/", recursive=True)]  # fmt: skip
+    assert events and all("events.out.tfevents" in k for k in events), events
+    _patch_status(kube, namespace, "rljobs", "live", {"phase": "Running", "progress": progress})
+    out = tmp_path / "live.png"
+    assert main(["plot", "live", "-n", namespace, "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert main(["status", "live", "-n", namespace]) == 0
+    shown = capsys.readouterr().out
+    assert "curve:            reward " in shown and "0.1 -> 0.6 (4 steps)" in shown
+    assert f"live metrics:     {uri}" in shown
 
 
 def test_eval_cluster_runs_a_job_and_follows_it(kube, namespace, monkeypatch, capsys):

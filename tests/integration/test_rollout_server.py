@@ -249,3 +249,11 @@ def test_lora_sync_without_lora_serving_merges_and_reloads(policy_server, tmp_pa
     assert greedy_token_ids(policy_server) != before
     sync(policy_server, policy_server.model_dir, v0 + 2)
     assert greedy_token_ids(policy_server) == before
+
+
+def test_vllm_metrics_through_the_proxy(policy_server):
+    """Prometheus scrapes vLLM's own metrics on the server's one public port."""
+    chat(policy_server)
+    r = httpx.get(f"{policy_server.url}/metrics", timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert "vllm:num_requests_running" in r.text and "vllm:generation_tokens_total" in r.text

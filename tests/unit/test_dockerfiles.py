@@ -40,6 +40,7 @@ OPERATOR_ROOTS = [
     "httpx",
     "minio",
     "cryptography",
+    "prometheus_client",
 ]
 
 

@@ -16,7 +16,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
-OVERLAYS = ["overlays/dev", "overlays/prod", "overlays/dev-node"]
+OVERLAYS = ["overlays/dev", "overlays/prod", "overlays/dev-node", "overlays/monitoring"]
 NAMESPACED = "overlays/namespaced"  # the multi-tenant install: a Role per served namespace
 KUSTOMIZATIONS = [*OVERLAYS, NAMESPACED, "argocd"]
 # Cluster-scoped rows of the operator's README table: a namespaced install has no cluster-wide grant of

@@ -121,8 +121,13 @@ def test_the_namespace_network_policy_admits_only_job_pods_and_task_apps_on_the_
     assert meta["labels"]["app.kubernetes.io/managed-by"] == "posttrain-operator"
     spec = policy["spec"]
     assert spec["policyTypes"] == ["Ingress"]
-    (from_jobs, from_task_apps) = spec["ingress"]
+    (from_jobs, from_task_apps, from_prometheus) = spec["ingress"]
     assert "ports" not in from_jobs and from_task_apps["ports"] == [{"protocol": "TCP", "port": 8000}]
+    # Prometheus, from a namespace labelled for it, reaches the trainers' /metrics port and nothing else
+    assert from_prometheus == {
+        "from": [{"namespaceSelector": {"matchLabels": {"posttrain.dev/monitoring": "true"}}}],
+        "ports": [{"protocol": "TCP", "port": 9090}],
+    }
     sft = parse_job(job_object("SFTJob", sft_spec(model={"base": "Qwen/Qwen3-0.6B"},
                                                   dataset={"uri": "s3://b/x.jsonl"}), name="s"))  # fmt: skip
     templates = [c["spec"]["template"]["metadata"]["labels"]

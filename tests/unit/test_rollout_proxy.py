@@ -8,6 +8,7 @@ import asyncio
 
 import httpx
 from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse
 from posttrain_rollout.server import Proxy, create_app
 
 
@@ -21,6 +22,11 @@ def fake_vllm(calls: list, fail_reload: bool = False) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         return {"data": [{"id": "m"}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse('vllm:num_requests_running{model_name="m"} 2.0\n',
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")  # fmt: skip
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -266,3 +272,15 @@ def test_the_trainer_sends_the_token_the_server_demands(tmp_path, monkeypatch):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_vllm_metrics_pass_through(tmp_path):
+    """Prometheus scrapes vLLM's own /metrics through the proxy's one public port."""
+
+    async def scenario():
+        _, public = make([], run_dir=tmp_path)
+        r = await public.get("/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        assert 'vllm:num_requests_running{model_name="m"} 2.0' in r.text
+
+    run(scenario())

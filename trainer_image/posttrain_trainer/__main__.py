@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from posttrain.api import trackers
 from posttrain.api.exitcodes import EXIT_CONFIG_ERROR
 from posttrain.api.jobfile import load_jobfile
 from pydantic import ValidationError
@@ -25,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG_ERROR
     if job.kind != args.kind:
         print(f"error: job file kind is {job.kind!r} but the command says {args.kind!r}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    problems = trackers.problems(trackers.report_to(job.config), os.environ)
+    if problems:  # [training] report_to names a tracker this image or environment cannot serve
+        for message, fix in problems:
+            print(f"error: {trackers.FIELD}: {message} (fix: {fix})", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
     if args.kind == "sft":
         from posttrain_trainer.sft import main as run

@@ -19,6 +19,10 @@ from typing import Any
 from posttrain.api.jobfile import JobFile
 from posttrain.api.resources import progress_display
 
+from posttrain_trainer.live import LiveCurves
+from posttrain_trainer.telemetry import StepMetrics
+from posttrain_trainer.trackers import Trackers
+
 PROGRESS_KEYS = {
     "step": "step",
     "total": "total",
@@ -33,6 +37,7 @@ PROGRESS_KEYS = {
     "sampler_kl": "samplerKl",
     "eval_score": "evalScore",
     "last_checkpoint": "lastCheckpoint",
+    "metrics": "metrics",
     "updated_at": "updatedAt",
 }
 
@@ -94,6 +99,11 @@ class Reporter:
         self.path = Path(job.report.path) if job.report.path else Path(job.workdir) / "report.jsonl"
         if self.enabled and self.mode == "file":
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        # rank 0's /metrics (telemetry.py) and the curve uploaded while the job runs (live.py)
+        self.metrics = StepMetrics(job, enabled=enabled)
+        self.live = LiveCurves(job, enabled=enabled)
+        self.trackers = Trackers(job, enabled=enabled)  # [training] report_to (trackers.py)
+        self.live.extra_uploads.append(self.trackers.upload)
 
     # -- sinks ---------------------------------------------------------------------------------------
     def _stdout(self, kind: str, payload: dict[str, Any]) -> None:
@@ -139,7 +149,17 @@ class Reporter:
             )
 
     # -- API -----------------------------------------------------------------------------------------
+    def record(self, line: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        """One metrics.jsonl line (already appended to `history`): to /metrics and, when due, the live curve."""
+        if not self.enabled:
+            return
+        self.metrics.observe(line)
+        self.trackers.log(line)
+        self.live.update(history)
+
     def progress(self, **fields: Any) -> dict[str, Any]:
+        if self.live.uri and "metrics" not in fields:
+            fields["metrics"] = self.live.uri
         progress = camel_progress(**fields)
         if not self.enabled:
             return progress
@@ -176,4 +196,7 @@ class Reporter:
         """The job's last progress line and its result; returns the result as metrics fields."""
         self.progress(**progress)
         self.result(fine_tuned_model, artifacts)
+        self.metrics.close()
+        self.trackers.close()
+        self.live.upload_extra()  # the last event files
         return {"fine_tuned_model": fine_tuned_model, "artifacts": artifacts}

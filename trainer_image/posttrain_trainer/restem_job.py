@@ -286,6 +286,7 @@ class RestemRun:
             "iteration_seconds": time.perf_counter() - started,
         }
         self.history.append(record)
+        self.reporter.record(record, self.history)
         self.reporter.event(ITERATION_EVENT, **record)
         if self.store.due(self.iteration, cfg.iterations):
             self.store.save(
@@ -367,6 +368,7 @@ class RestemRun:
             line = run_evaluation(self.loop, self.rollouts, specs, at, cfg.eval_temperature)
             score = line["eval_score"]
             self.history.append(line)
+            self.reporter.record(line, self.history)
             self.reporter.event("evaluation", **line)
         return D.broadcast_object(score)
 

@@ -442,6 +442,12 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _std(values: list[float]) -> float | None:
+    """Population standard deviation (the spread of one step's rewards)."""
+    mean = _mean(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if mean is not None else None
+
+
 def evaluation_record(at: int, results: list[RolloutResult]) -> dict[str, Any]:
     """The "evaluation" event and metrics line of one evaluation: mean reward of the rollouts that ran."""
     ok = [r.reward for r in results if r.ok]
@@ -513,6 +519,7 @@ def iteration_record(
         "total": total,
         "loss": update["loss"],
         "mean_return": stats["mean_return"],
+        "return_std": stats.get("return_std"),
         "mean_env_return": stats["mean_env_return"],
         "judge_scores": stats["judge_scores"],
         "rollouts": stats["rollouts"],
@@ -655,6 +662,7 @@ class RLRun:
         )
         record.update(sync_metrics)
         self.history.append(record)
+        self.reporter.record(record, self.history)
         self.reporter.event(
             "iteration", **{k: record.get(k) for k in ITERATION_EVENT_FIELDS}, groups=stats["groups"]
         )
@@ -709,6 +717,7 @@ class RLRun:
         events = [r.events_score for r in ok if r.events_score is not None]
         stats.update(
             mean_return=_mean([r.reward for r in ok]),
+            return_std=_std([r.reward for r in ok]),
             mean_env_return=_mean([r.env_return for r in ok]),
             judge_scores={
                 k: v for k, v in (("outcome", _mean(outcome)), ("events", _mean(events))) if v is not None
@@ -759,6 +768,7 @@ class RLRun:
             line = run_evaluation(self.loop, self.rollouts, specs, at, cfg.eval_temperature)
             score = line["eval_score"]
             self.history.append(line)
+            self.reporter.record(line, self.history)
             self.reporter.event("evaluation", **line)
         return D.broadcast_object(score)
 

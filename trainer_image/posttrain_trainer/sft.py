@@ -331,6 +331,7 @@ class SFTRun:
                 "step_seconds": elapsed,
             }
         )
+        self.reporter.record(self.history[-1], self.history)
         self.reporter.progress(
             step=self.step,
             total=self.total,
@@ -380,6 +381,7 @@ class SFTRun:
             "eval_token_accuracy": metrics["token_accuracy"],
         }
         self.history.append(line)
+        self.reporter.record(line, self.history)
         self.reporter.event("evaluation", **line, metric=validation.metric, best_step=best["step"])
         self.reporter.progress(
             step=at_step, total=self.total, eval_score=value, last_checkpoint=self.store.last_uri

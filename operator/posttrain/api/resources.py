@@ -295,6 +295,9 @@ class Progress(CRModel):
     )
     eval_score: float | None = Field(None, description="Last evaluation score.")
     last_checkpoint: str | None = Field(None, description="S3 URI of the last checkpoint.")
+    metrics: str | None = Field(
+        None, max_length=2048, description="S3 URI of metrics.jsonl, uploaded every few steps while the job runs."
+    )
     updated_at: str | None = Field(None, description="RFC 3339 time of the last report.")
 
 

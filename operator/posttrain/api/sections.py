@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
-from posttrain.api import model_ids
+from posttrain.api import model_ids, trackers
 from posttrain.api.base import Section
 from posttrain.api.urls import check_url
 
@@ -306,6 +306,16 @@ class RLTrainingConfig(Section):
         None, ge=1, le=MAX_COUNT, description="Cap on accumulated minibatches."
     )
     log_interval: int | None = Field(None, ge=1, le=MAX_STEPS, description="Log every N steps.")
+    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] | None = Field(
+        None,
+        description='Experiment trackers for each step\'s metrics: "tensorboard" (event files in the job\'s S3 '
+        'folder), "mlflow", "wandb"; a string or a list ("none": only metrics.jsonl and /metrics).',
+    )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to(cls, value: object) -> object:
+        return trackers.normalize(value)
     weight_sync_interval: int | None = Field(
         None, ge=1, le=MAX_STEPS, description="Push weights to vLLM every N steps."
     )
@@ -601,6 +611,16 @@ class SFTTrainingConfig(Section):
     keep_checkpoints: int | None = Field(
         None, ge=0, description="posttrain: newest checkpoints kept in S3 (default 3; 0 keeps all)."
     )
+    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] | None = Field(
+        None,
+        description='Experiment trackers for each step\'s metrics: "tensorboard" (event files in the job\'s S3 '
+        'folder), "mlflow", "wandb"; a string or a list ("none": only metrics.jsonl and /metrics).',
+    )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to(cls, value: object) -> object:
+        return trackers.normalize(value)
 
 
 class HyperparametersConfig(Section):

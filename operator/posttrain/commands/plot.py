@@ -1,9 +1,9 @@
 """`posttrain plot NAME [-o curve.png]`: the reward / loss curve of any job as a PNG.
 
 A local run: from its report.jsonl (every progress line and evaluation so far, also while it runs). A
-cluster job: from the metrics.jsonl the trainer stored in S3 with the final model (status.artifacts.metrics,
-or .logs), read with S3_ENDPOINT / S3_ACCESS_KEY_ID / S3_SECRET_ACCESS_KEY; a running cluster job has only
-its latest progress in its status, so its curve exists once it has ended. Training rollouts' mean reward and
+cluster job: from the metrics.jsonl the trainer stores in S3 (status.artifacts.metrics, or .logs, once it has
+ended; while it runs, status.progress.metrics, uploaded after its first step and every few steps), read with
+S3_ENDPOINT / S3_ACCESS_KEY_ID / S3_SECRET_ACCESS_KEY. Training rollouts' mean reward and
 held-out eval scores go in one panel, training and held-out loss in another."""
 
 from __future__ import annotations
@@ -74,6 +74,12 @@ def _s3_text(uri: str) -> str:
                                 fix="check the S3 endpoint and keys")) from None  # fmt: skip
 
 
+def metrics_uri(status: dict[str, Any]) -> str | None:
+    """Where a cluster job's metrics.jsonl is: the final artifact, else the live one of a running job."""
+    artifacts = status.get("artifacts") or (status.get("result") or {}).get("artifacts") or {}
+    return artifacts.get("metrics") or artifacts.get("logs") or (status.get("progress") or {}).get("metrics")
+
+
 def cluster_lines(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]] | None:
     from posttrain.commands.status import KINDS, get_job
     from posttrain.kubeaccess import load_kube
@@ -85,13 +91,12 @@ def cluster_lines(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]] 
         if job is None:
             continue
         status = job.get("status") or {}
-        artifacts = status.get("artifacts") or (status.get("result") or {}).get("artifacts") or {}
-        uri = artifacts.get("metrics") or artifacts.get("logs")
+        uri = metrics_uri(status)
         if not uri:
             raise UserError(Problem(
                 f"{KINDS[kind]} {namespace}/{args.name} is {status.get('phase') or 'Pending'}: its metrics.jsonl is "
-                "written when it ends", field="NAME",
-                fix=f"follow it with `posttrain status {args.name} --watch`, plot it when it has ended"))  # fmt: skip
+                "uploaded after its first step", field="NAME",
+                fix=f"follow it with `posttrain status {args.name} --watch`, plot it once it has trained a step"))  # fmt: skip
         return f"{namespace}/{args.name}", read_jsonl(_s3_text(uri))
     return None
 

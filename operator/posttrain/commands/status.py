@@ -53,7 +53,8 @@ def format_progress(progress: dict[str, Any]) -> str:
     return fmt(progress or {})
 
 
-def describe(job: dict[str, Any]) -> list[str]:
+def describe(job: dict[str, Any], curve: str | None = None) -> list[str]:
+    """The job's lines; `curve`: its reward sparkline (plotting.sparkline of its metrics.jsonl), if read."""
     meta, status = job.get("metadata", {}), job.get("status") or {}
     lines = [
         f"{job.get('kind', 'Job')} {meta.get('namespace')}/{meta.get('name')}",
@@ -63,6 +64,11 @@ def describe(job: dict[str, Any]) -> list[str]:
         lines.append(f"  model:            {status['model']}")
     if status.get("progress"):
         lines.append(f"  progress:         {format_progress(status['progress'])}")
+    if curve:
+        lines.append(f"  curve:            {curve}")
+    live = (status.get("progress") or {}).get("metrics")
+    if live and not status.get("artifacts"):
+        lines.append(f"  live metrics:     {live} (posttrain plot {meta.get('name')})")
     for key, label in (
         ("fineTunedModel", "fine_tuned_model"),
         ("message", "message"),
@@ -83,6 +89,25 @@ def describe(job: dict[str, Any]) -> list[str]:
             text += f": {cond['message']}"
         lines.append(f"  condition:        {text}")
     return lines
+
+
+def read_curve(job: dict[str, Any]) -> str | None:
+    """The sparkline of a cluster job's metrics.jsonl in S3 (live or final), when S3_ENDPOINT and keys are
+    set; None otherwise or when it cannot be read (status still answers)."""
+    from posttrain.commands.plot import metrics_uri, read_jsonl
+    from posttrain.dataset_upload import s3_configured
+    from posttrain.plotting import sparkline
+
+    uri = metrics_uri(job.get("status") or {})
+    if not uri or not s3_configured():
+        return None
+    from posttrain.commands.plot import _s3_text
+    from posttrain.errors import UserError
+
+    try:
+        return sparkline(read_jsonl(_s3_text(uri)))
+    except UserError:
+        return None
 
 
 def poll(
@@ -261,6 +286,14 @@ def describe_local(run: Any) -> list[str]:
         lines.append(f"  model:            {run.model}")
     if run.progress:
         lines.append(f"  progress:         {format_progress(run.progress)}")
+    report = Path(run.run_dir) / "report.jsonl"
+    if report.is_file():
+        from posttrain.commands.plot import read_jsonl
+        from posttrain.plotting import sparkline
+
+        curve = sparkline(read_jsonl(report.read_text(errors="replace")))
+        if curve:
+            lines.append(f"  curve:            {curve}")
     for label, value in (("fine_tuned_model", run.fine_tuned_model), ("s3 uri", run.s3_uri),
                          ("message", run.message), ("started", run.started_at), ("updated", run.updated_at)):  # fmt: skip
         if value:
@@ -294,7 +327,7 @@ def show_job(args: argparse.Namespace) -> int:
         if args.output in ("json", "yaml"):
             print(_dump(job.get("status") or {}, args.output))
         else:
-            print("\n".join(describe(job)))
+            print("\n".join(describe(job, read_curve(job))))
     return EXIT_FAILED if phase == "Failed" else 0
 
 

@@ -210,6 +210,11 @@ def apply_configmap(body: dict[str, Any], api: Any, namespace: str, job_name: st
 def run(args: argparse.Namespace) -> int:
     kind, raw, config = load_job(args)
     if args.local:
+        from posttrain.commands.validate import tracker_problems
+
+        problems = tracker_problems(config, text=read_text(args.config), file=str(args.config))
+        if problems:
+            raise UserError(problems)
         return run_local(args, kind, config)
     return run_cluster(args, kind, raw)
 

@@ -10,6 +10,7 @@ Unknown keys and sections are warned about (with a did-you-mean) and kept."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,17 @@ def _datasets(args: argparse.Namespace, config: dict[str, Any]) -> list[tuple[st
     return out
 
 
+def tracker_problems(config: dict[str, Any], *, text: str, file: str) -> list[Problem]:
+    """[training].report_to trackers that cannot work with this environment (the one a local run's trainer
+    inherits): a missing package or setting, at the key's line."""
+    from posttrain.api import trackers
+    from posttrain.toml_locate import locate
+
+    line = locate(text, trackers.FIELD)
+    return [Problem(message, file=file, line=line, field=trackers.FIELD, fix=fix)
+            for message, fix in trackers.problems(trackers.report_to(config), os.environ)]  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     if args.config is None and args.dataset is None:
         raise UserError(Problem("nothing to check", fix="pass --config FILE and/or --dataset JSONL"))
@@ -92,9 +104,12 @@ def run(args: argparse.Namespace) -> int:
     kind = "sft"
     warnings: list[str] = []
     if args.config is not None:
-        kind, model, warnings = load(_read(args.config), kind=args.job_type, file=str(args.config))
+        text = _read(args.config)
+        kind, model, warnings = load(text, kind=args.job_type, file=str(args.config))
         config = normalized_config(model)
     problems: list[Problem] = []
+    if args.config is not None:
+        problems += tracker_problems(config, text=text, file=str(args.config))
     checked: list[tuple[Path, int]] = []
     for _, path in _datasets(args, config) if kind == "sft" or args.dataset else []:
         report = validate_jsonl(path, max_images_per_message=_max_images(config))

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.controller import metrics
 from posttrain.controller.kube import Kube
 from posttrain.controller.status import DeploymentObs, PodObs, TrainerObs
 from posttrain.controller.wake import child_wakes, pod_wakes
@@ -202,6 +203,7 @@ class ChildWatches:
                 failures = 0
             except Exception as exc:  # any failure: a dead watch would leave its jobs blind, so list again
                 failures += 1
+                metrics.watch_restarted(kind.plural)
                 version = ""  # list again: events may have been missed
                 wait = min(30.0, 0.5 * 2**failures)
                 logger.warning("watch of %s failed (%s: %s); listing again in %.1fs", kind.plural,

@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from posttrain.controller import safejson
+from posttrain.controller import metrics, safejson
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +178,7 @@ class Kube:
         url = self.host + path
         for attempt in range(retries + 1):
             self.requests[method] += 1
+            metrics.count_request(method)
             headers = self._headers()
             if data is not None:
                 headers["Content-Type"] = content_type
@@ -189,11 +190,14 @@ class Kube:
                     content = await rsp.read()
                     retry_after = rsp.headers.get("Retry-After")
             except (TimeoutError, aiohttp.ClientError) as exc:
+                metrics.count_error(method, 0)
                 if attempt == retries:
                     raise KubeError(0, f"{method} {path}: {type(exc).__name__}: {exc}") from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
+            if status >= 400 and not (status == 404 and absent_ok):
+                metrics.count_error(method, status)
             if status == 404 and absent_ok:
                 return None
             if status < 400:
@@ -260,6 +264,7 @@ class Kube:
         """The events of one watch request, decoded, until the API server ends it. It runs on a session of
         its own (a watch holds its connection for minutes: the requests' few connections stay free)."""
         self.requests["GET"] += 1
+        metrics.count_request("WATCH")
         if self._watch_session is None or self._watch_session.closed:
             connector = aiohttp.TCPConnector(limit=0, ssl=self._ssl)
             self._watch_session = aiohttp.ClientSession(connector=connector, read_bufsize=WATCH_LINE_MAX)

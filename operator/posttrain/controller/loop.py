@@ -9,6 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from posttrain.controller import metrics
 from posttrain.controller.reconcile import KIND_LABELS, LoopState
 from posttrain.controller.runtime import Key, Runtime, runtime_of
 
@@ -46,7 +47,8 @@ async def run_loop(
         while (body := rt.loops.body(key, uid)) is not None:
             wake.clear()
             try:
-                wait = await reconcile(rt, body, indexes, state)
+                with metrics.reconcile_pass(key[1]):
+                    wait = await reconcile(rt, body, indexes, state)
                 failures = 0
             except asyncio.CancelledError:
                 raise

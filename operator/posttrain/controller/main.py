@@ -20,6 +20,7 @@ from posttrain.controller import (  # noqa: F401 - importing registers the handl
     handlers_rljob,
     handlers_sftjob,
     handlers_taskapp,
+    metrics,
     taskapp_index,
 )
 from posttrain.controller.child_watch import ChildWatches, kinds_for
@@ -94,6 +95,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
                                     selector=CHILD_SELECTOR, parent_key=parent_key, wake=runtime.wake)  # fmt: skip
     await runtime.children.start()  # the children's indexes are complete before any job's loop starts
     memo.runtime = runtime
+    metrics.start(runtime)  # /metrics on settings.metrics_port until runtime.close()
     logger.info(
         "posttrain operator: namespaces=%s trainer=%s rollout=%s",
         op_settings.namespace or "<all>",

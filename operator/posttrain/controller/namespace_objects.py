@@ -18,7 +18,8 @@ from posttrain.controller.settings import OperatorSettings
 
 def render_namespace_objects(namespace: str, settings: OperatorSettings) -> list[dict[str, Any]]:
     identity = render_namespace_identity(namespace, settings) if settings.trainer_identity == "namespace" else []
-    return [*identity, render_network_policy(namespace, server_port=settings.server_port)]
+    ports = {"server_port": settings.server_port, "metrics_port": settings.trainer_metrics_port}
+    return [*identity, render_network_policy(namespace, **ports)]
 
 
 class NamespaceObjects:

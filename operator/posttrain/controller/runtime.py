@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.api.resources import LABEL_USE, USE_TASK_APP_KEY
+from posttrain.controller import metrics
 from posttrain.controller.fairness import CheckSlots, NoSlot
 from posttrain.controller.job_loops import JobLoops
 from posttrain.controller.kube import Kube
@@ -52,6 +53,7 @@ class Runtime:
     children: Any = None  # controller/child_watch.py's ChildWatches, started by the startup handler
     # the key of every job's rollout token (controller/token_key.py; set by the startup handler)
     token_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    metrics_server: Any = None  # controller/metrics.py's HTTP server, started by the startup handler
 
     def waker(self, key: Key) -> asyncio.Event:
         """A new loop's wake-up event (replacing a cancelled loop's, of an object of the same name)."""
@@ -70,6 +72,9 @@ class Runtime:
             del self.wakers[key]
 
     async def close(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
         await self.loops.stop()
         if self.children is not None:
             await self.children.stop()
@@ -115,7 +120,7 @@ class Runtime:
         async def fair_check() -> Attempt:
             try:
                 async with self.slots.slot(namespace, url, wait=deadline):
-                    return await self.prober.check(url, api_key, deadline=deadline)
+                    return await metrics.timed_check(lambda: self.prober.check(url, api_key, deadline=deadline))
             except NoSlot as busy:
                 return Attempt(False, UNREACHABLE, f"{busy}; retrying")
 

@@ -88,6 +88,8 @@ class OperatorSettings(BaseSettings):
     # Pods run as this uid/gid (0: the image's own numeric non-root user).
     run_as_user: int = 65532
     master_port: int = 29500
+    # Rank 0 of every trainer serves Prometheus metrics on this port (posttrain_trainer/telemetry.py); 0: none.
+    trainer_metrics_port: int = 9090
     gpu_resource: str = "nvidia.com/gpu"
 
     # Rollout / reference / judge servers.
@@ -96,6 +98,9 @@ class OperatorSettings(BaseSettings):
     # namespace defaults to the operator pod's own.
     token_key_secret: str = "posttrain-token-key"
     token_key_namespace: str = ""
+    # [training] report_to = "mlflow" / "wandb": the trainer reads their settings (api/trackers.py ENV_KEYS,
+    # each optional) from this Secret of the job's namespace; only for the trackers a job names.
+    tracker_secret_name: str = "posttrain-trackers"
     readiness_timeout_seconds: int = 1800  # the trainer initContainer waits this long for the servers
     # /dev/shm of vLLM server and trainer pods (a memory emptyDir; counts against the pod's memory). "" =
     # no size limit.
@@ -128,6 +133,10 @@ class OperatorSettings(BaseSettings):
     # index of every job's pods instead (a watch event per pod change, for every job, stuck or not).
     stuck_seconds: float = 15.0
     watch_pods: bool = False
+    # Prometheus metrics (controller/metrics.py, docs/monitoring.md) on this port; 0: not served (the
+    # Deployment sets 9090, its `metrics` port; off by default so that several operators can run on one host).
+    metrics_port: int = 0
+    metrics_host: str = "0.0.0.0"  # the Deployment's pod IP; tests bind 127.0.0.1
     count_kopf_requests: bool = False  # benchmark: count kopf's own API requests too (liveness probe)
     extra_env: dict[str, str] = Field(default_factory=dict)  # plain env for every container (no secrets)
 

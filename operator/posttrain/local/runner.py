@@ -502,6 +502,13 @@ class LocalRun:
         ]  # fmt: skip
         trainer_env = dict(self.child_env)
         trainer_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, opts.nproc))))
+        # rank 0's Prometheus metrics (posttrain_trainer/telemetry.py) on a free loopback port, unless given
+        if "POSTTRAIN_METRICS_PORT" not in trainer_env:
+            trainer_env["POSTTRAIN_METRICS_PORT"] = str(free_port())
+        trainer_env.setdefault("POSTTRAIN_METRICS_HOST", "127.0.0.1")
+        if trainer_env["POSTTRAIN_METRICS_PORT"] != "0":
+            host, port = trainer_env["POSTTRAIN_METRICS_HOST"], trainer_env["POSTTRAIN_METRICS_PORT"]
+            self.printer.line(f"metrics: http://{host}:{port}/metrics (rank 0, Prometheus)")
         trainer = self.procs.start(
             "trainer", trainer_argv, self.logs / "trainer.log", env=trainer_env, cwd=self.run_dir
         )

@@ -11,6 +11,9 @@ and a watched object per job). Isolation between the jobs of one namespace rests
 token (render/token.py): a rollout server refuses weight-sync and capture requests without its own job's
 token, and the namespace is the boundary between tenants. A task app outside the namespace
 (spec.taskApp.url) needs one more NetworkPolicy that lets it reach the rollout port (policies add up).
+Prometheus gets in from a namespace labelled posttrain.dev/monitoring=true, on the trainers' metrics port
+only (rank 0's /metrics, docs/monitoring.md); the servers' port, which also serves inference, stays closed
+to it (docs/monitoring.md shows the policy that opens vLLM's /metrics).
 Takes effect where the cluster's network plugin enforces NetworkPolicies."""
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from posttrain.controller.render.names import ROLE_NETWORK, ROLE_TASK_APP
 from posttrain.controller.settings import LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
 
 NETWORK_POLICY = "posttrain-jobs"
+MONITORING_NAMESPACE_LABEL = "posttrain.dev/monitoring"
 JOB_KINDS = ["rljob", "sftjob"]
 
 
@@ -32,7 +36,7 @@ def job_pods() -> dict[str, Any]:
     }
 
 
-def render_network_policy(namespace: str, *, server_port: int) -> dict[str, Any]:
+def render_network_policy(namespace: str, *, server_port: int, metrics_port: int = 0) -> dict[str, Any]:
     """The namespace's NetworkPolicy: labelled as the operator's, without the job label and without an
     owner (it serves every job of the namespace)."""
     task_app_pods = {"matchLabels": {LABEL_MANAGED_BY: MANAGER, LABEL_KIND: "taskapp", LABEL_ROLE: ROLE_TASK_APP}}
@@ -40,6 +44,9 @@ def render_network_policy(namespace: str, *, server_port: int) -> dict[str, Any]
         {"from": [{"podSelector": job_pods()}]},
         {"from": [{"podSelector": task_app_pods}], "ports": [{"protocol": "TCP", "port": server_port}]},
     ]
+    if metrics_port:
+        monitoring = {"namespaceSelector": {"matchLabels": {MONITORING_NAMESPACE_LABEL: "true"}}}
+        ingress.append({"from": [monitoring], "ports": [{"protocol": "TCP", "port": metrics_port}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

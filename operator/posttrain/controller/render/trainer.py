@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from posttrain.api import trackers
 from posttrain.api.topology import Topology
 from posttrain.controller.objects import Job
 from posttrain.controller.render import pods, security, token
@@ -148,6 +149,20 @@ def volumes(
     return vols, mounts
 
 
+def tracker_env(job: Job, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The settings of the experiment trackers the job's report_to names (mlflow, wandb), each an optional
+    key of the namespace's tracker Secret: read by the kubelet into the trainer, never by the operator."""
+    named = trackers.normalize(getattr(getattr(job.spec, "training", None), "report_to", None)) or []
+    ref = {"name": settings.tracker_secret_name, "optional": True}
+    return [{"name": key, "valueFrom": {"secretKeyRef": {**ref, "key": key}}}
+            for name in named for key in trackers.ENV_KEYS.get(name, ())]  # fmt: skip
+
+
+def metrics_port(settings: OperatorSettings) -> list[dict[str, Any]]:
+    """Rank 0's Prometheus port (the other ranks listen on nothing there); PodMonitors select it by name."""
+    return [{"name": "metrics", "containerPort": settings.trainer_metrics_port}] if settings.trainer_metrics_port else []
+
+
 def trainer_pod(
     job: Job,
     settings: OperatorSettings,
@@ -164,6 +179,9 @@ def trainer_pod(
     if job.is_rl:
         env += token.token_env(job.owner)
     env += task_app_key_env(task_app) + pods.s3_env(spec, settings) + judge_env + pods.plain_env(settings)
+    env += tracker_env(job, settings)
+    if settings.trainer_metrics_port:
+        env.append({"name": "POSTTRAIN_METRICS_PORT", "value": str(settings.trainer_metrics_port)})
     vols, mounts = volumes(job, settings, dataset_volume)
     container = {
         "name": ROLE_TRAINER,
@@ -171,7 +189,7 @@ def trainer_pod(
         "imagePullPolicy": settings.image_pull_policy,
         "command": trainer_command(job.trainer_kind),
         "env": env,
-        "ports": [{"name": "rendezvous", "containerPort": settings.master_port}],
+        "ports": [{"name": "rendezvous", "containerPort": settings.master_port}, *metrics_port(settings)],
         "resources": pods.resources(spec, ROLE_TRAINER, topo.gpus(topo.trainer_gpus_per_pod), settings),
         "volumeMounts": mounts,
         "workingDir": WORKDIR,
