@@ -71,7 +71,7 @@ def _denied(call) -> None:
     assert err.value.code == "AccessDenied", err.value
 
 
-def test_each_namespace_user_reaches_only_its_folder(minio, tmp_path):
+def test_each_namespace_user_reaches_only_its_folder(minio, tmp_path, monkeypatch):
     endpoint, root = minio
     keys = tmp_path / "keys"
     keys.mkdir()
@@ -79,7 +79,11 @@ def test_each_namespace_user_reaches_only_its_folder(minio, tmp_path):
         (keys / ns).write_text(f"{ns}-secret-key\n")
     users = minio_tenants.plan(minio_tenants.read_keys(keys), BUCKET, {"team": ["reader"]})
     minio_tenants.apply(users, f"http://{endpoint}", BUCKET, *ROOT)
-    minio_tenants.apply(users, f"http://{endpoint}", BUCKET, *ROOT)  # idempotent
+    # again, as the dev overlay's Job runs it (idempotent): root keys from the environment
+    monkeypatch.setenv("MINIO_ROOT_USER", ROOT[0])
+    monkeypatch.setenv("MINIO_ROOT_PASSWORD", ROOT[1])
+    monkeypatch.setenv("POSTTRAIN_SHARED_MODELS", '{"team": ["reader"]}')
+    assert minio_tenants.main(["--endpoint", f"http://{endpoint}", "--bucket", BUCKET, "--keys-dir", str(keys)]) == 0
     for ns in ("team", "teamb"):
         root.put_object(BUCKET, f"jobs/{ns}/j-1/final/model.safetensors", io.BytesIO(ns.encode()), len(ns))
     root.put_object(BUCKET, "models/tiny/config.json", io.BytesIO(b"{}"), 2)
