@@ -102,13 +102,18 @@ def semaphore_size(config: dict[str, Any]) -> int:
 
 def policy_sampling_config(config: dict[str, Any], model: str) -> dict[str, Any]:
     """policy.config without inference_url: model, sampling params (rollout.policy_config wins over
-    [policy]'s temperature/top_p/max_tokens), max_turns; everything in rollout.policy_config passes through."""
+    [policy]'s temperature/top_p/max_tokens/top_k/repetition_penalty/stop_sequences, the last sent as `stop`),
+    max_turns; everything in rollout.policy_config passes through."""
     policy = section(config, "policy")
     rollout = section(config, "rollout")
     out: dict[str, Any] = {"model": policy.get("served_model_name") or model}
-    for key in ("temperature", "top_p", "max_tokens", "thinking_mode", "thinking_budget"):
+    for key in ("temperature", "top_p", "max_tokens", "thinking_mode", "thinking_budget", "top_k"):
         if policy.get(key) is not None:
             out[key] = policy[key]
+    if policy.get("repetition_penalty") not in (None, 1.0):  # 1.0 is no penalty: nothing to send
+        out["repetition_penalty"] = policy["repetition_penalty"]
+    if policy.get("stop_sequences"):
+        out["stop"] = list(policy["stop_sequences"])  # the chat-completions name
     out.update(dict(rollout.get("policy_config") or {}))
     max_turns = rollout.get("max_turns") or section(config, "training").get("max_turns")
     if max_turns and "max_turns" not in out:

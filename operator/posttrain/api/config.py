@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from posttrain.api import model_ids, topology
 from posttrain.api.base import Section
+from posttrain.api.inert import RL_INERT, SFT_INERT, inert_warnings
 from posttrain.api.sections import (
     JUDGE_PROVIDERS,
     AlgorithmConfig,
@@ -413,6 +414,7 @@ def load_rl(raw: dict[str, Any]) -> tuple[RLConfig, list[str]]:
     _rl_rules(config, problems, warnings)
     if problems:
         raise ConfigError(problems)
+    warnings += inert_warnings(config, RL_INERT)
     return config, warnings
 
 
@@ -573,6 +575,7 @@ def load_sft(raw: dict[str, Any]) -> tuple[SFTConfig, list[str]]:
     _sft_rules(config, problems, warnings)
     if problems:
         raise ConfigError(problems)
+    warnings += inert_warnings(config, SFT_INERT)
     return config, warnings
 
 

@@ -50,6 +50,7 @@ PASSTHROUGH: dict[str, dict[str, Any]] = {
     "rollout": {"error_budget": Fraction, "timeout_s": Positive, "async_semaphore_max": Count},
     "evaluation": {"temperature": Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]},
     "data": {
+        "seeds": list[Seed],  # accepted, no effect (posttrain.api.inert)
         "seed_start": Seed,
         "split": Text,
         "episodes_per_iteration": Count,
