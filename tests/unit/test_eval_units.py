@@ -142,9 +142,7 @@ def test_sampling_settings_precedence():
     from posttrain.commands.eval import policy_config
 
     def config(*flags: str) -> dict:
-        return policy_config(
-            build_parser().parse_args(["eval", "--task-url", "http://t", "--model", "m", *flags])
-        )
+        return policy_config(build_parser().parse_args(["eval", "--task-url", "http://t", "--model", "m", *flags]))
 
     assert config()["temperature"] == 0.0 and config("--samples", "4")["temperature"] == 1.0
     assert config("--policy-config", '{"n": 3, "temperature": 0.7}') == {"n": 3, "temperature": 0.7}

@@ -138,14 +138,7 @@ class ParallelConfig:
         raw = dict(raw or {})
         known = {
             k: raw.pop(k)
-            for k in (
-                "use_deepspeed",
-                "deepspeed_stage",
-                "fsdp",
-                "bf16",
-                "force_bf16",
-                "activation_checkpointing",
-            )
+            for k in ("use_deepspeed", "deepspeed_stage", "fsdp", "bf16", "force_bf16", "activation_checkpointing")
             if k in raw
         }
         cfg = cls(**known)
@@ -347,9 +340,7 @@ def build_engine(
         if is_distributed():
             return _fsdp_engine(model, optimizer, scheduler, bf16, grad_accum, max_grad_norm)
         if is_main():
-            print(
-                "[posttrain] FSDP requested but not launched under torchrun; training unsharded", flush=True
-            )
+            print("[posttrain] FSDP requested but not launched under torchrun; training unsharded", flush=True)
     if parallel.use_deepspeed:
         ok, why = deepspeed_available()
         if ok:

@@ -591,9 +591,7 @@ class RLRun:
         self.workdir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.precision = D.announce_precision(
-            cfg.parallel, lora_policy=hardware.is_lora_mode(cfg.trainer_mode)
-        )
+        self.precision = D.announce_precision(cfg.parallel, lora_policy=hardware.is_lora_mode(cfg.trainer_mode))
         self.engine, self.tokenizer, frozen = build_policy(job, cfg, self.precision)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.ref_fn: RefFn | None = None
@@ -769,9 +767,7 @@ class RLRun:
         out: dict[str, Any] = {}
         with D.full_weights(self.engine) as state:  # sharded engines: gathered while rank 0 writes
             if D.is_main():
-                result = self.syncer.sync(
-                    self.engine.module, self.tokenizer, version, self.sync_format, state
-                )
+                result = self.syncer.sync(self.engine.module, self.tokenizer, version, self.sync_format, state)
                 out = result.as_metrics()
                 self.reporter.event(
                     "weight_sync", **out, path=result.path, format=self.sync_format, pruned=result.pruned
