@@ -177,3 +177,19 @@ def test_gspo_token_accepts_per_token_advantages():
     assert not torch.allclose(grad_a[0, 0], grad_v[0, 0]) and torch.allclose(grad_a[1], grad_v[1])
     with pytest.raises(ValueError, match="GSPO-token"):
         gspo.gspo_terms(logits, old, uniform, mask, variant="sequence")
+
+
+def test_validate_rejects_an_unknown_strategy_naming_the_field():
+    from pathlib import Path
+
+    from posttrain.api.convert import load
+    from posttrain.errors import UserError
+
+    base = (Path(__file__).resolve().parents[2] / "examples" / "craftworld_rl_stepwise.toml").read_text()
+    load(base, file="cw.toml")
+    with pytest.raises(UserError) as err:
+        load(
+            base.replace('step_rewards_strategy = "per_achievement"', 'step_rewards_strategy = "greedy"'),
+            file="cw.toml",
+        )
+    assert "cw.toml:54: training.step_rewards_strategy" in str(err.value)
