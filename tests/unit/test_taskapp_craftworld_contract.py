@@ -340,9 +340,11 @@ def test_eval_split_and_tools_off(env_key):
     oracle = Oracle(seed=seed, split="eval")
     body = _body(seed=seed, turns=2, mode="eval")
     body["policy"]["config"]["use_tools"] = False
+    body["policy"]["config"]["structured_outputs"] = {"choice": ["move", "noop"]}
     del body["policy"]["config"]["temperature"]
     with _client(oracle) as client:
         data = _post(client, body).json()
     assert data["metrics"]["details"]["split"] == "eval"
     assert "tools" not in oracle.requests[0] and oracle.requests[0]["temperature"] == 0.0
+    assert oracle.requests[0]["structured_outputs"] == {"choice": ["move", "noop"]}  # forwarded as given
     assert re.match(r"craftworld::eval::\d+", data["trajectories"][0]["env_id"])

@@ -56,7 +56,7 @@ DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 48}
 FORWARDED_POLICY_KEYS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed", "stop",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
-    "thinking_mode", "thinking_budget", "chat_template_kwargs",
+    "thinking_mode", "thinking_budget", "chat_template_kwargs", "response_format", "structured_outputs",
 )  # fmt: skip
 SYSTEM_PROMPT = (
     "You play Craftworld. Gather resources and craft tools to unlock achievements: wood makes a table, "
