@@ -288,3 +288,42 @@ def test_train_model_flag_and_local_sft_files_in_one_configmap(
     cm = client.CoreV1Api(kube).read_namespaced_config_map(train_ref["name"], namespace)
     assert cm.data["validation.jsonl"] == (REPO / "examples/datasets/math_chat_val.jsonl").read_text()
     assert cm.metadata.labels["posttrain.dev/job"] == "sft-files"
+
+
+def test_train_loads_env_files_into_a_secret_never_the_job(kube, namespace, tmp_path, monkeypatch, capsys):
+    """./.env is loaded by default and --env-file (repeatable, later wins) on top: the task app key reaches
+    the cluster as the Secret the RLJob references; neither the RLJob nor the output holds a value."""
+    import base64
+
+    for name in ("ENVIRONMENT_API_KEY", "TASK_APP_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ENVIRONMENT_API_KEY", "placeholder")  # recorded, so the test restores the absence
+    monkeypatch.delenv("ENVIRONMENT_API_KEY")
+    monkeypatch.setenv("TASK_APP_URL", "placeholder")
+    monkeypatch.delenv("TASK_APP_URL")
+    monkeypatch.chdir(tmp_path)
+    first, later = "sk_env_dotenv_value_0001", "sk_env_envfile_value_0002"
+    (tmp_path / ".env").write_text(
+        f"ENVIRONMENT_API_KEY={first}\nTASK_APP_URL=http://math-from-dotenv:8000\n"
+    )
+    assert main(["train", "--config", str(REPO / "examples" / "restem_math.toml"), "-n", namespace,
+                 "--name", "dotenv", "--no-poll"]) == 0  # fmt: skip
+    objects, core = client.CustomObjectsApi(kube), client.CoreV1Api(kube)
+    job = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, "rljobs", "dotenv")
+    assert job["spec"]["taskApp"]["url"] == "http://math-from-dotenv:8000"
+    ref = job["spec"]["taskApp"]["apiKeySecretRef"]
+    secret = core.read_namespaced_secret(ref["name"], namespace)
+    assert base64.b64decode(secret.data[ref["key"]]).decode() == first
+    assert first not in json.dumps(job)
+
+    override = tmp_path / "override.env"
+    override.write_text(f"ENVIRONMENT_API_KEY={later}\n")
+    assert main(["train", "--config", str(REPO / "examples" / "restem_math.toml"), "-n", namespace,
+                 "--name", "envfile", "--no-poll", "--env-file", str(tmp_path / ".env"),
+                 "--env-file", str(override)]) == 0  # fmt: skip
+    job = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, "rljobs", "envfile")
+    secret = core.read_namespaced_secret(job["spec"]["taskApp"]["apiKeySecretRef"]["name"], namespace)
+    assert base64.b64decode(secret.data["ENVIRONMENT_API_KEY"]).decode() == later
+    assert later not in json.dumps(job) and first not in json.dumps(job)
+    out = capsys.readouterr()
+    assert first not in out.out + out.err and later not in out.out + out.err

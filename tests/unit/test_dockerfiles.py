@@ -26,6 +26,7 @@ DOCKERFILES = [
     "trainer_image/Dockerfile",
     "rollout_image/Dockerfile",
     "examples/taskapps/math/Dockerfile",
+    "examples/taskapps/craftworld/Dockerfile",
 ]
 # posttrain's three images are multi-stage (build tools stay out of them); the example task app's may be one stage.
 MULTISTAGE = {"Dockerfile", "trainer_image/Dockerfile", "rollout_image/Dockerfile"}

@@ -148,3 +148,19 @@ def test_sampling_settings_precedence():
     assert config("--policy-config", '{"n": 3, "temperature": 0.7}') == {"n": 3, "temperature": 0.7}
     assert config("--policy-config", '{"temperature": 0.7}', "--temperature", "0.2")["temperature"] == 0.2
     assert config("--max-tokens", "8")["max_tokens"] == 8
+
+
+def test_summary_shows_the_task_apps_rubric_scores():
+    rows = [
+        {"seed": 1, "reward": 2.0, "metrics": {"outcome_score": 0.25, "events_score": 0.5}},
+        {"seed": 2, "reward": 0.0, "metrics": {"outcome_score": 0.0, "events_score": None}},
+        {"seed": 3, "reward": 1.0, "metrics": {}},
+    ]
+    summary = summarize(rows, model="m")
+    assert summary.outcome_score == pytest.approx(0.125) and summary.events_score == pytest.approx(0.5)
+    table = format_table([summary]).splitlines()
+    assert (
+        table[0].split()[-3:] == ["OUTCOME", "EVENTS", "TIME"] and "0.125" in table[1] and "0.500" in table[1]
+    )
+    plain = summarize([{"seed": 1, "reward": 1.0}], model="m")
+    assert "OUTCOME" not in format_table([plain])  # a task app without rubric scores: no empty columns

@@ -100,7 +100,8 @@ def gspo_terms(
     tis_cap: float = DEFAULT_TIS_CAP,
 ) -> GSPOTerms:
     """The GSPO loss and its diagnostics. Shapes: logprobs/old_logprobs/mask/ref_logprobs/behavior_logprobs
-    [B, T], advantages [B].
+    [B, T], advantages [B], or [B, T] per token (per-decision credit of a multi-turn episode; only with
+    variant "token": sequence-level GSPO has one advantage per sequence).
 
     variant "sequence" is GSPO; "token" is GSPO-token (the paper's section 4.3): per-token ratios
     s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)], clipped like s_i and averaged over the sequence's tokens. Its
@@ -116,6 +117,12 @@ def gspo_terms(
     mask = mask.to(logprobs.dtype)
     old = old_logprobs.detach().to(logprobs.dtype)
     adv = advantages.detach().to(logprobs.dtype)
+    per_token_adv = adv.dim() == 2
+    if per_token_adv and variant != "token":
+        raise ValueError("per-token advantages need the GSPO-token variant")
+    token_adv = adv if per_token_adv else adv.unsqueeze(-1)
+    if per_token_adv:  # the sequence's mean advantage: its clip diagnostics
+        adv = masked_sequence_mean(adv, mask)
     log_ratio = masked_sequence_mean(logprobs - old, mask)
     ratio = torch.exp(log_ratio)
     weights = None
@@ -131,7 +138,6 @@ def gspo_terms(
             per_seq = per_seq * weights
     else:
         token_ratio = torch.exp(log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach())
-        token_adv = adv.unsqueeze(-1)
         token_min = torch.minimum(
             token_ratio * token_adv, torch.clamp(token_ratio, 1.0 - eps_low, 1.0 + eps_high) * token_adv
         )

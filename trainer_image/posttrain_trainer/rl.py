@@ -6,7 +6,10 @@ Loop: iterations = training.num_epochs x training.iterations_per_epoch. Each ite
      max_concurrent_rollouts / async_semaphore_max; rollouts.py); exact sampled tokens from the rollout
      server's captures; reward = blended episode return / judge scores; error budget.
   2. group advantages (gspo.group_advantages, over the surviving members of each group); with beta = 0 the
-     zero-advantage sequences (uniform groups) are dropped: they carry no gradient.
+     zero-advantage sequences (uniform groups) are dropped: they carry no gradient. With step rewards on
+     (training.step_rewards_enabled, mode decision_stepwise; step_rewards.py) each decision's reward becomes
+     group-standardised return-to-go credit, added to the episode's advantage on the tokens that decision
+     sampled; such per-token advantages train with GSPO-token.
   3. the sequences are shuffled (seeded), split into training.num_minibatches mini-batches (default 4), and
      each mini-batch is split across ranks (DDP averages gradients); old logprobs are recomputed by the
      trainer, never taken from the sampler (vLLM's bf16 sampling logprobs differ by ~0.04, docs/vllm-cpu.md):
@@ -54,7 +57,7 @@ from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
 
 from posttrain_trainer import distributed as D
-from posttrain_trainer import gspo, offpolicy
+from posttrain_trainer import gspo, offpolicy, step_rewards
 from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.modeling import train_without_dropout
 from posttrain_trainer.report import Reporter
@@ -82,6 +85,7 @@ ITERATION_EVENT_FIELDS = (
     "step", "rollouts", "failed_rollouts", "mixed_groups", "train_sequences", "grad_norm", "clip_fraction",
     "rollout_seconds", "update_seconds", "weight_sync_seconds", "iteration_seconds", "judged", "judge_failed",
     "truncated", "empty_responses", "sampler_mismatch", "sampler_kl", "max_staleness", "unexpected_versions",
+    "mean_turns", "decision_rewards_nonzero", "decision_reward_sum",
 )  # fmt: skip
 
 
@@ -103,6 +107,7 @@ class TrainSeq:
     sampling_logprobs: list[float] = field(default_factory=list)  # the sampler's, per completion token
     weight_versions: list[Any] = field(default_factory=list)  # the weights that sampled it, per call
     logprobs_captured: bool = False
+    token_advantages: list[float] | None = None  # per completion token (per-decision credit), else None
 
     @property
     def tokens(self) -> int:
@@ -129,9 +134,10 @@ def sequences_from_results(
     ok = [r for r in results if r.ok]
     shaped = [r.reward + (overlong_penalty if overlong == "penalty" and r.truncated else 0.0) for r in ok]
     advantages = gspo.ragged_group_advantages(shaped, [r.spec.group for r in ok])
+    credits = decision_credits(ok)
     seqs = []
-    for r, adv in zip(ok, advantages, strict=True):
-        if skip_zero_advantage and adv == 0.0:
+    for r, adv, credit in zip(ok, advantages, credits, strict=True):
+        if skip_zero_advantage and adv == 0.0 and not any(credit):
             continue
         if overlong == "mask" and r.truncated:
             continue
@@ -147,6 +153,7 @@ def sequences_from_results(
                     s.sampling_logprobs,
                     s.weight_versions,
                     s.logprobs_captured,
+                    step_rewards.token_advantages(adv, credit, s.call_index) if any(credit) else None,
                 )
             )
     groups: dict[int, list[float]] = {}
@@ -161,8 +168,27 @@ def sequences_from_results(
         "mixed_groups": sum(1 for g in groups.values() if len(set(g)) > 1),
         "groups": len(groups),
         "train_sequences": len(seqs),
+        "mean_turns": _mean([float(r.turns) for r in ok]),
+        "decision_rewards_nonzero": sum(1 for r in ok for d in r.decision_rewards if d),
+        "decision_reward_sum": sum(sum(r.decision_rewards) for r in ok),
     }
     return seqs, stats
+
+
+def decision_credits(ok: list[RolloutResult]) -> list[list[float]]:
+    """Per rollout, each decision's credit (step_rewards.group_decision_credit over its group); empty lists
+    when step rewards are off."""
+    togo = [step_rewards.returns_to_go(r.decision_rewards) for r in ok]
+    out: list[list[float]] = [[] for _ in ok]
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(ok):
+        groups.setdefault(r.spec.group, []).append(i)
+    for members in groups.values():
+        for i, credit in zip(
+            members, step_rewards.group_decision_credit([togo[i] for i in members]), strict=True
+        ):
+            out[i] = credit
+    return out
 
 
 # -- the update -----------------------------------------------------------------------------------------
@@ -308,7 +334,16 @@ def _micro_step(
     dev = D.device()
     mask = item.batch.loss_mask.to(dev)
     lp = _logprobs(engine.model, engine, item.batch, cfg.temperature)
-    adv = torch.tensor([s.advantage for s in item.seqs], dtype=torch.float32, device=dev)
+    variant = cfg.gspo_variant
+    if any(s.token_advantages is not None for s in item.seqs):  # per-decision credit: GSPO-token
+        per_token = [
+            s.token_advantages if s.token_advantages is not None else [s.advantage] * len(s.completion_ids)
+            for s in item.seqs
+        ]
+        adv = item.batch.completion_values(per_token).to(dev)
+        variant = "token"
+    else:
+        adv = torch.tensor([s.advantage for s in item.seqs], dtype=torch.float32, device=dev)
     old = lp.detach() if item.old is None else item.old
     captured = [s.logprobs_captured for s in item.seqs]
     sampler = offpolicy.behaviour_logprobs(
@@ -325,7 +360,7 @@ def _micro_step(
         ref_logprobs=item.ref,
         beta=cfg.beta,
         num_sequences=len(minibatch),
-        variant=cfg.gspo_variant,
+        variant=variant,
         behavior_logprobs=sampler if cfg.old_logprobs == "sampler" else None,
         tis_cap=cfg.tis_cap,
     )
@@ -543,6 +578,7 @@ def iteration_record(
         **{k: stats.get(k) for k in ("max_staleness", "unexpected_versions")},
         "rollout_seconds": stats["rollout_seconds"],
         "iteration_seconds": seconds,
+        **{k: stats.get(k) for k in ("mean_turns", "decision_rewards_nonzero", "decision_reward_sum")},
         **{k: stats[k] for k in ("judged", "judge_failed") if k in stats},
     }
 

@@ -10,7 +10,12 @@ Multi-turn episodes: calls are merged into one sequence while each call's prompt
 call's prompt + completion; the tokens in between (tool results, env observations, chat-template glue) join
 the completion with mask 0, so only policy-sampled tokens carry loss. When a later prompt does not extend the
 earlier text token for token (a template that drops earlier reasoning, a truncated history), a new sequence
-starts; every sequence of an episode gets the episode's advantage.
+starts; every sequence of an episode gets the episode's advantage. Each completion token remembers the
+policy call (the decision) that sampled it, for per-decision credit (step_rewards.py).
+
+Step rewards: the TOML's step_rewards_* settings go to the task app as env.config.step_rewards (as synth's
+backend sends them); each step's info.meta.decision_rewards becomes a per-decision reward on the result
+(step_rewards.decision_rewards), which rl.py turns into per-token credit.
 
 Reward (synth's rubric formula): total = w_env * episode_return + w_event * events_score + w_outcome *
 outcome_score, weights from [rubric].weights when [rubric].enabled and a [judge] is configured (synth disables
@@ -44,6 +49,12 @@ from posttrain.api.reward import blend_reward
 from posttrain.api.urls import check_url, join_url
 
 from posttrain_trainer.server_auth import rollout_auth_headers
+from posttrain_trainer.step_rewards import (
+    StepRewardSettings,
+    decision_meta,
+    decision_rewards,
+    with_step_rewards,
+)
 
 DEFAULT_ERROR_BUDGET = 0.25
 DEFAULT_TIMEOUT_S = 600.0
@@ -92,13 +103,18 @@ def semaphore_size(config: dict[str, Any]) -> int:
 
 def policy_sampling_config(config: dict[str, Any], model: str) -> dict[str, Any]:
     """policy.config without inference_url: model, sampling params (rollout.policy_config wins over
-    [policy]'s temperature/top_p/max_tokens), max_turns; everything in rollout.policy_config passes through."""
+    [policy]'s temperature/top_p/max_tokens/top_k/repetition_penalty/stop_sequences, the last sent as `stop`),
+    max_turns; everything in rollout.policy_config passes through."""
     policy = section(config, "policy")
     rollout = section(config, "rollout")
     out: dict[str, Any] = {"model": policy.get("served_model_name") or model}
-    for key in ("temperature", "top_p", "max_tokens", "thinking_mode", "thinking_budget"):
+    for key in ("temperature", "top_p", "max_tokens", "thinking_mode", "thinking_budget", "top_k"):
         if policy.get(key) is not None:
             out[key] = policy[key]
+    if policy.get("repetition_penalty") not in (None, 1.0):  # 1.0 is no penalty: nothing to send
+        out["repetition_penalty"] = policy["repetition_penalty"]
+    if policy.get("stop_sequences"):
+        out["stop"] = list(policy["stop_sequences"])  # the chat-completions name
     out.update(dict(rollout.get("policy_config") or {}))
     max_turns = rollout.get("max_turns") or section(config, "training").get("max_turns")
     if max_turns and "max_turns" not in out:
@@ -121,6 +137,9 @@ def build_rollout_request(
     what to record, and the safety limits."""
     rollout = section(config, "rollout")
     max_turns = int(rollout.get("max_turns") or section(config, "training").get("max_turns") or 1)
+    env_config = with_step_rewards(
+        dict(rollout.get("env_config") or {}), StepRewardSettings.from_config(config)
+    )
     policy_config = policy_sampling_config(config, model)
     policy_config.update(policy_overrides or {})
     policy_config["inference_url"] = url
@@ -132,7 +151,7 @@ def build_rollout_request(
         "env": {
             "env_name": rollout.get("env_name"),
             "seed": int(seed),
-            "config": dict(rollout.get("env_config") or {}),
+            "config": env_config,
         },
         "policy": {"policy_name": rollout.get("policy_name"), "config": policy_config},
         "ops": ops,
@@ -188,7 +207,8 @@ class EpisodeSequence:
     (policy tokens mask 1, env/tool/template tokens mask 0); sampling logprobs per completion token (0.0 for
     non-policy tokens; logprobs_captured is False when a call's logprobs were missing or not finite), the
     behaviour policy under old_logprobs = "sampler" (offpolicy.py) and measured against the trainer's always;
-    the weight version that served each call."""
+    the weight version that served each call; per completion token, the index of the episode's policy call
+    that sampled it (-1 for tokens between calls)."""
 
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
@@ -196,6 +216,7 @@ class EpisodeSequence:
     sampling_logprobs: list[float] = field(default_factory=list)
     weight_versions: list[Any] = field(default_factory=list)
     logprobs_captured: bool = True
+    call_index: list[int] = field(default_factory=list)
 
     @property
     def policy_tokens(self) -> int:
@@ -209,6 +230,7 @@ class EpisodeSequence:
             "sampling_logprobs": self.sampling_logprobs,
             "weight_versions": self.weight_versions,
             "logprobs_captured": self.logprobs_captured,
+            "call_index": self.call_index,
         }
 
 
@@ -247,6 +269,7 @@ def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]
     """Captures of one episode (call order) -> training sequences with a policy-token mask."""
     sequences: list[EpisodeSequence] = []
     current: EpisodeSequence | None = None
+    call = -1
     for entry in captures:
         prompt = [int(t) for t in entry.get("prompt_token_ids") or []]
         completion = [int(t) for t in entry.get("completion_token_ids") or []]
@@ -255,6 +278,7 @@ def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]
         version = entry.get("weight_version")
         if not prompt:
             continue
+        call += 1
         if current is not None:
             so_far = current.prompt_ids + current.completion_ids
             if len(prompt) >= len(so_far) and prompt[: len(so_far)] == so_far:
@@ -264,6 +288,7 @@ def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]
                 current.sampling_logprobs += [0.0] * len(glue) + logprobs
                 current.weight_versions.append(version)
                 current.logprobs_captured = current.logprobs_captured and captured
+                current.call_index += [-1] * len(glue) + [call] * len(completion)
                 continue
             sequences.append(current)
         current = EpisodeSequence(
@@ -273,6 +298,7 @@ def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]
             sampling_logprobs=logprobs,
             weight_versions=[version],
             logprobs_captured=captured,
+            call_index=[call] * len(completion),
         )
     if current is not None:
         sequences.append(current)
@@ -334,6 +360,8 @@ class RolloutResult:
     details: dict[str, Any] = field(default_factory=dict)
     judge_failed: bool = False  # the judge could not score it (judging.py: such a rollout fails)
     finish_reasons: list[str | None] = field(default_factory=list)  # per captured policy call
+    turns: int = 0  # steps of the trajectory (decisions the environment applied)
+    decision_rewards: list[float] = field(default_factory=list)  # per decision, when step rewards are on
 
     @property
     def truncated(self) -> bool:
@@ -429,6 +457,7 @@ class RolloutClient:
         self.retries = retries
         self.weights = rubric_weights(config)
         self.judge = judge  # judging.EpisodeJudge: scores training episodes with an LLM judge
+        self.step_rewards = StepRewardSettings.from_config(config)
 
     async def collect(
         self,
@@ -508,6 +537,10 @@ class RolloutClient:
             result.details = {
                 k: metrics.get(k) for k in ("mean_return", "num_steps") if metrics.get(k) is not None
             }
+            blocks = decision_meta(data)
+            result.turns = len(blocks)
+            if self.step_rewards.active:
+                result.decision_rewards = decision_rewards(blocks, self.step_rewards)
             if want_tokens:
                 captures = await self._captures(http, spec)
                 if not captures:

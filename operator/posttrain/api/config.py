@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from posttrain.api import model_ids, topology
 from posttrain.api.base import Section
+from posttrain.api.inert import RL_INERT, SFT_INERT, inert_warnings
 from posttrain.api.sections import (
     JUDGE_PROVIDERS,
     AlgorithmConfig,
@@ -413,6 +414,7 @@ def load_rl(raw: dict[str, Any]) -> tuple[RLConfig, list[str]]:
     _rl_rules(config, problems, warnings)
     if problems:
         raise ConfigError(problems)
+    warnings += inert_warnings(config, RL_INERT)
     return config, warnings
 
 
@@ -452,6 +454,23 @@ def _rl_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) ->
         warnings.append("rollout asks for vision but the model does not support it (model.supports_vision)")
     _rl_fsdp_rules(config, problems, warnings)
     _judge_rules(config, problems, warnings)
+    _step_reward_rules(config, problems)
+
+
+STEP_REWARD_STRATEGIES = ("consistent", "simple", "per_achievement", "per-achievement", "complex")
+
+
+def _step_reward_rules(config: RLConfig, problems: list[Problem]) -> None:
+    """step_rewards_strategy names a strategy the trainer knows (posttrain_trainer.step_rewards), flat or
+    nested."""
+    training = config.training
+    if training is None:
+        return
+    for where, section in (("training", training), ("training.rewards", training.rewards)):
+        value = getattr(section, "step_rewards_strategy", None) if section is not None else None
+        if value is not None and str(value).strip().lower() not in STEP_REWARD_STRATEGIES:
+            problems.append(Problem(f"unknown step-reward strategy {value!r}", field=f"{where}.step_rewards_strategy",
+                                    fix='use "consistent" (or "simple") or "per_achievement" (or "complex")'))  # fmt: skip
 
 
 def _rl_fsdp_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) -> None:
@@ -581,6 +600,7 @@ def load_sft(raw: dict[str, Any]) -> tuple[SFTConfig, list[str]]:
     _sft_rules(config, problems, warnings)
     if problems:
         raise ConfigError(problems)
+    warnings += inert_warnings(config, SFT_INERT)
     return config, warnings
 
 

@@ -32,6 +32,9 @@ _RL_TRAINING: dict[str, Any] = {
     "warmup_ratio": Fraction, "lr_scheduler": Text, "skip_zero_advantage": bool, "seed": Seed,
     "seed_start": Seed, "checkpoint_every": Steps, "mode": Text, "parallelism": dict,
     "rollout_error_budget": Fraction,
+    # step rewards (synth's crafter_rl_stepwise_shaped.toml; step_rewards.py): per-achievement weights, caps
+    "step_rewards_weights": dict[Text, Annotated[float, Field(allow_inf_nan=False)]],
+    "step_rewards_k_limits": dict[Text, Annotated[int, Field(ge=-1, le=1_000_000)]],
     # ReST-EM (restem_job.py)
     "reward_threshold": Annotated[float, Field(allow_inf_nan=False)], "sft_epochs": Count,
     "sft_batch_size": Count, "max_per_prompt": Count,
@@ -47,6 +50,7 @@ PASSTHROUGH: dict[str, dict[str, Any]] = {
     "rollout": {"error_budget": Fraction, "timeout_s": Positive, "async_semaphore_max": Count},
     "evaluation": {"temperature": Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]},
     "data": {
+        "seeds": list[Seed],  # accepted, no effect (posttrain.api.inert)
         "seed_start": Seed,
         "split": Text,
         "episodes_per_iteration": Count,
@@ -59,6 +63,10 @@ PASSTHROUGH: dict[str, dict[str, Any]] = {
     "hyperparameters": _SFT_HYPERPARAMETERS,
     "hyperparameters.parallelism": {},
     "training.weight_sync": {"weight_sync_interval": Count, "format": Text},
+    "training.rewards": {
+        "step_rewards_weights": _RL_TRAINING["step_rewards_weights"],
+        "step_rewards_k_limits": _RL_TRAINING["step_rewards_k_limits"],
+    },
     "training.validation": {"early_stopping_patience": Count, "early_stopping_threshold": NonNegative},
 }
 # Forwarded to the task app (env.config / policy.config) or free-form: no key is unknown there.

@@ -5,7 +5,8 @@ before and after training on the same seeds.
       --seeds 1000000-1000063 --split eval --env-name math [--samples 4] [--concurrency 8]
 
 - the task app: --task-url URL (or --task-app NAME, a TaskApp in the cluster); its key from
-  $ENVIRONMENT_API_KEY (--api-key-env NAME), or from --env-file FILE (KEY=VALUE lines);
+  $ENVIRONMENT_API_KEY (--api-key-env NAME), or from --env-file FILE (KEY=VALUE lines; repeatable, a later
+  file wins; without it ./.env fills what the environment lacks, as synth's CLI loads it; posttrain.envfiles);
 - the model (--model): a base model id, a local Hugging Face folder, or a fine_tuned_model id (`ft:`/`rl:`,
   its weights read from S3), served here by a vLLM rollout server; or any OpenAI-compatible server given
   by --inference-url (then --model is the name it serves);
@@ -80,7 +81,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     task.add_argument("--task-url", type=http_url, help="task app base URL (default: $TASK_APP_URL)")
     task.add_argument("--task-app", type=object_name, help="name of a TaskApp in the cluster namespace (instead of a URL)")
     task.add_argument("--api-key-env", default="ENVIRONMENT_API_KEY", help="env var holding the task app key")
-    task.add_argument("--env-file", type=Path, help="KEY=VALUE file to read the key (and TASK_APP_URL) from")
+    task.add_argument("--env-file", type=Path, action="append", default=None,
+                      help="KEY=VALUE file(s) loaded into the environment (repeatable, later wins; default ./.env)")  # fmt: skip
     task.add_argument("--env-name", default="default", help="env.env_name sent to the task app")
     task.add_argument("--policy-name", default="policy", help="policy.policy_name sent to the task app")
     task.add_argument("--env-config", type=_json_object, default={}, help="JSON env.config")
@@ -145,25 +147,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -- inputs ------------------------------------------------------------------------------------------------
 
 
-def env_file_values(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines (python-dotenv's format: comments, quotes, `export`)."""
-    from dotenv import dotenv_values
-
-    from posttrain.inputs import read_text_input
-
-    text = read_text_input(path, what="env file", field="--env-file")
-    import io
-
-    return {k: v for k, v in dotenv_values(stream=io.StringIO(text)).items() if v is not None}
-
-
 def task_and_key(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """(task URL, key): flags win over --env-file, which wins over the environment."""
+    """(task URL, key): flags win over --env-file, which wins over the environment (./.env fills gaps)."""
     from posttrain.api.sections import http_url
+    from posttrain.envfiles import load_env_files
 
-    values = env_file_values(args.env_file) if args.env_file else {}
-    key = values.get(args.api_key_env) or os.environ.get(args.api_key_env)
-    url = args.task_url or values.get("TASK_APP_URL") or os.environ.get("TASK_APP_URL")
+    load_env_files(args.env_file)
+    key = os.environ.get(args.api_key_env)
+    url = args.task_url or os.environ.get("TASK_APP_URL")
     if args.task_app and args.task_url:
         raise UserError(Problem("--task-app and --task-url both name the task app", field="--task-url",
                                 fix="pass one of them"))  # fmt: skip

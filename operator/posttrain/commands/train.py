@@ -7,7 +7,12 @@ S3 when S3_ENDPOINT / S3_ACCESS_KEY_ID / S3_SECRET_ACCESS_KEY are set, else into
 Exit 0 only on Succeeded (1 Failed, 2 bad input, 4 poll timeout; --no-poll: 0 once applied).
 
 --local: the same job on this machine with no cluster (posttrain.local.runner): embedded S3, the task app,
-the vLLM rollout server, the trainer under torchrun with --nproc-per-node N CPU processes."""
+the vLLM rollout server, the trainer under torchrun with --nproc-per-node N CPU processes.
+
+Env files (posttrain.envfiles): --env-file FILE (repeatable, a later file wins; over the environment too),
+else ./.env filling what the environment lacks, as synth's CLI preloads it (ENVIRONMENT_API_KEY,
+TASK_APP_URL, S3_*, judge keys). Values stay in this process's environment: never printed, and the task
+app key reaches a cluster only as a Secret, never in the custom resource."""
 
 from __future__ import annotations
 
@@ -74,6 +79,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-n", "--namespace", type=namespace, help="namespace (default: the kube context's)")
     parser.add_argument("--context", help="kube context (default: current)")
     parser.add_argument("--task-url", type=http_url, help="task app URL (overrides [services].task_url and TASK_APP_URL)")
+    parser.add_argument("--env-file", type=Path, action="append", default=None,
+                        help="KEY=VALUE file(s) loaded into the environment (repeatable, later wins; default ./.env)")  # fmt: skip
     parser.add_argument(
         "--task-app", dest="task_app_name", type=object_name, help="name of a TaskApp in the namespace (cluster mode)"
     )
@@ -208,6 +215,9 @@ def apply_configmap(body: dict[str, Any], api: Any, namespace: str, job_name: st
 
 
 def run(args: argparse.Namespace) -> int:
+    from posttrain.envfiles import load_env_files
+
+    load_env_files(args.env_file)
     kind, raw, config = load_job(args)
     if args.local:
         from posttrain.commands.validate import tracker_problems

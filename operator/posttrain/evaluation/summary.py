@@ -88,6 +88,8 @@ class Summary:
     pass_at_source: str = ""  # "estimated from n samples per seed" | "reported by the task app"
     by_split: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    outcome_score: float | None = None  # mean metrics.outcome_score (the outcome rubric), where reported
+    events_score: float | None = None  # mean metrics.events_score (the events rubric), where reported
 
     def as_dict(self) -> dict[str, Any]:
         data = dict(self.__dict__)
@@ -113,6 +115,10 @@ def summarize(
         if split:
             per_split[str(split)].append(float(row["reward"]))
     summary.seeds = len(per_seed)
+    for name in ("outcome_score", "events_score"):
+        scores = [float(v) for r in ok if isinstance(v := (r.get("metrics") or {}).get(name), int | float)]
+        if scores:
+            setattr(summary, name, sum(scores) / len(scores))
     summary.by_split = {k: sum(v) / len(v) for k, v in sorted(per_split.items())}
     reported: dict[int, list[float]] = defaultdict(list)
     for row in ok:
@@ -132,11 +138,18 @@ def summarize(
 
 
 def format_table(summaries: list[Summary]) -> str:
-    """One row per model: episodes, errors, mean reward, success rate, pass@k columns, seconds."""
+    """One row per model: episodes, errors, mean reward, success rate, pass@k columns, the task app's outcome
+    and events rubric scores (when it reports them), seconds."""
     ks = sorted({k for s in summaries for k in s.pass_at})
+    rubric = [
+        (name, label)
+        for name, label in (("outcome_score", "OUTCOME"), ("events_score", "EVENTS"))
+        if any(getattr(s, name) is not None for s in summaries)
+    ]
     head = (
         ["MODEL", "SEEDS", "EPISODES", "ERRORS", "MEAN REWARD", "SUCCESS"]
         + [f"PASS@{k}" for k in ks]
+        + [label for _, label in rubric]
         + ["TIME"]
     )
     lines = [head]
@@ -146,7 +159,8 @@ def format_table(summaries: list[Summary]) -> str:
 
     for s in summaries:
         lines.append([s.model, str(s.seeds), str(s.episodes), str(s.errors), num(s.mean_reward),
-                      num(s.success_rate)] + [num(s.pass_at.get(k)) for k in ks] + [f"{s.seconds:.0f}s"])  # fmt: skip
+                      num(s.success_rate)] + [num(s.pass_at.get(k)) for k in ks]
+                     + [num(getattr(s, name)) for name, _ in rubric] + [f"{s.seconds:.0f}s"])  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines

@@ -1,0 +1,110 @@
+"""Keys posttrain accepts (synth's schema types them, so a synth config keeps loading) that change nothing
+here, each with the reason. `posttrain validate` and `convert` print a warning for every one a config sets
+(load_rl / load_sft add them to their warnings); tests/unit/test_accepted_keys.py walks every key the RL and
+SFT models accept and fails unless it is read by the trainer, the operator or the rollout request, or is
+listed here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+_TP = "the trainer shards with DDP, FSDP2 or DeepSpeed ZeRO; it has no tensor or pipeline parallelism"
+_VISION = "vision RL is not implemented (no image reaches the policy)"
+_FP16 = "precision comes from the CPU/GPU capability probe (bf16 where native, else fp32; parallelism.bf16)"
+
+RL_INERT: dict[str, str] = {
+    "rollout.max_images_per_step": _VISION,
+    "rollout.use_vision": _VISION,
+    "rollout.image_only_mode": _VISION,
+    "model.supports_vision": _VISION,
+    "model.vision_processor_id": _VISION,
+    "training.supports_vision": _VISION,
+    "rollout.task_app_origin_rewards_only": "the env reward is always the task app's; judge scores blend only "
+    "through [rubric]/[judge]",
+    "judge.options.rubric_id": "there is no rubric store: the judge scores with judge.options.rubric_overrides "
+    "or the task app's /task_info rubric",
+    "training.max_accumulated_minibatch": "mini-batches are training.num_minibatches; micro-batches "
+    "training.micro_batch",
+    "training.parallelism.tensor_parallel_size": _TP + " (vLLM's is [vllm].tensor_parallel_size)",
+    "training.parallelism.pipeline_parallel_size": _TP,
+    "training.parallelism.fp16": _FP16,
+    "training.weight_sync.direct": "weights always sync through object storage (POST /v1/weights)",
+    "training.weight_sync.verify_every_k": "each sync is checked by the rollout server's weight version",
+    "vllm.gpu_memory_utilization": "the rollout server sizes vLLM's KV cache itself",
+    "reference.health_interval_ms": "the trainer's init container waits for the reference with its own timing",
+    "reference.health_max_wait_s": "the trainer's init container waits for the reference with its own timing",
+    "data.seeds": "training seeds are data.seed_start + iteration x batch_size + j; evaluation seeds are "
+    "[evaluation].seeds",
+}
+# Keys whose one value is what posttrain does anyway: set to anything else, they warn.
+RL_FIXED: dict[str, tuple[Any, str]] = {
+    "rollout.batches_per_step": (1, "every iteration is one batch"),
+    "training.log_interval": (1, "every iteration is logged and reported"),
+}
+SFT_INERT: dict[str, str] = {
+    "job.poll_seconds": "`posttrain train` polls every --poll-interval seconds",
+    "data.topology.container_count": "the trainer's process count comes from [compute]",
+    "hyperparameters.parallelism.tensor_parallel_size": _TP,
+    "hyperparameters.parallelism.pipeline_parallel_size": _TP,
+    "hyperparameters.parallelism.fp16": _FP16,
+}
+
+
+def _lookup(node: Any, parts: list[str]) -> Any:
+    for part in parts:
+        if node is None:
+            return None
+        if isinstance(node, BaseModel):
+            extra = node.model_extra or {}
+            node = getattr(node, part, None) if part in type(node).model_fields else extra.get(part)
+        elif isinstance(node, dict):
+            node = node.get(part)
+        else:
+            return None
+    return node
+
+
+def is_set(config: BaseModel, path: str) -> bool:
+    """Whether the config sets `path` (explicitly: a field left at its default is not set)."""
+    parts = path.split(".")
+    parent = _lookup(config, parts[:-1])
+    if isinstance(parent, BaseModel):
+        leaf = parts[-1]
+        if leaf in type(parent).model_fields:
+            return leaf in parent.model_fields_set and getattr(parent, leaf) is not None
+        return (parent.model_extra or {}).get(leaf) is not None
+    if isinstance(parent, dict):
+        return parent.get(parts[-1]) is not None
+    return False
+
+
+def inert_warnings(config: BaseModel, inert: dict[str, str]) -> list[str]:
+    """One warning per accepted-without-effect key the config sets; for RL also rollout.episodes_per_batch
+    (synth requires it) when it disagrees with what an iteration collects, and the RL_FIXED keys when set to
+    another value than the one posttrain uses anyway."""
+    out = [
+        f"{path}: accepted for synth compatibility but has no effect here ({reason})"
+        for path, reason in inert.items()
+        if is_set(config, path)
+    ]
+    if inert is not RL_INERT:
+        return out
+    per_batch = _lookup(config, ["rollout", "episodes_per_batch"])
+    batch, group = _lookup(config, ["training", "batch_size"]), _lookup(config, ["training", "group_size"])
+    if (
+        isinstance(per_batch, int)
+        and isinstance(batch, int)
+        and isinstance(group, int)
+        and per_batch != batch * group
+    ):
+        out.append(
+            f"rollout.episodes_per_batch = {per_batch} has no effect: an iteration collects training.batch_size "
+            f"x training.group_size = {batch * group} rollouts"
+        )
+    for path, (value, reason) in RL_FIXED.items():
+        got = _lookup(config, path.split("."))
+        if got is not None and got != value:
+            out.append(f"{path} = {got} has no effect: {reason}")
+    return out

@@ -1,0 +1,111 @@
+"""Learning on the multi-step craftworld app: `posttrain train --local`, the tiny random Qwen2 (full fine-tune)
+through vLLM with its replies constrained to one action name (vLLM structured outputs, forwarded by the app),
+3 turns per episode, step rewards on, 12 GSPO iterations of 8 seeds x 4. The held-out mean return (16 eval
+seeds >= 1,000,000, greedy) is measured before training, at iteration 6 and at the end.
+
+Claim: the held-out mean return at the end exceeds the one before training by at least MARGIN. Measured once
+on an Intel Sapphire Rapids-class Xeon (2 cores shared with other jobs): 0.000 -> 0.375 -> 0.375 held out;
+training mean return per iteration 0.09, 0.06, 0, 0.03, 0.06, 0.06, 0, 0, 0.09, 0.34, 0.28, 0.06; about
+10 s per iteration, 7 min in all with vLLM's start. A random policy finds little reward, so one run can be
+noisy: the margin is set well under the measured lift."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+MARGIN = 0.2
+ACTIONS = [
+    "noop", "move", "collect_wood", "collect_sapling", "collect_drink", "place_table", "make_wood_pickaxe",
+    "collect_stone", "collect_coal", "make_stone_pickaxe", "collect_iron", "place_furnace", "make_iron_pickaxe",
+    "collect_diamond",
+]  # fmt: skip
+TOML = f"""
+[algorithm]
+type = "online"
+method = "policy_gradient"
+variety = "gspo"
+
+[compute]
+gpu_type = "CPU"
+gpu_count = 2
+
+[compute.topology]
+gpus_for_vllm = 1
+gpus_for_training = 1
+reference_placement = "none"
+
+[vllm]
+max_model_len = 2048
+
+[model]
+base = "posttrain/tiny-random-qwen2"
+trainer_mode = "full"
+label = "cw-learn"
+
+[rollout]
+env_name = "craftworld"
+policy_name = "craftworld-react"
+max_turns = 3
+episodes_per_batch = 32
+max_concurrent_rollouts = 32
+
+[rollout.env_config]
+max_steps_per_episode = 3
+
+[rollout.policy_config]
+temperature = 1.0
+max_tokens = 32
+tool_choice = "none"
+structured_outputs = {{ choice = {json.dumps(ACTIONS)} }}
+
+[training]
+num_epochs = 1
+iterations_per_epoch = 12
+max_turns = 3
+batch_size = 8
+group_size = 4
+learning_rate = 1e-3
+step_rewards_enabled = true
+step_rewards_mode = "decision_stepwise"
+event_rewards_kind = "unique"
+
+[evaluation]
+instances = 16
+every_n_iters = 6
+seeds = {json.dumps(list(range(1_000_000, 1_000_016)))}
+"""
+
+
+def test_held_out_return_rises_on_craftworld(tmp_path):
+    from posttrain.modelzoo import build_tiny_model
+
+    model_dir = build_tiny_model(REPO / ".models" / "tiny-random-qwen2-hd32", hidden_size=128)
+    config = tmp_path / "learn.toml"
+    config.write_text(TOML)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("TASK_APP_URL", "KUBECONFIG", "POSTTRAIN_TASKAPP")
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", "train", "--local", "--runs-dir", str(tmp_path / "runs"),
+         "--type", "rl", "--config", str(config), "--model-path", str(model_dir)],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1500,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    evals = [
+        json.loads(line.split("event ", 1)[1])
+        for line in result.stdout.splitlines()
+        if '"event": "evaluation"' in line
+    ]
+    scores = [e["eval_score"] for e in evals]
+    print("held-out mean return by evaluation:", scores)
+    assert len(scores) >= 2 and all(e["eval_failed"] == 0 for e in evals), evals
+    assert scores[-1] - scores[0] >= MARGIN, scores
