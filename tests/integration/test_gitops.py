@@ -200,8 +200,10 @@ def operator_credentials(kcfg: str, tmp_path: Path) -> tuple[str, bool]:
     rbac = [
         d
         for d in render("overlays/dev")
-        if d["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
-        and d["metadata"]["name"] == "posttrain-operator"
+        if (d["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+            and d["metadata"]["name"] == "posttrain-operator")
+        # its own namespace's Role: the Lease (one acting replica) and the rollout tokens' key Secret
+        or (d["kind"] in {"Role", "RoleBinding"} and d["metadata"]["name"] == "posttrain-operator-self")
     ] + [d for d in render("overlays/dev") if d["kind"] == "ClusterKopfPeering"]
     kubectl(kcfg, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=dump(rbac))
     proc = kubectl(
@@ -230,6 +232,9 @@ class Operator:
         args.append(f"--liveness=http://127.0.0.1:{self.port}/healthz")
         env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
         env["POSTTRAIN_TASK_APP_ALLOWED_NETWORKS"] = "127.0.0.0/8,::1/128"  # the test's task app runs on 127.0.0.1
+        # what the pod reads from its ServiceAccount's namespace file: the Lease and token key live there
+        env["POSTTRAIN_LEASE_NAMESPACE"] = env["POSTTRAIN_TOKEN_KEY_NAMESPACE"] = dep["metadata"]["namespace"]
+        env["POSTTRAIN_METRICS_PORT"] = "0"  # the Deployment's 9090 is the pod's own; not served here
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "posttrain.cli", "operator", "--kubeconfig", kubeconfig, *args],

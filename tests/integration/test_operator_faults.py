@@ -129,7 +129,8 @@ def test_specs_that_cannot_be_acted_on_fail_naming_the_field(env: Env, math_task
     env.create("rljobs", rljob("bad-label", math_taskapp.url, scheduling={"nodeSelector": {"bad key!": "x"}}))
     status = env.wait_phase("rljobs", "bad-nodes", "Failed", timeout=40)
     assert status["reason"] == "InvalidSpec"
-    assert status["message"].startswith("spec.compute.nodes: 'two' is not a whole number")
+    assert status["message"].startswith('spec.compute.nodes: "two" is a string, not an integer'), status["message"]
+    assert "Value error" not in status["message"] and "(fix: write an integer" in status["message"]
     assert cond(status, "Failed")["reason"] == "InvalidSpec" and status["observedGeneration"] == 1
     kids = env.children("bad-nodes")
     assert not kids["Deployment"] and not kids["Job"] and not kids["Pod"]

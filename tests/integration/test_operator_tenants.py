@@ -54,7 +54,9 @@ def namespace_of(cluster: Any) -> Iterator[str]:
 
 
 def task_key_secret(core: client.CoreV1Api, namespace: str, key: str) -> None:
-    body = client.V1Secret(metadata=client.V1ObjectMeta(name="task-key"), string_data={"ENVIRONMENT_API_KEY": key})
+    # labelled as a task-app key: the operator sends no other Secret to a task app (docs/secrets-and-urls.md)
+    meta = client.V1ObjectMeta(name="task-key", labels={"posttrain.dev/use": "task-app-key"})
+    body = client.V1Secret(metadata=meta, string_data={"ENVIRONMENT_API_KEY": key})
     core.create_namespaced_secret(namespace, body)
 
 

@@ -43,7 +43,9 @@ def spec_error(err: ValidationError) -> SpecError:
     elif first["type"] == "missing":
         message, fix = "required field is missing", None
     else:
-        message, fix = first["msg"], None
+        # a validator's own words: "Value error, <why> -- fix: <what to do>" (api/sections.py)
+        message, _, fix_text = str(first["msg"]).removeprefix("Value error, ").partition(" -- fix: ")
+        fix = fix_text or None
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more)"
     return SpecError(field, message, fix)
