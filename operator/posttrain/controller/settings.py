@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from posttrain.controller.gpu_types import DEFAULT_GPU_PRODUCTS, GFD_PRODUCT_LABEL
+
 LABEL_JOB = "posttrain.dev/job"
 LABEL_ROLE = "posttrain.dev/role"
 LABEL_KIND = "posttrain.dev/kind"
@@ -69,6 +71,12 @@ class OperatorSettings(BaseSettings):
     run_as_user: int = 65532
     master_port: int = 29500
     gpu_resource: str = "nvidia.com/gpu"
+    # compute.gpuType chooses nodes: a pod asking for GPUs needs this node label to hold one of the values
+    # gpu_products maps the job's gpu_type to (controller/render/gpu.py; docs/how-to/gpu-scheduling.md).
+    # POSTTRAIN_GPU_PRODUCTS is JSON, e.g. '{"H100": ["NVIDIA-H100-80GB-HBM3"]}'; it replaces the defaults.
+    # An empty label switches the selection off.
+    gpu_node_label: str = GFD_PRODUCT_LABEL
+    gpu_products: dict[str, list[str]] = Field(default_factory=lambda: dict(DEFAULT_GPU_PRODUCTS))
 
     # Rollout / reference / judge servers.
     server_port: int = 8000

@@ -39,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from posttrain import reaper
+from posttrain.controller.gpu_types import DEFAULT_GPU_PRODUCTS, GFD_PRODUCT_LABEL
 from posttrain.dev import devnode
 from posttrain.localhost import free_port, signalable, stop_group, stop_pids
 
@@ -49,6 +50,7 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # A test ends a running kwok pod by setting this annotation to its exit code ("0" succeeds).
 KWOK_EXIT_ANNOTATION = "posttrain.dev/kwok-exit"
 GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_GPU_PRODUCT = DEFAULT_GPU_PRODUCTS["H100"][0]
 # Enabled on top of the API server's defaults (which include PodSecurity): the plugin that refuses
 # ownerReferences a client may not set, as many production clusters run it.
 ADMISSION_PLUGINS = ("OwnerReferencesPermissionEnforcement",)
@@ -262,6 +264,9 @@ class DevCluster:
     nodes: int = 4
     gpus_per_node: int = 8
     node_name_prefix: str = "kwok-gpu"
+    # What GPU feature discovery would label the simulated GPUs (nvidia.com/gpu.product): the jobs' default
+    # gpuType H100 chooses these nodes (controller/render/gpu.py).
+    gpu_product: str = DEFAULT_GPU_PRODUCT
     start_timeout: float = 60.0
     log_to_files: bool = True
     admission_plugins: tuple[str, ...] = ADMISSION_PLUGINS
@@ -527,7 +532,7 @@ class DevCluster:
         with urllib.request.urlopen(req, timeout=10, context=self._ssl_context()) as resp:
             return json.loads(resp.read() or b"{}")
 
-    def node_manifest(self, index: int) -> dict:
+    def node_manifest(self, index: int, gpu_product: str | None = None) -> dict:
         capacity = {"cpu": "96", "memory": "1Ti", "pods": "110", GPU_RESOURCE: str(self.gpus_per_node)}
         # Beside a real node, only pods that ask for GPUs may land here (ExtendedResourceToleration gives
         # them the toleration): CPU pods go to the real node and run for real.
@@ -544,6 +549,7 @@ class DevCluster:
                     "kubernetes.io/os": "linux",
                     "kubernetes.io/arch": "amd64",
                     "nvidia.com/gpu.present": "true",
+                    GFD_PRODUCT_LABEL: gpu_product or self.gpu_product,
                 },
             },
             "spec": spec,

@@ -9,6 +9,7 @@ from typing import Any
 
 from posttrain.api.resources import QUANTITY_PATTERN, JobSpecCommon, ResourceRequirements, Scheduling
 from posttrain.controller.objects import Owner
+from posttrain.controller.render import gpu
 from posttrain.controller.render.names import ROLE_JUDGE, ROLE_REFERENCE, ROLE_TRAINER
 from posttrain.controller.settings import (
     KUEUE_QUEUE_LABEL,
@@ -78,6 +79,14 @@ def pod_scheduling(scheduling: Scheduling | None) -> dict[str, Any]:
     if scheduling.priority_class_name:
         out["priorityClassName"] = scheduling.priority_class_name
     return out
+
+
+def gpu_placement(spec: JobSpecCommon, gpus: int, settings: OperatorSettings) -> dict[str, Any]:
+    """The `affinity` of a pod asking for `gpus` GPUs: nodes carrying compute.gpuType (render/gpu.py)."""
+    compute = getattr(spec, "compute", None)
+    gpu_type = compute.gpu_type if compute is not None else None
+    affinity = gpu.gpu_affinity(gpu_type, gpus, settings.gpu_node_label, settings.gpu_products)
+    return {"affinity": affinity} if affinity else {}
 
 
 def _checked(given: ResourceRequirements | None, where: str) -> tuple[dict[str, Any], dict[str, Any]]:

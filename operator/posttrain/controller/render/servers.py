@@ -76,7 +76,8 @@ def server_children(job: Job, settings: OperatorSettings, server: Server) -> lis
     shm_volume, shm_mount = pods.shm(settings)
     container["volumeMounts"] = [shm_mount]
     pod_spec = security.lock_down(
-        {"containers": [container], "volumes": [shm_volume], **pods.pod_scheduling(spec.scheduling)},
+        {"containers": [container], "volumes": [shm_volume], **pods.pod_scheduling(spec.scheduling),
+         **pods.gpu_placement(spec, server.gpus_per_pod, settings)},  # fmt: skip
         run_as_user=settings.run_as_user,
         read_only_root=True,
         token=False,

@@ -165,7 +165,9 @@ def trainer_pod(
     init = init_containers(image, settings, task_app, wait_for)
     if init:
         pod["initContainers"] = init
-    pod.update(containers=[container], volumes=vols, **pods.pod_scheduling(spec.scheduling))
+    gpus = topo.gpus(topo.trainer_gpus_per_pod)
+    pod.update(containers=[container], volumes=vols, **pods.pod_scheduling(spec.scheduling),
+               **pods.gpu_placement(spec, gpus, settings))  # fmt: skip
     return security.lock_down(pod, run_as_user=settings.run_as_user, read_only_root=True, token=True)
 
 
