@@ -33,7 +33,7 @@ GROUP = "posttrain.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 DEFAULT_API_KEY_SECRET_KEY = "ENVIRONMENT_API_KEY"
-PHASES = ("Pending", "Verifying", "Provisioning", "Running", "Succeeded", "Failed", "Suspended")
+PHASES = ("Pending", "Verifying", "Queued", "Provisioning", "Running", "Succeeded", "Failed", "Suspended")
 
 # ------------------------------------------------------------------------------------ spec pieces
 

@@ -15,7 +15,6 @@ LABEL_ROLE = "posttrain.dev/role"
 LABEL_KIND = "posttrain.dev/kind"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "posttrain-operator"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 FINALIZER = "posttrain.dev/finalizer"
 ANNOTATION_PREFIX = "posttrain.dev"
@@ -88,6 +87,8 @@ class OperatorSettings(BaseSettings):
 
     # Controller behaviour.
     resync_seconds: float = 60.0  # re-reconcile every job at least this often even without events
+    # A job waiting in a Kueue queue reads its Workload this often (Kueue's admission is not watched).
+    queue_poll_seconds: float = 2.0
     # A status change that only rewords messages (pods ready so far) is written at most this often; the
     # phase, reasons and conditions' states are written at once. 30 s: a job that provisions within half a
     # minute (nearly all, on a cluster with room) is written twice, Provisioning and Running.

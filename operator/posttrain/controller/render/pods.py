@@ -1,5 +1,5 @@
 """Pure: the parts every child shares. Its metadata (owner, labels), and what every pod of a job gets: the
-job's scheduling (node selector, tolerations, priority, Kueue queue), its resources, its image per role,
+job's scheduling (node selector, tolerations, priority, the GPU type's nodes), its resources, its image per role,
 and the environment that reaches S3 (the keys only ever as secretKeyRefs)."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from posttrain.controller.objects import Owner
 from posttrain.controller.render import gpu
 from posttrain.controller.render.names import ROLE_JUDGE, ROLE_REFERENCE, ROLE_TRAINER
 from posttrain.controller.settings import (
-    KUEUE_QUEUE_LABEL,
     LABEL_JOB,
     LABEL_KIND,
     LABEL_MANAGED_BY,
@@ -60,11 +59,6 @@ def child_meta(owner: Owner, name: str, role: str, extra_labels: dict[str, str] 
         "labels": {**labels(owner, role), **(extra_labels or {})},
         "ownerReferences": [owner_reference(owner)],
     }
-
-
-def queue_labels(spec: JobSpecCommon) -> dict[str, str]:
-    queue = spec.scheduling.queue_name if spec.scheduling else None
-    return {KUEUE_QUEUE_LABEL: str(queue)} if queue else {}
 
 
 def pod_scheduling(scheduling: Scheduling | None) -> dict[str, Any]:

@@ -82,15 +82,14 @@ def server_children(job: Job, settings: OperatorSettings, server: Server) -> lis
         read_only_root=True,
         token=False,
     )
-    queue = pods.queue_labels(spec)
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": pods.child_meta(owner, server.name, server.role, queue),
+        "metadata": pods.child_meta(owner, server.name, server.role),
         "spec": {
             "replicas": 0 if spec.suspend else server.replicas,
             "selector": {"matchLabels": pods.selector(owner, server.role)},
-            "template": {"metadata": {"labels": {**pods.labels(owner, server.role), **queue}}, "spec": pod_spec},
+            "template": {"metadata": {"labels": pods.labels(owner, server.role)}, "spec": pod_spec},
         },
     }
     service = {
