@@ -85,7 +85,8 @@ def kenv(kueue_cluster: ClusterHandle, tmp_path: Path) -> Iterator[Env]:
         data={"train.jsonl": '{"messages": [{"role": "user", "content": "hi"}, '
                              '{"role": "assistant", "content": "hello"}]}\n'}))  # fmt: skip
     with operator_env(kueue_cluster, ns, tmp_path / "operator.log",
-                      settings={"POSTTRAIN_QUEUE_POLL_SECONDS": "0.5"}) as handle:  # fmt: skip
+                      settings={"POSTTRAIN_QUEUE_POLL_SECONDS": "0.5",
+                                "POSTTRAIN_STATUS_MESSAGE_SECONDS": "1"}) as handle:  # fmt: skip
         yield handle
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import base64
 import datetime as dt
 import ipaddress
 import json
@@ -456,8 +457,28 @@ class DevCluster:
             self.ports[name] = free_port()
         self._spawn("kueue", kueue.args(self.workdir, self.kubeconfig, self.ports["kueue-health"],
                                         self.ports["kueue-webhook"]))  # fmt: skip
+        self._mount_kueue_certs()
         # /readyz answers once its certificates are made and injected (cert-controller), i.e. it runs.
         self._wait_http(f"http://127.0.0.1:{self.ports['kueue-health']}/readyz", "kueue", timeout=120)
+
+    def _mount_kueue_certs(self) -> None:
+        """Do the kubelet's part: cert-controller writes the webhook certificate into its Secret and waits
+        for the files to appear in the certificate directory, where a pod would have the Secret mounted."""
+        path = f"/api/v1/namespaces/{kueue.NAMESPACE}/secrets/{kueue.WEBHOOK_SECRET}"
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            self._check_alive()
+            data = self._api("GET", path).get("data") or {}
+            if "tls.crt" in data and "tls.key" in data:
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError("Kueue wrote no webhook certificate into its Secret")
+            time.sleep(0.2)
+        certs = self.workdir / "kueue-certs"
+        certs.mkdir(exist_ok=True)
+        for key, value in data.items():
+            (certs / key).write_bytes(base64.b64decode(value))
+            (certs / key).chmod(0o600)
 
     def _established(self, path: str) -> bool:
         conds = self._api("GET", path).get("status", {}).get("conditions") or []

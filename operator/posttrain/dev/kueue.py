@@ -88,9 +88,12 @@ def args(workdir: Path, kubeconfig: Path, health_port: int, webhook_port: int) -
 
 
 def setup_objects() -> list[tuple[str, dict[str, Any]]]:
-    """(API path, object) to create before the manager starts: its namespace and empty webhook configs."""
+    """(API path, object) to create before the manager starts: its namespace, the Secret cert-controller
+    fills (it updates it, never creates it: config/components/internalcert) and empty webhook configs."""
     objs: list[tuple[str, dict[str, Any]]] = [
-        ("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        ("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+        (f"/api/v1/namespaces/{NAMESPACE}/secrets",
+         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": WEBHOOK_SECRET, "namespace": NAMESPACE}}),
     ]
     for api_version, kind, name in WEBHOOK_CONFIGURATIONS:
         plural = kind.lower() + "s"
