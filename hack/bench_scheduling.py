@@ -206,10 +206,10 @@ def run_mode(api: client.ApiClient, args: argparse.Namespace, gang: bool, total_
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
     errors: list[str] = []
 
-    def submit(fn: Any, *a: Any) -> None:
+    def submit(fn: Any, *a: Any, **kw: Any) -> None:
         def call() -> None:
             try:
-                fn(*a)
+                fn(*a, **kw)
             except ApiException as err:
                 if err.status not in (404, 409):
                     errors.append(f"{fn.__name__}: {err.status} {err.reason}")
