@@ -26,7 +26,7 @@ argocd-bins:
 	bash hack/build-argocd.sh
 
 # The whole suite: unit tests, integration tests on the real control plane, real S3 and real vLLM.
-test: setup k8s-bins
+test: setup k8s-bins kueue-bins
 	$(PY) -m pytest tests -m "not argocd" $(PYTEST_ARGS)
 
 test-unit: setup
