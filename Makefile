@@ -6,13 +6,17 @@ POSTTRAIN := $(VENV)/bin/posttrain
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup k8s-bins node-bins argocd-bins gitops-deps test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images e2e e2e-gitops clean
+.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images e2e e2e-gitops clean
 
 setup:
 	bash hack/setup.sh
 
 k8s-bins:
 	bash hack/build-k8s.sh
+
+# Kueue's manager and CRDs from the Go module proxy (cached outside the clone); `make cluster-up KUEUE=1` runs it.
+kueue-bins:
+	bash hack/build-kueue.sh
 
 # containerd 2.x, CoreDNS, crictl and the pause process from Go modules; runc and the CNI plugins from Debian.
 node-bins:
@@ -26,7 +30,7 @@ gitops-deps:
 	bash hack/debian-deps.sh redis-server:redis-server git:git
 
 # The whole suite: unit tests, integration tests on the real control plane, real S3 and real vLLM.
-test: setup k8s-bins
+test: setup k8s-bins kueue-bins
 	$(PY) -m pytest tests -m "not argocd" $(PYTEST_ARGS)
 
 test-unit: setup
@@ -57,8 +61,9 @@ bench-demo: setup
 	$(PY) hack/bench_demo_curve.py
 
 # REAL_NODE=1: also a real kubelet node (containerd, runc, CNI, kube-proxy, CoreDNS) beside the kwok GPU nodes.
-cluster-up: setup k8s-bins $(if $(REAL_NODE),node-bins)
-	$(PY) -m posttrain.dev.devcluster up --dir .cluster $(if $(REAL_NODE),--real-node)
+# KUEUE=1: also Kueue (all-or-nothing admission of each job; docs/how-to/gpu-scheduling.md).
+cluster-up: setup k8s-bins $(if $(REAL_NODE),node-bins) $(if $(KUEUE),kueue-bins)
+	$(PY) -m posttrain.dev.devcluster up --dir .cluster $(if $(REAL_NODE),--real-node) $(if $(KUEUE),--kueue)
 
 cluster-down:
 	$(PY) -m posttrain.dev.devcluster down --dir .cluster

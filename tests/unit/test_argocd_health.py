@@ -49,7 +49,7 @@ def job(kind: str, status: dict | None = None, suspend: bool | None = None, gene
 
 
 @pytest.mark.parametrize("kind", JOB_KINDS)
-@pytest.mark.parametrize("phase", ["Pending", "Verifying", "Provisioning", "Running"])
+@pytest.mark.parametrize("phase", ["Pending", "Verifying", "Queued", "Provisioning", "Running"])
 def test_job_in_flight_is_progressing(kind, phase):
     hs = run_health(kind, job(kind, {"phase": phase, "observedGeneration": 1}))
     assert hs == {"status": "Progressing", "message": phase}

@@ -6,9 +6,10 @@ import json
 import subprocess
 from pathlib import Path
 
+import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from posttrain.dev import devcluster
+from posttrain.dev import devcluster, kueue
 from posttrain.dev.devcluster import (
     DISABLED_CONTROLLERS,
     GPU_RESOURCE,
@@ -96,3 +97,35 @@ def test_down_stops_the_control_plane_a_kept_run_left(tmp_path):
         for proc in (ours, other):
             proc.kill()
             proc.wait()
+
+
+def test_kwok_gpu_nodes_carry_the_gpu_product_label(tmp_path: Path):
+    """compute.gpuType H100 (the default in examples and tests) chooses these nodes (render/gpu.py)."""
+    node = DevCluster(tmp_path).node_manifest(0)
+    assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    other = DevCluster(tmp_path).node_manifest(1, "NVIDIA-L40S")
+    assert other["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-L40S"
+
+
+def test_kueue_runs_on_loopback_with_its_crds_ready_for_cert_injection(tmp_path: Path):
+    crd_dir = tmp_path / "crd"
+    crd_dir.mkdir()
+    for plural in ("workloads", "resourceflavors"):
+        (crd_dir / f"kueue.x-k8s.io_{plural}.yaml").write_text(yaml.safe_dump(
+            {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+             "metadata": {"name": f"{plural}.kueue.x-k8s.io"}, "spec": {"names": {"plural": plural}}}))  # fmt: skip
+    crds = {c["spec"]["names"]["plural"]: c for c in kueue.crd_manifests(crd_dir)}
+    # cert-controller injects its CA into these CRDs' conversion webhooks: without the stanza it never
+    # reports ready.
+    assert crds["workloads"]["spec"]["conversion"]["webhook"]["clientConfig"]["service"]["name"] == (
+        kueue.WEBHOOK_SERVICE
+    )
+    assert "conversion" not in crds["resourceflavors"]["spec"]
+    cfg = kueue.config(tmp_path, 8081, 9443)
+    assert cfg["health"]["healthProbeBindAddress"] == "127.0.0.1:8081"
+    assert cfg["webhook"]["host"] == "127.0.0.1" and cfg["metrics"]["bindAddress"] == "0"
+    assert cfg["internalCertManagement"]["enable"] is True and cfg["leaderElection"]["leaderElect"] is False
+    assert cfg["fairSharing"]["preemptionStrategies"]
+    args = kueue.args(tmp_path, tmp_path / "kubeconfig", 8081, 9443)
+    assert "--feature-gates=VisibilityOnDemand=false" in args
+    assert yaml.safe_load((tmp_path / "kueue-config.yaml").read_text()) == cfg

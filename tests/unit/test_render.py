@@ -216,7 +216,7 @@ def test_image_override_and_scheduling_passthrough() -> None:
     for child in out.children:
         if child["kind"] not in ("Deployment", "Job"):
             continue
-        assert child["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-queue"
+        assert "kueue.x-k8s.io/queue-name" not in child["metadata"]["labels"]  # the job's Workload queues
         pod = child["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == {"gpu": "h100"}
         assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
@@ -379,13 +379,14 @@ def test_a_multi_node_trainer_gets_its_rendezvous_service_and_a_single_pod_does_
     assert not [c for c in single.children if c["kind"] == "Service" and c["metadata"]["name"] == "math-rl-trainer"]
 
 
-def test_kueue_owns_suspend_while_queued() -> None:
-    queued = rljob(scheduling={"queueName": "q"})
-    trainer = by(render.render_rljob(queued, SETTINGS, TARGET).children, "Job", "trainer")
-    assert "suspend" not in trainer["spec"] and render.desired_state(trainer) == {}
-    queued = rljob(scheduling={"queueName": "q"}, suspend=True)
-    trainer = by(render.render_rljob(queued, SETTINGS, TARGET).children, "Job", "trainer")
-    assert trainer["spec"]["suspend"] is True
+def test_children_of_a_queued_job_carry_no_queue_label_and_the_operator_owns_suspend() -> None:
+    """A job in a Kueue queue is admitted whole through its Workload (render/workload.py): a queue label on
+    the trainer Job would make Kueue admit it alone, piece by piece."""
+    queued = render.render_rljob(rljob(scheduling={"queueName": "q"}), SETTINGS, TARGET)
+    for child in queued.children:
+        assert "kueue.x-k8s.io/queue-name" not in json.dumps(child), child["metadata"]["name"]
+    trainer = by(queued.children, "Job", "trainer")
+    assert trainer["spec"]["suspend"] is False and render.desired_state(trainer) == {"suspend": False}
 
 
 def test_cpu_job_asks_for_no_gpu_and_keeps_its_process_counts() -> None:

@@ -10,6 +10,7 @@ import pytest
 from fixtures.jobs import UID, job_object, rl_spec, sft_spec
 from posttrain.controller.objects import Job, Owner, parse_job
 from posttrain.controller.status import (
+    Admission,
     DeploymentObs,
     Expected,
     Observed,
@@ -272,10 +273,32 @@ def test_pod_problems_show_in_message() -> None:
     assert oom.problem == "rollout: CrashLoopBackOff"
 
 
-def test_kueue_queued_trainer_message() -> None:
+def test_suspended_trainer_message() -> None:
     observed = all_children(trainer_obs=trainer(suspended=True))
     out = derive_status(job(), observed=observed, expected=EXPECTED, verification=OK, now=NOW)
-    assert out["phase"] == "Provisioning" and "Kueue admission" in out["message"]
+    assert out["phase"] == "Provisioning" and "trainer Job suspended" in out["message"]
+
+
+def test_a_job_kueue_has_not_admitted_is_queued_with_kueues_reason() -> None:
+    """A job with a queue waits, Queued, until Kueue admits its Workload; then it provisions as before."""
+    short = "couldn't assign flavors to pod set trainer: insufficient quota for nvidia.com/gpu in flavor h100"
+    queued = Admission(admitted=False, reason="Queued", message=short)
+    out = derive_status(job(), observed=Observed(), expected=EXPECTED, verification=OK, now=NOW, admission=queued)
+    assert (out["phase"], out["reason"], out["message"]) == ("Queued", "Queued", short)
+    cond = next(c for c in out["conditions"] if c["type"] == "Admitted")
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "Queued", short)
+    admitted = Admission(admitted=True, reason="Admitted", message="admitted by ClusterQueue gpus")
+    later = job(status=out)
+    out = derive_status(later, observed=all_children(), expected=EXPECTED, verification=OK, now=NOW,
+                        admission=admitted)  # fmt: skip
+    assert out["phase"] == "Running"
+    assert next(c for c in out["conditions"] if c["type"] == "Admitted")["status"] == "True"
+    evicted = Admission(admitted=False, reason="Evicted", message="evicted by Kueue (Preempted): ...")
+    out = derive_status(job(status=out), observed=Observed(), expected=EXPECTED, verification=OK, now=NOW,
+                        admission=evicted)  # fmt: skip
+    assert (out["phase"], out["reason"]) == ("Queued", "Evicted")
+    no_queue = derive_status(job(), observed=all_children(), expected=EXPECTED, verification=OK, now=NOW)
+    assert not [c for c in no_queue["conditions"] if c["type"] == "Admitted"]
 
 
 def test_replica_failure_and_config_errors_show_in_the_message() -> None:

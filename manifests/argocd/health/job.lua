@@ -1,6 +1,7 @@
 -- Argo CD health check for posttrain.dev/RLJob and posttrain.dev/SFTJob: one script, installed under both
 -- kinds' keys in argocd-cm (Lua 5.1, as Argo CD runs it; `obj` is the resource).
--- Progressing: no status yet, Pending, Verifying, Provisioning, Running (or a generation not yet observed)
+-- Progressing: no status yet, Pending, Verifying, Queued (waiting for Kueue), Provisioning, Running (or a
+--              generation not yet observed)
 -- Healthy:     Succeeded (message: the fine-tuned model id)
 -- Degraded:    Failed (message: status.message, else the Failed condition's message, else the reason)
 -- Suspended:   phase Suspended, or spec.suspend set on a job that has not finished
@@ -101,7 +102,7 @@ if phase == nil or phase == "" then
   return hs
 end
 
-if phase == "Pending" or phase == "Verifying" or phase == "Provisioning" or phase == "Running" then
+if phase == "Pending" or phase == "Verifying" or phase == "Queued" or phase == "Provisioning" or phase == "Running" then
   hs.status = "Progressing"
   local generation = obj.metadata ~= nil and obj.metadata.generation or nil
   if generation ~= nil and status.observedGeneration ~= nil and status.observedGeneration < generation then

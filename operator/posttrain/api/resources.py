@@ -38,7 +38,7 @@ DEFAULT_API_KEY_SECRET_KEY = "ENVIRONMENT_API_KEY"
 # owner's say-so. Any other Secret named by a TaskApp or an RLJob is refused (reason SecretNotLabelled).
 LABEL_USE = "posttrain.dev/use"
 USE_TASK_APP_KEY = "task-app-key"
-PHASES = ("Pending", "Verifying", "Provisioning", "Running", "Succeeded", "Failed", "Suspended")
+PHASES = ("Pending", "Verifying", "Queued", "Provisioning", "Running", "Succeeded", "Failed", "Suspended")
 
 # ------------------------------------------------------------------------------------ spec pieces
 

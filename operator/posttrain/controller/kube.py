@@ -47,6 +47,7 @@ PLURALS = {
     "RLJob": "rljobs",
     "SFTJob": "sftjobs",
     "TaskApp": "taskapps",
+    "Workload": "workloads",  # kueue.x-k8s.io (controller/gang.py)
 }
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
 WATCH_LINE_MAX = 2**24  # one watch event (one object) may be this long

@@ -21,7 +21,7 @@ from typing import Any
 import kopf
 
 from posttrain.api.resources import API_VERSION, LABEL_USE, USE_TASK_APP_KEY
-from posttrain.controller import render
+from posttrain.controller import gang, render
 from posttrain.controller.bounds import bound_status, event_message
 from posttrain.controller.kube import KubeError, collection_path, object_path, path_of
 from posttrain.controller.objects import Job, Owner, TaskAppObject, owner_of, parse_job
@@ -29,6 +29,7 @@ from posttrain.controller.render.model import bucket, check_model_access
 from posttrain.controller.render.names import SERVER_ROLES, child_name, legacy_token_name
 from posttrain.controller.render.taskapp import TaskAppTarget, task_app_target
 from posttrain.controller.render.token import carried_over_token, derived_token, with_token
+from posttrain.controller.render.workload import held
 from posttrain.controller.runtime import Key, Runtime, namespace_objects_key
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
 from posttrain.controller.spec_errors import SpecError, render_failure_message, unprocessable_message
@@ -533,9 +534,10 @@ async def verify_job_task_app(
 
 
 # ----------------------------------------------------------------------------------------------- jobs
-async def finish_job(rt: Runtime, owner: Owner, observed: Observed, phase: str) -> None:
+async def finish_job(rt: Runtime, owner: Owner, observed: Observed, phase: str, queued: bool = False) -> None:
     """A finished job frees its GPUs: rollout/reference/judge Deployments and Services go; a failed job's
-    trainer is suspended (its pods go, the Job and its status stay)."""
+    trainer is suspended (its pods go, the Job and its status stay); a `queued` job's Kueue Workload goes
+    (its quota is released)."""
     ns = owner.namespace
     for name, dep in list(observed.deployments.items()):
         if dep.role in SERVER_ROLES:
@@ -546,6 +548,8 @@ async def finish_job(rt: Runtime, owner: Owner, observed: Observed, phase: str) 
         if f"Service/{svc}" in observed.others:
             await rt.kube.delete(object_path("v1", "Service", ns, svc))
             observed.others.discard(f"Service/{svc}")
+    if queued:
+        await gang.release(rt, owner)
     trainer = observed.trainer
     if phase == FAILED and trainer is not None and not trainer.suspended and trainer.active > 0:
         terminal = trainer.is_true("Failed") or trainer.is_true("Complete")
@@ -678,8 +682,9 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
     owner = owner_of(obj)
     observed = observe(key_of(owner), indexes, owner.uid)
     phase = state.written.get("phase") or (obj.get("status") or {}).get("phase")
+    queued = bool(((obj.get("spec") or {}).get("scheduling") or {}).get("queueName"))
     if phase in TERMINAL:
-        await finish_job(rt, owner, observed, phase)
+        await finish_job(rt, owner, observed, phase, queued)
         return None
     try:
         job = parse_cached(obj, state)
@@ -693,13 +698,15 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
     )
     plan = planned(rt, job, target, state)
     await read_result(rt, job, observed)
+    # A job with a Kueue queue: its Workload, and whether Kueue admitted it (controller/gang.py).
+    admission = await gang.admission_of(rt, job, plan.rendered) if plan is not None else None
     now = utcnow()
 
     def derive(seen: Observed, blocked: tuple[str, str] | None = None) -> dict[str, Any]:
         expected = plan.expected if plan is not None else None
         return derive_status(job, observed=seen, expected=expected, verification=verification, now=now,
                              bucket=bucket(job.spec, rt.settings), invalid=state.invalid,
-                             conflict=state.conflict, blocked=blocked)  # fmt: skip
+                             conflict=state.conflict, blocked=blocked, admission=admission)  # fmt: skip
 
     desired = derive(observed)
     stuck_seconds = stuck_for(state, desired["phase"], time.time(), job.status)
@@ -712,8 +719,11 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
             seen = namespace_objects_seen(owner, indexes)
             await rt.namespace_objects.ensure(rt.kube, rt.settings, owner.namespace, seen)
             await ensure_job_secret(rt, owner, plan.rendered, observed, state, stuck)
-            if await ensure_children(rt, plan.rendered.children, observed, state):
-                desired = derive(with_applied(observed, plan.rendered.children))
+            children = plan.rendered.children
+            if admission is not None and not admission.admitted:
+                children = held(children)  # not admitted (yet, or any more): no pods
+            if await ensure_children(rt, children, observed, state):
+                desired = derive(with_applied(observed, children))
         except ChildRefused as refused:
             state.invalid = refused.message
             logger.warning("%s %s: %s", owner.kind, owner.name, refused)
@@ -732,9 +742,12 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
     await patch_status(rt, owner, job.status, desired, state)
     phase = job.status.get("phase") or desired["phase"]
     if phase in TERMINAL:
-        await finish_job(rt, owner, observed, phase)
+        await finish_job(rt, owner, observed, phase, queued)
         return None
-    return next_pass(rt, job, desired, now, state)
+    wait = next_pass(rt, job, desired, now, state)
+    if admission is not None and not admission.admitted:
+        wait = min(wait, rt.settings.queue_poll_seconds)  # Kueue's admission sends no event here
+    return wait
 
 
 __all__ = [

@@ -8,12 +8,13 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from posttrain.controller.gpu_types import DEFAULT_GPU_PRODUCTS, GFD_PRODUCT_LABEL
+
 LABEL_JOB = "posttrain.dev/job"
 LABEL_ROLE = "posttrain.dev/role"
 LABEL_KIND = "posttrain.dev/kind"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "posttrain-operator"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 FINALIZER = "posttrain.dev/finalizer"
 ANNOTATION_PREFIX = "posttrain.dev"
@@ -91,6 +92,12 @@ class OperatorSettings(BaseSettings):
     # Rank 0 of every trainer serves Prometheus metrics on this port (posttrain_trainer/telemetry.py); 0: none.
     trainer_metrics_port: int = 9090
     gpu_resource: str = "nvidia.com/gpu"
+    # compute.gpuType chooses nodes: a pod asking for GPUs needs this node label to hold one of the values
+    # gpu_products maps the job's gpu_type to (controller/render/gpu.py; docs/how-to/gpu-scheduling.md).
+    # POSTTRAIN_GPU_PRODUCTS is JSON, e.g. '{"H100": ["NVIDIA-H100-80GB-HBM3"]}'; it replaces the defaults.
+    # An empty label switches the selection off.
+    gpu_node_label: str = GFD_PRODUCT_LABEL
+    gpu_products: dict[str, list[str]] = Field(default_factory=lambda: dict(DEFAULT_GPU_PRODUCTS))
 
     # Rollout / reference / judge servers.
     server_port: int = 8000
@@ -108,6 +115,8 @@ class OperatorSettings(BaseSettings):
 
     # Controller behaviour.
     resync_seconds: float = 60.0  # re-reconcile every job at least this often even without events
+    # A job waiting in a Kueue queue reads its Workload this often (Kueue's admission is not watched).
+    queue_poll_seconds: float = 2.0
     # A status change that only rewords messages (pods ready so far) is written at most this often; the
     # phase, reasons and conditions' states are written at once. 30 s: a job that provisions within half a
     # minute (nearly all, on a cluster with room) is written twice, Provisioning and Running.

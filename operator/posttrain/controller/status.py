@@ -2,7 +2,9 @@
 task-app verification, now) -> the status fields the operator owns. No I/O; table-tested in
 tests/unit/test_status.py.
 
-Phases: Pending -> Verifying (RLJob) -> Provisioning -> Running -> Succeeded | Failed, or Suspended.
+Phases: Pending -> Verifying (RLJob) -> [Queued] -> Provisioning -> Running -> Succeeded | Failed, or
+Suspended. Queued: the job is in a Kueue queue (spec.scheduling.queueName) and Kueue has not admitted its
+Workload yet (or evicted it); its children are held with no pods (render/workload.py).
 Succeeded and Failed are terminal: a terminal job never goes back (its status is only kept)."""
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ RUNNING = "Running"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
+QUEUED = "Queued"
 TERMINAL = {SUCCEEDED, FAILED}
 
 # Condition types (batch-Job vocabulary + ours).
@@ -31,6 +34,7 @@ COND_SUSPENDED = "Suspended"
 COND_COMPLETE = "Complete"
 COND_FAILED = "Failed"
 COND_READY = "Ready"
+COND_ADMITTED = "Admitted"  # Kueue admitted the job's Workload (only for a job with a queue)
 TASKAPP_VERIFIED = "Verified"
 INVALID_SPEC = "InvalidSpec"
 CHILD_NOT_OWNED = "ChildNotOwned"  # an object under a child's name that the job does not own
@@ -225,6 +229,15 @@ class Expected:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """What Kueue says of a queued job's Workload (render/workload.py admission()): admitted, or why not."""
+
+    admitted: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Verification:
     """Result of verifying a task app. state: ok | failed | pending (still retrying)."""
 
@@ -338,6 +351,7 @@ def derive_status(
     complete_pass: bool = True,
     conflict: str | None = None,
     blocked: tuple[str, str] | None = None,
+    admission: Admission | None = None,
 ) -> dict[str, Any]:
     """The operator-owned status fields of a job (see OWNED_FIELDS). `expected` is None until the children
     have been rendered (i.e. before an RLJob's task app is verified; an SFTJob needs no verification).
@@ -346,7 +360,8 @@ def derive_status(
     ChildNotOwned: the operator never adopts it). `blocked` is (reason, message) when the API server refuses
     the children for a reason a person outside the spec must fix (the namespace has not opted in): the job
     waits, Pending. observedGeneration moves only on a `complete_pass` (children applied, nothing
-    failed); every condition carries the generation it was computed for.
+    failed); every condition carries the generation it was computed for. `admission` is Kueue's word on a
+    job with a queue (None for a job without one): Queued until it is admitted.
 
     The phase is the first that holds of: the trainer Job finished (Succeeded/Failed), the job cannot run
     (invalid spec, deadline, task app refused: Failed; Suspended; Verifying), its children (Provisioning,
@@ -372,6 +387,7 @@ def derive_status(
         or _cannot_run(job, verification, invalid, start, now, conds)
         or (_Outcome(PENDING, *blocked) if blocked else None)
         or _finishing(job, status)
+        or _queued(admission, conds)
         or _from_children(expected, observed, conds)
     )
     _phase_conditions(conds, outcome)
@@ -456,6 +472,16 @@ def _finishing(job: Job, status: dict[str, Any]) -> _Outcome | None:
     return None
 
 
+def _queued(admission: Admission | None, conds: _Conditions) -> _Outcome | None:
+    """Queued (with Kueue's reason) until Kueue admits the job's Workload; the Admitted condition."""
+    if admission is None:
+        return None
+    conds.set(COND_ADMITTED, "True" if admission.admitted else "False", admission.reason, admission.message)
+    if admission.admitted:
+        return None
+    return _Outcome(QUEUED, admission.reason, admission.message)
+
+
 def _from_children(expected: Expected | None, observed: Observed, conds: _Conditions) -> _Outcome:
     """Provisioning until every child exists and its pods run, then Running."""
     if expected is None:
@@ -529,7 +555,7 @@ def _waiting_for(expected: Expected, observed: Observed) -> list[str]:
     )
     ready = (trainer.ready if trainer else 0) + finished
     if trainer is not None and trainer.suspended:
-        waiting.append("trainer Job suspended (queued: waiting for Kueue admission)")
+        waiting.append("trainer Job suspended")
     elif trainer is None or ready < expected.nodes:
         waiting.append(f"trainer {ready}/{expected.nodes} pods ready")
     for name in expected.others:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import base64
 import datetime as dt
 import ipaddress
 import json
@@ -39,7 +40,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from posttrain import reaper
-from posttrain.dev import devnode
+from posttrain.controller.gpu_types import DEFAULT_GPU_PRODUCTS, GFD_PRODUCT_LABEL
+from posttrain.dev import devnode, kueue
 from posttrain.localhost import free_port, signalable, stop_group, stop_pids
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -49,6 +51,7 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # A test ends a running kwok pod by setting this annotation to its exit code ("0" succeeds).
 KWOK_EXIT_ANNOTATION = "posttrain.dev/kwok-exit"
 GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_GPU_PRODUCT = DEFAULT_GPU_PRODUCTS["H100"][0]
 # Enabled on top of the API server's defaults (which include PodSecurity): the plugin that refuses
 # ownerReferences a client may not set, as many production clusters run it.
 ADMISSION_PLUGINS = ("OwnerReferencesPermissionEnforcement",)
@@ -262,10 +265,14 @@ class DevCluster:
     nodes: int = 4
     gpus_per_node: int = 8
     node_name_prefix: str = "kwok-gpu"
+    # What GPU feature discovery would label the simulated GPUs (nvidia.com/gpu.product): the jobs' default
+    # gpuType H100 chooses these nodes (controller/render/gpu.py).
+    gpu_product: str = DEFAULT_GPU_PRODUCT
     start_timeout: float = 60.0
     log_to_files: bool = True
     admission_plugins: tuple[str, ...] = ADMISSION_PLUGINS
     real_node: bool = False
+    kueue: bool = False  # also run Kueue's manager (hack/build-kueue.sh; posttrain.dev.kueue)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     ready_seconds: float = 0.0
@@ -330,6 +337,8 @@ class DevCluster:
         self._spawn("kwok", self._kwok_args())
         self._create_nodes()
         self._wait_ready()
+        if self.kueue:
+            self._start_kueue()
         if self.real_node:
             self._start_real_node()
         self.ready_seconds = time.monotonic() - began
@@ -428,6 +437,53 @@ class DevCluster:
         )
         self.node.start()
 
+    def _start_kueue(self) -> None:
+        crd_dir = binaries_dir() / "kueue-crd"
+        if not (binaries_dir() / "kueue").exists() or not crd_dir.is_dir():
+            raise ClusterError(f"kueue missing from {binaries_dir()}: run `make kueue-bins` (hack/build-kueue.sh)")
+        crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        names = []
+        for crd in kueue.crd_manifests(crd_dir):
+            self._api("POST", crd_path, crd)
+            names.append(crd["metadata"]["name"])
+        for path, obj in kueue.setup_objects():
+            self._api("POST", path, obj)
+        deadline = time.monotonic() + self.start_timeout
+        while any(not self._established(f"{crd_path}/{n}") for n in names):
+            if time.monotonic() > deadline:
+                raise ClusterError("Kueue's CRDs not Established")
+            time.sleep(0.2)
+        for name in ("kueue-health", "kueue-webhook"):
+            self.ports[name] = free_port()
+        self._spawn("kueue", kueue.args(self.workdir, self.kubeconfig, self.ports["kueue-health"],
+                                        self.ports["kueue-webhook"]))  # fmt: skip
+        self._mount_kueue_certs()
+        # /readyz answers once its certificates are made and injected (cert-controller), i.e. it runs.
+        self._wait_http(f"http://127.0.0.1:{self.ports['kueue-health']}/readyz", "kueue", timeout=120)
+
+    def _mount_kueue_certs(self) -> None:
+        """Do the kubelet's part: cert-controller writes the webhook certificate into its Secret and waits
+        for the files to appear in the certificate directory, where a pod would have the Secret mounted."""
+        path = f"/api/v1/namespaces/{kueue.NAMESPACE}/secrets/{kueue.WEBHOOK_SECRET}"
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            self._check_alive()
+            data = self._api("GET", path).get("data") or {}
+            if "tls.crt" in data and "tls.key" in data:
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError("Kueue wrote no webhook certificate into its Secret")
+            time.sleep(0.2)
+        certs = self.workdir / "kueue-certs"
+        certs.mkdir(exist_ok=True)
+        for key, value in data.items():
+            (certs / key).write_bytes(base64.b64decode(value))
+            (certs / key).chmod(0o600)
+
+    def _established(self, path: str) -> bool:
+        conds = self._api("GET", path).get("status", {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
     def _controller_manager_args(self) -> list[str]:
         controllers = ",".join(["*", *(f"-{c}" for c in DISABLED_CONTROLLERS)])
         return [
@@ -502,8 +558,9 @@ class DevCluster:
         ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
         return ctx
 
-    def _wait_http(self, url: str, what: str, tls: bool = False) -> None:
-        deadline = time.monotonic() + self.start_timeout
+    def _wait_http(self, url: str, what: str, tls: bool = False, timeout: float | None = None) -> None:
+        timeout = timeout or self.start_timeout
+        deadline = time.monotonic() + timeout
         ctx = self._ssl_context() if tls else None
         last = ""
         while time.monotonic() < deadline:
@@ -515,7 +572,7 @@ class DevCluster:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
                 last = str(err)
             time.sleep(0.1)
-        raise ClusterError(f"{what} not healthy at {url} after {self.start_timeout:.0f}s: {last}")
+        raise ClusterError(f"{what} not healthy at {url} after {timeout:.0f}s: {last}")
 
     def _api(
         self, method: str, path: str, body: dict | None = None, content_type: str = "application/json"
@@ -527,7 +584,7 @@ class DevCluster:
         with urllib.request.urlopen(req, timeout=10, context=self._ssl_context()) as resp:
             return json.loads(resp.read() or b"{}")
 
-    def node_manifest(self, index: int) -> dict:
+    def node_manifest(self, index: int, gpu_product: str | None = None) -> dict:
         capacity = {"cpu": "96", "memory": "1Ti", "pods": "110", GPU_RESOURCE: str(self.gpus_per_node)}
         # Beside a real node, only pods that ask for GPUs may land here (ExtendedResourceToleration gives
         # them the toleration): CPU pods go to the real node and run for real.
@@ -544,6 +601,7 @@ class DevCluster:
                     "kubernetes.io/os": "linux",
                     "kubernetes.io/arch": "amd64",
                     "nvidia.com/gpu.present": "true",
+                    GFD_PRODUCT_LABEL: gpu_product or self.gpu_product,
                 },
             },
             "spec": spec,
@@ -649,7 +707,8 @@ def _serve(args: argparse.Namespace) -> int:
     """Foreground: start, write the pid file, wait for a signal, stop."""
     workdir = Path(args.dir).resolve()
     cluster = DevCluster(
-        workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, real_node=args.real_node
+        workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, real_node=args.real_node,
+        kueue=args.kueue,
     )
     stopping = False
 
@@ -697,6 +756,8 @@ def _up(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     if args.real_node:
         command.append("--real-node")
+    if args.kueue:
+        command.append("--kueue")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             command,
@@ -772,6 +833,8 @@ def main(argv: list[str] | None = None) -> int:
             help="also start a real kubelet node (containerd, runc, CNI, kube-proxy, CoreDNS); needs root "
             "and `make node-bins`",
         )
+        p.add_argument("--kueue", action="store_true",
+                       help="also run Kueue's manager (`make kueue-bins`); see posttrain.dev.kueue")  # fmt: skip
     args = parser.parse_args(argv)
     return {"up": _up, "serve": _serve, "down": _down}[args.action](args)
 

@@ -1,5 +1,5 @@
 """Pure: the parts every child shares. Its metadata (owner, labels), and what every pod of a job gets: the
-job's scheduling (node selector, tolerations, priority, Kueue queue), its resources, its image per role,
+job's scheduling (node selector, tolerations, priority, the GPU type's nodes), its resources, its image per role,
 and the environment that reaches S3 (the keys only ever as secretKeyRefs)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 from posttrain.api.resources import QUANTITY_PATTERN, JobSpecCommon, ResourceRequirements, Scheduling
 from posttrain.controller.objects import Owner
+from posttrain.controller.render import gpu
 from posttrain.controller.render.names import ROLE_JUDGE, ROLE_REFERENCE, ROLE_TRAINER
 from posttrain.controller.settings import (
-    KUEUE_QUEUE_LABEL,
     LABEL_JOB,
     LABEL_KIND,
     LABEL_MANAGED_BY,
@@ -61,11 +61,6 @@ def child_meta(owner: Owner, name: str, role: str, extra_labels: dict[str, str] 
     }
 
 
-def queue_labels(spec: JobSpecCommon) -> dict[str, str]:
-    queue = spec.scheduling.queue_name if spec.scheduling else None
-    return {KUEUE_QUEUE_LABEL: str(queue)} if queue else {}
-
-
 def pod_scheduling(scheduling: Scheduling | None) -> dict[str, Any]:
     """nodeSelector, tolerations and priorityClassName of a pod spec, from spec.scheduling."""
     out: dict[str, Any] = {}
@@ -78,6 +73,14 @@ def pod_scheduling(scheduling: Scheduling | None) -> dict[str, Any]:
     if scheduling.priority_class_name:
         out["priorityClassName"] = scheduling.priority_class_name
     return out
+
+
+def gpu_placement(spec: JobSpecCommon, gpus: int, settings: OperatorSettings) -> dict[str, Any]:
+    """The `affinity` of a pod asking for `gpus` GPUs: nodes carrying compute.gpuType (render/gpu.py)."""
+    compute = getattr(spec, "compute", None)
+    gpu_type = compute.gpu_type if compute is not None else None
+    affinity = gpu.gpu_affinity(gpu_type, gpus, settings.gpu_node_label, settings.gpu_products)
+    return {"affinity": affinity} if affinity else {}
 
 
 def _checked(given: ResourceRequirements | None, where: str) -> tuple[dict[str, Any], dict[str, Any]]:

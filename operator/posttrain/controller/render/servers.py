@@ -80,20 +80,20 @@ def server_children(job: Job, settings: OperatorSettings, server: Server) -> lis
     shm_volume, shm_mount = pods.shm(settings)
     container["volumeMounts"] = [shm_mount]
     pod_spec = security.lock_down(
-        {"containers": [container], "volumes": [shm_volume], **pods.pod_scheduling(spec.scheduling)},
+        {"containers": [container], "volumes": [shm_volume], **pods.pod_scheduling(spec.scheduling),
+         **pods.gpu_placement(spec, server.gpus_per_pod, settings)},  # fmt: skip
         run_as_user=settings.run_as_user,
         read_only_root=True,
         token=False,
     )
-    queue = pods.queue_labels(spec)
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": pods.child_meta(owner, server.name, server.role, queue),
+        "metadata": pods.child_meta(owner, server.name, server.role),
         "spec": {
             "replicas": 0 if spec.suspend else server.replicas,
             "selector": {"matchLabels": pods.selector(owner, server.role)},
-            "template": {"metadata": {"labels": {**pods.labels(owner, server.role), **queue}}, "spec": pod_spec},
+            "template": {"metadata": {"labels": pods.labels(owner, server.role)}, "spec": pod_spec},
         },
     }
     service = {

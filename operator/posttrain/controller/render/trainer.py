@@ -201,30 +201,30 @@ def trainer_pod(
     init = init_containers(image, settings, task_app, wait_for)
     if init:
         pod["initContainers"] = init
-    pod.update(containers=[container], volumes=vols, **pods.pod_scheduling(spec.scheduling))
+    gpus = topo.gpus(topo.trainer_gpus_per_pod)
+    pod.update(containers=[container], volumes=vols, **pods.pod_scheduling(spec.scheduling),
+               **pods.gpu_placement(spec, gpus, settings))  # fmt: skip
     return security.lock_down(pod, run_as_user=settings.run_as_user, read_only_root=True, token=True)
 
 
 def trainer_job(job: Job, settings: OperatorSettings, topo: Topology, pod: dict[str, Any]) -> dict[str, Any]:
     spec, owner = job.spec, job.owner
-    queue = pods.queue_labels(spec)
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": topo.nodes,
         "parallelism": topo.nodes,
         **failure_handling(ROLE_TRAINER, retries=settings.trainer_retries, nodes=topo.nodes),
         "suspend": bool(spec.suspend),
-        "template": {"metadata": {"labels": {**pods.labels(owner, ROLE_TRAINER), **queue}}, "spec": pod},
+        # No Kueue queue label: a job in a queue is admitted whole through its Workload (render/workload.py),
+        # and held suspended until then.
+        "template": {"metadata": {"labels": pods.labels(owner, ROLE_TRAINER)}, "spec": pod},
     }
-    if queue and not spec.suspend:
-        # Kueue owns Job.spec.suspend while the job waits in its queue: do not fight its admission.
-        del job_spec["suspend"]
     if spec.active_deadline_seconds:
         job_spec["activeDeadlineSeconds"] = int(spec.active_deadline_seconds)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": pods.child_meta(owner, trainer_name(owner.name), ROLE_TRAINER, queue),
+        "metadata": pods.child_meta(owner, trainer_name(owner.name), ROLE_TRAINER),
         "spec": job_spec,
     }
 
