@@ -26,7 +26,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from posttrain_rollout import reference, weights
+from posttrain_rollout import reference, vision, weights
 from posttrain_rollout.captures import CaptureStore, entries_from_response
 from posttrain_rollout.weights import WeightGate
 
@@ -118,7 +118,9 @@ class Proxy:
         timeout_s: float = 3600.0,
         max_connections: int = 1024,
         token: str | None = None,
+        image_limits: vision.ImageLimits | None = None,
     ):
+        self.image_limits = image_limits or vision.ImageLimits()
         self.upstream = upstream.rstrip("/")
         self.role = role
         self.served_model_name = served_model_name
@@ -217,6 +219,10 @@ class Proxy:
         if self.lora_name and body.get("model") in (None, self.served_model_name):
             body["model"] = self.lora_name  # the hot-loaded adapter is the policy
         fwd = prepare_request(body, chat=chat, capture=bool(cid))
+        images: list[str] = []
+        if chat:
+            fwd["messages"], _ = vision.apply_limits(fwd.get("messages"), self.image_limits)
+            images = vision.request_images(fwd)
         version = await self.gate.enter()
         handed_over = False
         try:
@@ -227,7 +233,9 @@ class Proxy:
             status, headers, content = await self._post(path, fwd)
             if cid and status == 200:
                 data = json.loads(content)
-                self.captures.add(cid, entries_from_response(data, chat=chat, weight_version=version))
+                self.captures.add(
+                    cid, entries_from_response(data, chat=chat, weight_version=version, images=images)
+                )
             hdrs = {k: v for k, v in headers if k.lower() not in _DROP_HEADERS}
             hdrs[VERSION_HEADER] = str(version)
             return Response(content, status_code=status, headers=hdrs)

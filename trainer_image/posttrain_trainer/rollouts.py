@@ -187,7 +187,8 @@ class EpisodeSequence:
     (policy tokens mask 1, env/tool/template tokens mask 0); sampling logprobs per completion token (0.0 for
     non-policy tokens; logprobs_captured is False when a call's logprobs were missing or not finite), the
     behaviour policy under old_logprobs = "sampler" (offpolicy.py) and measured against the trainer's always;
-    the weight version that served each call."""
+    the weight version that served each call; the image URLs the sequence's prompt holds placeholders for, in
+    order (a vision policy: the trainer rebuilds their pixel values with the model's processor)."""
 
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
@@ -195,6 +196,7 @@ class EpisodeSequence:
     sampling_logprobs: list[float] = field(default_factory=list)
     weight_versions: list[Any] = field(default_factory=list)
     logprobs_captured: bool = True
+    images: list[str] = field(default_factory=list)
 
     @property
     def policy_tokens(self) -> int:
@@ -208,6 +210,7 @@ class EpisodeSequence:
             "sampling_logprobs": self.sampling_logprobs,
             "weight_versions": self.weight_versions,
             "logprobs_captured": self.logprobs_captured,
+            "images": self.images,
         }
 
 
@@ -252,6 +255,7 @@ def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]
         logprobs = _logprob_list(entry, len(completion))
         captured = _logprobs_complete(entry, len(completion))
         version = entry.get("weight_version")
+        images = [str(u) for u in entry.get("images") or []]
         if not prompt:
             continue
         if current is not None:
@@ -263,6 +267,7 @@ def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]
                 current.sampling_logprobs += [0.0] * len(glue) + logprobs
                 current.weight_versions.append(version)
                 current.logprobs_captured = current.logprobs_captured and captured
+                current.images = images  # the longer prompt repeats the earlier images, then adds its own
                 continue
             sequences.append(current)
         current = EpisodeSequence(
@@ -272,6 +277,7 @@ def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]
             sampling_logprobs=logprobs,
             weight_versions=[version],
             logprobs_captured=captured,
+            images=images,
         )
     if current is not None:
         sequences.append(current)
