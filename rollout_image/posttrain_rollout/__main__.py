@@ -58,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM flag (repeatable)")
     s.add_argument("--log-level", default="info")
     s.add_argument("--max-images-per-message", type=int, default=None, help="each message keeps its first N")
-    s.add_argument("--max-images-per-step", type=int, default=None, help="a request keeps its newest N images")
+    s.add_argument(
+        "--max-images-per-step", type=int, default=None, help="a request keeps its newest N images"
+    )
     s.add_argument("--image-only-mode", action="store_true", help="user messages with images lose their text")
     s.add_argument(
         "--token-env",

@@ -69,7 +69,12 @@ def apply_limits(messages: list[Any], limits: ImageLimits) -> tuple[list[Any], i
             kept = [part for part in kept if is_image_part(part)]
         out.append({**message, "content": kept})
     if limits.max_images_per_step:
-        positions = [(m, p) for m, msg in enumerate(out) for p, part in enumerate(_parts(msg) or []) if is_image_part(part)]
+        positions = [
+            (m, p)
+            for m, msg in enumerate(out)
+            for p, part in enumerate(_parts(msg) or [])
+            if is_image_part(part)
+        ]
         excess = positions[: max(0, len(positions) - limits.max_images_per_step)]  # the oldest first
         for m, p in reversed(excess):
             content = list(out[m]["content"])
@@ -84,4 +89,6 @@ def request_images(body: dict[str, Any]) -> list[str]:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return []
-    return [image_url(part) for message in messages for part in (_parts(message) or []) if is_image_part(part)]
+    return [
+        image_url(part) for message in messages for part in (_parts(message) or []) if is_image_part(part)
+    ]

@@ -421,7 +421,9 @@ def endpoint_reference_fn(
 
     def score(micro: list[TrainSeq], batch: gspo.TokenBatch) -> torch.Tensor:
         if batch.model_inputs:  # /v1/score sends token ids alone: the images would be missing
-            raise RLConfigError("a reference rollout server cannot score image prompts: use a local reference")
+            raise RLConfigError(
+                "a reference rollout server cannot score image prompts: use a local reference"
+            )
         body = {
             "sequences": [
                 {"prompt_token_ids": s.prompt_ids, "completion_token_ids": s.completion_ids} for s in micro
@@ -584,7 +586,9 @@ class RLRun:
         self.workdir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.precision = D.announce_precision(cfg.parallel, lora_policy=hardware.is_lora_mode(cfg.trainer_mode))
+        self.precision = D.announce_precision(
+            cfg.parallel, lora_policy=hardware.is_lora_mode(cfg.trainer_mode)
+        )
         self.engine, self.tokenizer, frozen = build_policy(job, cfg, self.precision)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.processor = self._vision_processor(job)
@@ -619,7 +623,7 @@ class RLRun:
         if self.cfg.beta and job.endpoints.reference:
             raise RLConfigError(
                 "a vision policy with beta > 0 needs a local reference: the reference rollout server scores "
-                "token ids alone, without the images (set reference.placement = \"shared\", or beta = 0)"
+                'token ids alone, without the images (set reference.placement = "shared", or beta = 0)'
             )
         return load_processor(job.model_path, storage=job.storage)
 
