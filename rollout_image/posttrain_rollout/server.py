@@ -302,6 +302,12 @@ class Proxy:
                 r = await self.http().post("/reset_prefix_cache")
                 if r.status_code >= 400:
                     raise RuntimeError(f"reset_prefix_cache -> HTTP {r.status_code}: {r.text[:300]}")
+                # vLLM 0.32's reload_weights clears the worker's encoder cache (image embeddings) but not the
+                # scheduler's record of it: the next request with an image seen before the sync then kills
+                # the engine ("Encoder cache miss for <hash>"). This clears both, and no stale embedding stays.
+                r = await self.http().post("/reset_encoder_cache")
+                if r.status_code >= 400 and r.status_code != 404:
+                    raise RuntimeError(f"reset_encoder_cache -> HTTP {r.status_code}: {r.text[:300]}")
                 new_version = version
             except BaseException:
                 await self.gate.resume()  # keep serving the old weights, old version

@@ -266,6 +266,19 @@ def merge_to_full_state_dict(
     return out
 
 
+def checkpoint_keys(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weights under the names a checkpoint of this architecture uses, as save_pretrained writes them.
+
+    transformers renames some architectures' weights when it loads them (Qwen2-VL: checkpoint
+    model.layers.* / visual.* become model.language_model.* / model.visual.* in memory); the synced folder
+    keeps the checkpoint's names, the layout vLLM's loader and from_pretrained read. A no-op for Qwen2."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # older transformers: in-memory names are the checkpoint's
+        return weights
+    return dict(revert_weight_conversion(model, dict(weights)))
+
+
 def save_merged(
     model: torch.nn.Module,
     tokenizer,
@@ -284,6 +297,13 @@ def save_merged(
     model = unwrap(model)
     base = model.get_base_model() if is_peft(model) else model
     merged = merge_to_full_state_dict(model, dtype, state)
+    if is_vision_model(base.config) and "lm_head.weight" not in merged:
+        # vLLM 0.32's in-place reload of a tied Qwen2-VL head: without lm_head.weight in the file it keeps
+        # the old head ("ParallelLMHead: Failed to load weights") and the served policy is not the trained one
+        embedding = base.get_input_embeddings().weight
+        name = next(n for n, p in base.named_parameters() if p is embedding)
+        merged["lm_head.weight"] = merged[name].clone()
+    merged = checkpoint_keys(base, merged)
     save_file(merged, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config = base.config.to_dict()
     config["dtype"] = str(dtype).replace("torch.", "")
