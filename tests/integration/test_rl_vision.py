@@ -193,7 +193,7 @@ def test_gspo_on_images_syncs_weights_and_moves_image_logprobs(
     for e in events:
         print(f"iteration {e['step']}: sampler KL {e['sampler_kl']:.2e} max |delta| "
               f"{e['sampler_max_abs_delta']:.2e} mismatch {e['sampler_mismatch']:.2e}")  # fmt: skip
-        assert e["train_sequences"] > 0 and e["sampler_kl"] < 1e-4 and e["sampler_max_abs_delta"] < 1e-2
+        assert e["train_sequences"] > 0 and e["sampler_kl"] < 1e-6 and e["sampler_max_abs_delta"] < 1e-3
     assert httpx.get(f"{vl_server.url}/v1/weights", timeout=10).json()["weight_version"] == iterations - 1
 
     final = Path(tmp_path / "work" / "final")
@@ -205,6 +205,16 @@ def test_gspo_on_images_syncs_weights_and_moves_image_logprobs(
     moved = float((after - before).abs().max())
     print(f"image prompt logprobs moved by up to {moved:.3f} after {iterations} GSPO iterations")
     assert moved > 1e-2
+
+    # the probe's image again, after the syncs: vLLM must not reuse (or lose) its encoder output of the old
+    # weights (vLLM 0.32 killed its engine here, "Encoder cache miss", until the sync reset that cache), and
+    # the served policy is the trained one
+    with RolloutLoop() as loop:
+        (again,) = loop.collect(client, plan_rollouts("probe", 1, [7], 1, [vl_server.url]))
+    assert again.ok, again.error
+    (seq,) = again.sequences
+    served = torch.tensor(seq.sampling_logprobs)
+    assert float((_row_logprobs(trained, seq, processor) - served).abs().max()) < 1e-3
 
 
 def _row_logprobs(model, seq, processor):
