@@ -208,13 +208,15 @@ def test_gspo_on_images_syncs_weights_and_moves_image_logprobs(
 
     # the probe's image again, after the syncs: vLLM must not reuse (or lose) its encoder output of the old
     # weights (vLLM 0.32 killed its engine here, "Encoder cache miss", until the sync reset that cache), and
-    # the served policy is the trained one
+    # the served policy is the last synced one (the weights after iteration 2; the last update is not synced)
     with RolloutLoop() as loop:
         (again,) = loop.collect(client, plan_rollouts("probe", 1, [7], 1, [vl_server.url]))
     assert again.ok, again.error
     (seq,) = again.sequences
     served = torch.tensor(seq.sampling_logprobs)
-    assert float((_row_logprobs(trained, seq, processor) - served).abs().max()) < 1e-3
+    synced, _ = load_model_and_tokenizer(tmp_path / "weights" / f"v{iterations - 1}", dtype=torch.float32)
+    assert float((_row_logprobs(synced, seq, processor) - served).abs().max()) < 1e-3
+    assert float((_row_logprobs(base, seq, processor) - served).abs().max()) > 1e-2
 
 
 def _row_logprobs(model, seq, processor):
