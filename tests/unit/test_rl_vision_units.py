@@ -24,7 +24,10 @@ def conversation() -> list[dict]:
         {"role": "system", "content": "Look."},
         {"role": "user", "content": [img("a"), img("b"), text("frame 1")]},
         {"role": "assistant", "content": "ok"},
-        {"role": "user", "content": [img("c"), text("frame 2"), {"type": "input_image", "image_url": "data:d"}]},
+        {
+            "role": "user",
+            "content": [img("c"), text("frame 2"), {"type": "input_image", "image_url": "data:d"}],
+        },
     ]
 
 
