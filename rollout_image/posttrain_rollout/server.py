@@ -222,6 +222,10 @@ class Proxy:
         images: list[str] = []
         if chat:
             fwd["messages"], _ = vision.apply_limits(fwd.get("messages"), self.image_limits)
+            try:
+                fwd["messages"] = await vision.inline_remote_images(fwd.get("messages"), self.fetch_image)
+            except (vision.ImageFetchError, httpx.HTTPError) as err:
+                return _err(400, f"cannot fetch an image of the request: {type(err).__name__}: {err}")
             images = vision.request_images(fwd)
         version = await self.gate.enter()
         handed_over = False
@@ -265,6 +269,20 @@ class Proxy:
         hdrs = {k: v for k, v in r.headers.items() if k.lower() not in _DROP_HEADERS}
         hdrs[VERSION_HEADER] = str(version)
         return StreamingResponse(body(), status_code=r.status_code, headers=hdrs)
+
+    async def fetch_image(self, url: str) -> tuple[str, bytes]:
+        """(content type, bytes) of an image URL a request names, at most vision.MAX_IMAGE_BYTES."""
+        async with self.http().stream("GET", url, timeout=30.0, follow_redirects=False) as r:
+            if r.status_code != 200:
+                raise vision.ImageFetchError(f"image URL {url[:80]!r} answered HTTP {r.status_code}")
+            data = bytearray()
+            async for chunk in r.aiter_bytes():
+                data += chunk
+                if len(data) > vision.MAX_IMAGE_BYTES:
+                    raise vision.ImageFetchError(
+                        f"image URL {url[:80]!r} is larger than {vision.MAX_IMAGE_BYTES} bytes"
+                    )
+            return r.headers.get("content-type", "").split(";")[0].strip().lower(), bytes(data)
 
     # -- weights ---------------------------------------------------------------------------------------
     async def sync_weights(self, path: str, fmt: str, version: Any) -> dict[str, Any]:

@@ -6,14 +6,25 @@ the URL in "image_url", "image" or "url"). Limits (synth's policy settings, appl
 that every task app gets them, and so that the capture holds exactly the images vLLM was given):
   - max_images_per_message: each message keeps its first N images (the SFT rule);
   - max_images_per_step: the request keeps its newest N images, the oldest are dropped first;
-  - image_only_mode: a user message that holds an image keeps only its images (no text observation)."""
+  - image_only_mode: a user message that holds an image keeps only its images (no text observation).
+
+http(s) image URLs are fetched once by the rollout server and sent on as data: URIs (inline_remote_images):
+vLLM and the trainer then see the same bytes (a URL may answer differently on a second fetch), and the
+trainer never fetches anything a task app names."""
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 IMAGE_PART_TYPES = ("image_url", "image", "input_image")
+MAX_IMAGE_BYTES = 20 * 2**20
+
+
+class ImageFetchError(ValueError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -92,3 +103,34 @@ def request_images(body: dict[str, Any]) -> list[str]:
     return [
         image_url(part) for message in messages for part in (_parts(message) or []) if is_image_part(part)
     ]
+
+
+async def inline_remote_images(
+    messages: list[Any], fetch: Callable[[str], Awaitable[tuple[str, bytes]]]
+) -> list[Any]:
+    """Messages whose http(s) image URLs are replaced by data: URIs of what `fetch(url)` returned
+    ((content type, bytes)); other parts and the caller's messages are left as they are."""
+    if not isinstance(messages, list):
+        return messages
+    out: list[Any] = []
+    for message in messages:
+        parts = _parts(message)
+        if parts is None or not any(
+            is_image_part(p) and image_url(p).startswith(("http://", "https://")) for p in parts
+        ):
+            out.append(message)
+            continue
+        content = []
+        for part in parts:
+            url = image_url(part) if is_image_part(part) else ""
+            if url.startswith(("http://", "https://")):
+                kind, data = await fetch(url)
+                if not kind.startswith("image/"):
+                    raise ImageFetchError(
+                        f"image URL {url[:80]!r} answered {kind or 'no content type'}, not an image"
+                    )
+                inline = f"data:{kind};base64,{base64.b64encode(data).decode()}"
+                part = {"type": "image_url", "image_url": {"url": inline}}
+            content.append(part)
+        out.append({**message, "content": content})
+    return out

@@ -4,7 +4,8 @@ tiny random Qwen2-VL (head_dim 32, fp32); the trainer rebuilds the pixel values 
 
 What must hold:
   - the rollout server applies max_images_per_step (the oldest image dropped first) before vLLM sees the
-    request, and captures vLLM's exact prompt ids (image pad tokens included) with the image it was given;
+    request, fetches http image URLs once and sends them on as data: URIs, and captures vLLM's exact prompt
+    ids (image pad tokens included) with the image it was given;
   - the trainer's fp32 logprobs of the sampled tokens match vLLM's (KL and the largest |delta| reported,
     asserted small), and they depend on the image: the wrong image gives a much larger mismatch;
   - a few GSPO iterations through rl.train (the trainer's own loop): weights synced to vLLM every iteration,
@@ -116,7 +117,7 @@ def test_images_reach_vllm_and_trainer_logprobs_match(
     import app as shapes  # noqa: PLC0415 - the task app's own picture(), to know which frame is newest
 
     sys.path.pop(0)
-    config = _config({"frames": 2})
+    config = _config({"frames": 2, "images": "url"})  # http URLs: the rollout server inlines what it fetched
     client = RolloutClient(
         task_url=shapes_taskapp, config=config, model=vl_server.served_model_name, api_key=KEY
     )
@@ -190,10 +191,12 @@ def test_gspo_on_images_syncs_weights_and_moves_image_logprobs(
     events = [x for x in lines if x.get("event") == "iteration"]
     syncs = [x for x in lines if x.get("event") == "weight_sync"]
     assert len(events) == iterations and len(syncs) == iterations - 1
-    for e in events:
+    trained_in = [e for e in events if e["train_sequences"]]  # a group of equal rewards trains nothing
+    assert len(trained_in) >= 2
+    for e in trained_in:
         print(f"iteration {e['step']}: sampler KL {e['sampler_kl']:.2e} max |delta| "
               f"{e['sampler_max_abs_delta']:.2e} mismatch {e['sampler_mismatch']:.2e}")  # fmt: skip
-        assert e["train_sequences"] > 0 and e["sampler_kl"] < 1e-6 and e["sampler_max_abs_delta"] < 1e-3
+        assert e["sampler_kl"] < 1e-6 and e["sampler_max_abs_delta"] < 1e-3
     assert httpx.get(f"{vl_server.url}/v1/weights", timeout=10).json()["weight_version"] == iterations - 1
 
     final = Path(tmp_path / "work" / "final")

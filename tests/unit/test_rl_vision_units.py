@@ -95,9 +95,12 @@ def test_sequences_keep_the_images_of_their_latest_call():
     assert [s.images for s in seqs] == [["a"], ["b"]]
 
 
-@pytest.mark.parametrize("url", ["/etc/passwd", "file:///etc/passwd", "relative.png", "ftp://x/y.png"])
-def test_trainer_loads_no_local_path(url):
-    with pytest.raises(VisionInputError, match="only data: URIs and http"):
+@pytest.mark.parametrize(
+    "url",
+    ["/etc/passwd", "file:///etc/passwd", "relative.png", "http://169.254.169.254/x.png", "https://x/y"],
+)
+def test_trainer_loads_no_local_path_and_fetches_nothing(url):
+    with pytest.raises(VisionInputError, match="data: URIs only"):
         load_image(url)
 
 
@@ -134,3 +137,32 @@ def test_image_inputs_check_pad_tokens_against_the_images():
 
 def test_pad_tokens_per_image():
     assert pad_tokens_per_image(torch.tensor([[1, 4, 4], [1, 4, 8]]), 2) == [4, 8]
+
+
+def test_remote_images_are_inlined_as_data_uris():
+    import asyncio
+
+    from posttrain_rollout.vision import ImageFetchError, inline_remote_images
+
+    fetched: list[str] = []
+
+    async def fetch(url: str) -> tuple[str, bytes]:
+        fetched.append(url)
+        return ("image/png", b"PNG") if url.endswith(".png") else ("text/html", b"<html>")
+
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png"}}, text("hi")],
+        },
+        {"role": "user", "content": [img("b")]},
+        {"role": "assistant", "content": "ok"},
+    ]
+    out = asyncio.run(inline_remote_images(messages, fetch))
+    assert fetched == ["https://x/a.png"]
+    assert urls(out) == ["data:image/png;base64,UE5H", "data:image/png;base64,b"]
+    assert out[0]["content"][1] == text("hi") and out[1:] == messages[1:]
+    assert urls(messages)[0] == "https://x/a.png"  # the caller's messages are not modified
+    bad = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/page"}}]}]
+    with pytest.raises(ImageFetchError, match="text/html, not an image"):
+        asyncio.run(inline_remote_images(bad, fetch))

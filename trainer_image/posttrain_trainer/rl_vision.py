@@ -6,8 +6,9 @@ model's own Hugging Face processor on those images; the trainer runs the same pr
 model) on the same images, so pixel values and grids are the same, and checks that every row holds exactly
 the pad tokens its images expand to (a mismatch would silently misalign image features and text).
 
-URLs come from the task app (untrusted): only data: URIs and http(s) URLs are loaded, never a local path
-(the trainer's files, its token, are not the task app's to read)."""
+URLs come from the task app (untrusted): the rollout server has turned every http(s) image into a data: URI
+(the bytes vLLM got), so the trainer loads data: URIs only; it never fetches a URL or reads a local path a
+task app names (the trainer's files and network are not the task app's)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-ALLOWED_SCHEMES = ("data:", "http://", "https://")
+ALLOWED_SCHEMES = ("data:",)
 
 
 class VisionInputError(RuntimeError):
@@ -29,7 +30,7 @@ def load_image(url: str):
 
     if not url.startswith(ALLOWED_SCHEMES):
         shown = url if len(url) < 80 else url[:60] + "..."
-        raise VisionInputError(f"image {shown!r}: only data: URIs and http(s) URLs are loaded")
+        raise VisionInputError(f"image {shown!r}: the trainer loads data: URIs only")
     try:
         return load_image_source(url, "rollout image")
     except DataError as err:

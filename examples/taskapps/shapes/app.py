@@ -10,6 +10,9 @@ env.config (all optional):
   - `frames`: pictures per request (default 1): the earlier ones come as earlier user turns ("Frame k"), as
     an agent's past observations would; the question is about the last one (max_images_per_step trims the
     oldest);
+  - `images`: "data" (default, data: URIs) or "url": http URLs of this app's GET /images/{seed}/{frame}.png
+    (built from `public_url`, default the address the rollout request reached), as a task app serving its
+    frames would send them;
   - `reward`: "exact" (default): 1.0 when the first colour named in the answer is the shape's colour;
     "partial": difflib's similarity of the answer's first word to the colour name, a dense signal that a
     tiny random model can climb.
@@ -38,7 +41,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 APP_ID = "shapes"
@@ -81,11 +84,20 @@ def settings(env_config: dict[str, Any] | None) -> dict[str, Any]:
     reward = str(config.get("reward", "exact"))
     if reward not in ("exact", "partial"):
         raise SettingsError(f"reward must be 'exact' or 'partial', got {reward!r}")
-    return {"size": size, "frames": frames, "reward": reward}
+    images = str(config.get("images", "data"))
+    if images not in ("data", "url"):
+        raise SettingsError(f"images must be 'data' or 'url', got {images!r}")
+    return {"size": size, "frames": frames, "reward": reward, "images": images,
+            "public_url": str(config.get("public_url") or "")}  # fmt: skip
 
 
 def picture(seed: int, frame: int, size: int) -> tuple[str, str, str]:
     """(colour, shape, PNG data: URI) for a seed's frame: deterministic."""
+    colour, shape, png = picture_png(seed, frame, size)
+    return colour, shape, "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def picture_png(seed: int, frame: int, size: int) -> tuple[str, str, bytes]:
     from PIL import Image, ImageDraw
 
     rng = random.Random(f"{APP_ID}:{seed}:{frame}")
@@ -103,15 +115,21 @@ def picture(seed: int, frame: int, size: int) -> tuple[str, str, str]:
         draw.polygon([(size // 2, m), (size - m, size - m), (m, size - m)], fill=fill)
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
-    return colour, shape, "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    return colour, shape, buffer.getvalue()
 
 
-def messages_for(seed: int, cfg: dict[str, Any], image_only: bool) -> tuple[list[dict[str, Any]], str, str]:
+def messages_for(
+    seed: int, cfg: dict[str, Any], image_only: bool, base_url: str = ""
+) -> tuple[list[dict[str, Any]], str, str]:
     """(chat messages, colour, shape) of a seed: one user turn per frame, the question on the last."""
     messages: list[dict[str, Any]] = []
     colour = shape = ""
     for frame in range(cfg["frames"]):
         colour, shape, url = picture(seed, frame, cfg["size"])
+        if cfg["images"] == "url":
+            url = (
+                f"{(cfg['public_url'] or base_url).rstrip('/')}/images/{seed}/{frame}.png?size={cfg['size']}"
+            )
         last = frame == cfg["frames"] - 1
         text = QUESTION if last else f"Frame {frame + 1}."
         parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": url}}]
@@ -197,7 +215,7 @@ def chat_url(inference_url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
 
 
-async def run_rollout(body: RolloutRequest, http: httpx.AsyncClient) -> Any:
+async def run_rollout(body: RolloutRequest, http: httpx.AsyncClient, base_url: str = "") -> Any:
     if body.mode not in ("rl", "eval"):
         return _error(422, "invalid_request", f"mode must be 'rl' or 'eval', got {body.mode!r}")
     seed = body.env.seed or 0
@@ -214,7 +232,7 @@ async def run_rollout(body: RolloutRequest, http: httpx.AsyncClient) -> Any:
         return _error(
             400, "missing_correlation_id", "mode 'rl' needs ?cid=<id> in policy.config.inference_url"
         )
-    messages, colour, shape = messages_for(seed, cfg, bool(policy.get("image_only_mode")))
+    messages, colour, shape = messages_for(seed, cfg, bool(policy.get("image_only_mode")), base_url)
     payload: dict[str, Any] = {
         "model": policy.get("model") or "policy",
         "messages": messages,
@@ -317,7 +335,14 @@ def create_app() -> FastAPI:
 
     @app.post("/rollout")
     async def rollout(request: Request, body: RolloutRequest) -> Any:
-        return auth_failure(request) or await run_rollout(body, http())
+        return auth_failure(request) or await run_rollout(body, http(), str(request.base_url))
+
+    @app.get("/images/{seed}/{frame}.png")
+    async def image(seed: int, frame: int, size: int = 56) -> Response:
+        # no key: the rollout server fetches the frames the policy is shown (they carry no secret)
+        if not 0 <= frame < 8 or not 28 <= size <= 448:
+            return _error(404, "not_found", "no such frame")
+        return Response(picture_png(seed, frame, size)[2], media_type="image/png")
 
     @app.post("/done")
     async def done(request: Request) -> Any:
