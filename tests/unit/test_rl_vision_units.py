@@ -166,3 +166,12 @@ def test_remote_images_are_inlined_as_data_uris():
     bad = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/page"}}]}]
     with pytest.raises(ImageFetchError, match="text/html, not an image"):
         asyncio.run(inline_remote_images(bad, fetch))
+
+
+def test_a_text_only_policy_refuses_image_rollouts():
+    from posttrain_trainer.rl import TrainSeq, _collate
+
+    seq = TrainSeq([1, 5, 2], [7], [1], 1.0, images=[PNG])
+    with pytest.raises(VisionInputError, match="the policy is text-only"):
+        _collate([seq], 0, None)
+    assert _collate([TrainSeq([1, 2], [7], [1], 1.0)], 0, None).model_inputs == {}

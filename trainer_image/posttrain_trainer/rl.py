@@ -895,10 +895,11 @@ def train(job: JobFile) -> dict[str, Any]:
 def main(job: JobFile) -> int:
     try:
         train(job)
-    except (RLConfigError, RolloutBudgetExceeded) as err:
+    except (RLConfigError, RolloutBudgetExceeded, rl_vision.VisionInputError) as err:
         if D.is_main():
             print(f"error: {err}", flush=True)
         D.shutdown()
-        return EXIT_CONFIG_ERROR if isinstance(err, RLConfigError) else EXIT_RETRYABLE
+        # images the policy cannot take (a text-only model) or cannot be rebuilt: retrying changes nothing
+        return EXIT_RETRYABLE if isinstance(err, RolloutBudgetExceeded) else EXIT_CONFIG_ERROR
     D.shutdown()
     return 0
