@@ -191,6 +191,10 @@ def test_gspo_on_images_syncs_weights_and_moves_image_logprobs(
     events = [x for x in lines if x.get("event") == "iteration"]
     syncs = [x for x in lines if x.get("event") == "weight_sync"]
     assert len(events) == iterations and len(syncs) == iterations - 1
+    progress = [
+        x["progress"] for x in lines if "progress" in x and x["progress"].get("samplerKl") is not None
+    ]
+    assert progress and all(p["samplerMaxAbsDelta"] < 1e-3 for p in progress)  # also in status.progress
     trained_in = [e for e in events if e["train_sequences"]]  # a group of equal rewards trains nothing
     assert len(trained_in) >= 2
     for e in trained_in:

@@ -29,6 +29,7 @@ PROGRESS_KEYS = {
     "tokens_per_second": "tokensPerSecond",
     "sampler_mismatch": "samplerMismatch",
     "sampler_kl": "samplerKl",
+    "sampler_max_abs_delta": "samplerMaxAbsDelta",
     "eval_score": "evalScore",
     "last_checkpoint": "lastCheckpoint",
     "updated_at": "updatedAt",

@@ -728,6 +728,7 @@ class RLRun:
             tokens_per_second=update.get("tokens_per_second"),
             sampler_mismatch=update.get("sampler_mismatch"),
             sampler_kl=update.get("sampler_kl"),
+            sampler_max_abs_delta=update.get("sampler_max_abs_delta"),
             eval_score=eval_score if eval_score is not None else self.last_eval,
             last_checkpoint=self.store.last_uri,
         )
