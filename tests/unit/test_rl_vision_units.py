@@ -175,3 +175,13 @@ def test_a_text_only_policy_refuses_image_rollouts():
     with pytest.raises(VisionInputError, match="the policy is text-only"):
         _collate([seq], 0, None)
     assert _collate([TrainSeq([1, 2], [7], [1], 1.0)], 0, None).model_inputs == {}
+
+
+def test_sequences_whose_policy_sampled_a_pad_token_are_left_out():
+    from posttrain_trainer.rl import TrainSeq
+    from posttrain_trainer.rl_vision import drop_sampled_media_tokens
+
+    sampled_pad = TrainSeq([1, 5, 2], [7, 5], [1, 1], 1.0)  # the policy itself sampled token 5
+    glue_pad = TrainSeq([1, 5, 2], [7, 3, 5, 2, 8], [1, 0, 0, 0, 1], 1.0)  # a later turn's real image
+    kept, dropped = drop_sampled_media_tokens([sampled_pad, glue_pad], {5, 6})
+    assert kept == [glue_pad] and dropped == 1

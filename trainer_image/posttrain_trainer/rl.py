@@ -82,7 +82,7 @@ ITERATION_EVENT_FIELDS = (
     "step", "rollouts", "failed_rollouts", "mixed_groups", "train_sequences", "grad_norm", "clip_fraction",
     "rollout_seconds", "update_seconds", "weight_sync_seconds", "iteration_seconds", "judged", "judge_failed",
     "truncated", "empty_responses", "sampler_mismatch", "sampler_kl", "sampler_max_abs_delta", "max_staleness",
-    "unexpected_versions",
+    "unexpected_versions", "media_tokens_sampled",
 )  # fmt: skip
 
 
@@ -567,7 +567,7 @@ def iteration_record(
         **{k: stats.get(k) for k in ("max_staleness", "unexpected_versions")},
         "rollout_seconds": stats["rollout_seconds"],
         "iteration_seconds": seconds,
-        **{k: stats[k] for k in ("judged", "judge_failed") if k in stats},
+        **{k: stats[k] for k in ("judged", "judge_failed", "media_tokens_sampled") if k in stats},
     }
 
 
@@ -763,6 +763,11 @@ class RLRun:
             overlong=cfg.overlong,
             overlong_penalty=cfg.overlong_penalty,
         )
+        if self.processor is not None:
+            seqs, stats["media_tokens_sampled"] = rl_vision.drop_sampled_media_tokens(
+                seqs, rl_vision.media_token_ids(self.processor)
+            )
+            stats["train_sequences"] = len(seqs)
         ok = [r for r in results if r.ok]
         outcome = [r.outcome_score for r in ok if r.outcome_score is not None]
         events = [r.events_score for r in ok if r.events_score is not None]

@@ -8,7 +8,12 @@ the pad tokens its images expand to (a mismatch would silently misalign image fe
 
 URLs come from the task app (untrusted): the rollout server has turned every http(s) image into a data: URI
 (the bytes vLLM got), so the trainer loads data: URIs only; it never fetches a URL or reads a local path a
-task app names (the trainer's files and network are not the task app's)."""
+task app names (the trainer's files and network are not the task app's).
+
+A policy that samples an image pad token itself (a random test model does, about 1 token in 500) makes a
+sequence the model's forward cannot take: transformers puts image features at every pad token id, vLLM only
+at the placeholders of the prompt. Such sequences are left out of the update and counted
+(drop_sampled_media_tokens)."""
 
 from __future__ import annotations
 
@@ -71,3 +76,18 @@ def image_inputs(processor: Any, images: Sequence[Sequence[str]], input_ids: tor
         "image_grid_thw": torch.cat(grids),
         "mm_token_type_ids": (input_ids == pad_id).long(),  # 1 marks image tokens (M-RoPE positions)
     }
+
+
+def media_token_ids(processor: Any) -> set[int]:
+    ids = {getattr(processor, "image_token_id", None), getattr(processor, "video_token_id", None)}
+    return {int(i) for i in ids if i is not None}
+
+
+def drop_sampled_media_tokens(seqs: list[Any], media_ids: set[int]) -> tuple[list[Any], int]:
+    """(sequences whose policy-sampled tokens hold no image/video pad token, how many were left out)."""
+    kept = [
+        s
+        for s in seqs
+        if not any(m and t in media_ids for t, m in zip(s.completion_ids, s.completion_mask, strict=True))
+    ]
+    return kept, len(seqs) - len(kept)
