@@ -154,6 +154,7 @@ def test_gspo_on_images_syncs_weights_and_moves_image_logprobs(
     from posttrain.api.jobfile import JobFile
     from posttrain_trainer import rl
     from posttrain_trainer.modeling import load_model_and_tokenizer, load_processor
+    from posttrain_trainer.rl_vision import drop_sampled_media_tokens, media_token_ids
     from posttrain_trainer.rollouts import RolloutClient, RolloutLoop, plan_rollouts
 
     monkeypatch.setenv("ENVIRONMENT_API_KEY", KEY)
@@ -182,9 +183,23 @@ def test_gspo_on_images_syncs_weights_and_moves_image_logprobs(
     client = RolloutClient(
         task_url=shapes_taskapp, config=_config({}), model=vl_server.served_model_name, api_key=KEY
     )
-    with RolloutLoop() as loop:
-        (probe,) = loop.collect(client, plan_rollouts("probe", 0, [7], 1, [vl_server.url]))
     processor = load_processor(vllm_vl_model_dir)
+    media = media_token_ids(processor)
+
+    def probe(iteration: int):
+        """Seed 7's picture, sampled; retried while the policy samples a pad token (left out in training)."""
+        for attempt in range(5):
+            with RolloutLoop() as loop:
+                (result,) = loop.collect(
+                    client, plan_rollouts(f"probe{attempt}", iteration, [7], 1, [vl_server.url])
+                )
+            assert result.ok, result.error
+            kept, _ = drop_sampled_media_tokens(result.sequences, media)
+            if kept:
+                return kept[0]
+        raise AssertionError("the policy sampled a pad token in 5 probes")
+
+    before_seq = probe(0)
     base, _ = load_model_and_tokenizer(vllm_vl_model_dir, dtype=torch.float32)
 
     metrics = rl.train(job)
@@ -210,9 +225,8 @@ def test_gspo_on_images_syncs_weights_and_moves_image_logprobs(
     final = Path(tmp_path / "work" / "final")
     trained, _ = load_model_and_tokenizer(final if final.exists() else vllm_vl_model_dir, dtype=torch.float32)
     assert final.exists() and load_processor(final).image_token_id == processor.image_token_id
-    (seq,) = probe.sequences
-    before = _row_logprobs(base, seq, processor)
-    after = _row_logprobs(trained, seq, processor)
+    before = _row_logprobs(base, before_seq, processor)
+    after = _row_logprobs(trained, before_seq, processor)
     moved = float((after - before).abs().max())
     print(f"image prompt logprobs moved by up to {moved:.3f} after {iterations} GSPO iterations")
     assert moved > 1e-2
@@ -220,10 +234,7 @@ def test_gspo_on_images_syncs_weights_and_moves_image_logprobs(
     # the probe's image again, after the syncs: vLLM must not reuse (or lose) its encoder output of the old
     # weights (vLLM 0.32 killed its engine here, "Encoder cache miss", until the sync reset that cache), and
     # the served policy is the last synced one (the weights after iteration 2; the last update is not synced)
-    with RolloutLoop() as loop:
-        (again,) = loop.collect(client, plan_rollouts("probe", 1, [7], 1, [vl_server.url]))
-    assert again.ok, again.error
-    (seq,) = again.sequences
+    seq = probe(1)
     served = torch.tensor(seq.sampling_logprobs)
     synced, _ = load_model_and_tokenizer(tmp_path / "weights" / f"v{iterations - 1}", dtype=torch.float32)
     assert float((_row_logprobs(synced, seq, processor) - served).abs().max()) < 1e-3
