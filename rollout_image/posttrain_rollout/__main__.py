@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--capture-ttl", type=float, default=3600.0, help="seconds after a cid's last write")
     s.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM flag (repeatable)")
     s.add_argument("--log-level", default="info")
+    s.add_argument("--max-images-per-message", type=int, default=None, help="each message keeps its first N")
+    s.add_argument(
+        "--max-images-per-step", type=int, default=None, help="a request keeps its newest N images"
+    )
+    s.add_argument("--image-only-mode", action="store_true", help="user messages with images lose their text")
     s.add_argument(
         "--token-env",
         default="POSTTRAIN_ROLLOUT_TOKEN",
@@ -113,6 +118,7 @@ def serve(args: argparse.Namespace) -> int:
     from posttrain_rollout import vllm_args, weights
     from posttrain_rollout.captures import CaptureStore
     from posttrain_rollout.server import Proxy
+    from posttrain_rollout.vision import ImageLimits
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request otherwise
@@ -166,6 +172,7 @@ def serve(args: argparse.Namespace) -> int:
         captures=CaptureStore(max_cids=args.capture_max_cids, ttl_s=args.capture_ttl),
         upstream_alive=lambda: proc.poll() is None,
         token=os.environ.get(args.token_env, "").strip() or None,
+        image_limits=ImageLimits(args.max_images_per_message, args.max_images_per_step, args.image_only_mode),
     )
     rc = 1
     try:

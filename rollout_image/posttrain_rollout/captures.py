@@ -100,8 +100,12 @@ def completion_choice_logprobs(choice: dict[str, Any]) -> list[float | None]:
     return [_float_or_none(x) for x in ((choice.get("logprobs") or {}).get("token_logprobs") or [])]
 
 
-def entries_from_response(body: dict[str, Any], *, chat: bool, weight_version: Any) -> list[dict[str, Any]]:
-    """One capture entry per choice of a vLLM response made with return_token_ids and logprobs."""
+def entries_from_response(
+    body: dict[str, Any], *, chat: bool, weight_version: Any, images: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """One capture entry per choice of a vLLM response made with return_token_ids and logprobs. `images`: the
+    image URLs the request gave vLLM, in prompt order (their placeholders are in prompt_token_ids); the trainer
+    rebuilds the same pixel values from them."""
     top_prompt = body.get("prompt_token_ids")
     out = []
     for choice in sorted(body.get("choices") or [], key=lambda c: c.get("index", 0)):
@@ -115,6 +119,7 @@ def entries_from_response(body: dict[str, Any], *, chat: bool, weight_version: A
                 "logprobs": logprobs,
                 "weight_version": weight_version,
                 "finish_reason": choice.get("finish_reason"),
+                **({"images": list(images)} if images else {}),
             }
         )
     return out

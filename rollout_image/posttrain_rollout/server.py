@@ -26,7 +26,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from posttrain_rollout import reference, weights
+from posttrain_rollout import reference, vision, weights
 from posttrain_rollout.captures import CaptureStore, entries_from_response
 from posttrain_rollout.weights import WeightGate
 
@@ -118,7 +118,9 @@ class Proxy:
         timeout_s: float = 3600.0,
         max_connections: int = 1024,
         token: str | None = None,
+        image_limits: vision.ImageLimits | None = None,
     ):
+        self.image_limits = image_limits or vision.ImageLimits()
         self.upstream = upstream.rstrip("/")
         self.role = role
         self.served_model_name = served_model_name
@@ -217,6 +219,14 @@ class Proxy:
         if self.lora_name and body.get("model") in (None, self.served_model_name):
             body["model"] = self.lora_name  # the hot-loaded adapter is the policy
         fwd = prepare_request(body, chat=chat, capture=bool(cid))
+        images: list[str] = []
+        if chat:
+            fwd["messages"], _ = vision.apply_limits(fwd.get("messages"), self.image_limits)
+            try:
+                fwd["messages"] = await vision.inline_remote_images(fwd.get("messages"), self.fetch_image)
+            except (vision.ImageFetchError, httpx.HTTPError) as err:
+                return _err(400, f"cannot fetch an image of the request: {type(err).__name__}: {err}")
+            images = vision.request_images(fwd)
         version = await self.gate.enter()
         handed_over = False
         try:
@@ -227,7 +237,9 @@ class Proxy:
             status, headers, content = await self._post(path, fwd)
             if cid and status == 200:
                 data = json.loads(content)
-                self.captures.add(cid, entries_from_response(data, chat=chat, weight_version=version))
+                self.captures.add(
+                    cid, entries_from_response(data, chat=chat, weight_version=version, images=images)
+                )
             hdrs = {k: v for k, v in headers if k.lower() not in _DROP_HEADERS}
             hdrs[VERSION_HEADER] = str(version)
             return Response(content, status_code=status, headers=hdrs)
@@ -257,6 +269,20 @@ class Proxy:
         hdrs = {k: v for k, v in r.headers.items() if k.lower() not in _DROP_HEADERS}
         hdrs[VERSION_HEADER] = str(version)
         return StreamingResponse(body(), status_code=r.status_code, headers=hdrs)
+
+    async def fetch_image(self, url: str) -> tuple[str, bytes]:
+        """(content type, bytes) of an image URL a request names, at most vision.MAX_IMAGE_BYTES."""
+        async with self.http().stream("GET", url, timeout=30.0, follow_redirects=False) as r:
+            if r.status_code != 200:
+                raise vision.ImageFetchError(f"image URL {url[:80]!r} answered HTTP {r.status_code}")
+            data = bytearray()
+            async for chunk in r.aiter_bytes():
+                data += chunk
+                if len(data) > vision.MAX_IMAGE_BYTES:
+                    raise vision.ImageFetchError(
+                        f"image URL {url[:80]!r} is larger than {vision.MAX_IMAGE_BYTES} bytes"
+                    )
+            return r.headers.get("content-type", "").split(";")[0].strip().lower(), bytes(data)
 
     # -- weights ---------------------------------------------------------------------------------------
     async def sync_weights(self, path: str, fmt: str, version: Any) -> dict[str, Any]:
@@ -294,6 +320,12 @@ class Proxy:
                 r = await self.http().post("/reset_prefix_cache")
                 if r.status_code >= 400:
                     raise RuntimeError(f"reset_prefix_cache -> HTTP {r.status_code}: {r.text[:300]}")
+                # vLLM 0.32's reload_weights clears the worker's encoder cache (image embeddings) but not the
+                # scheduler's record of it: the next request with an image seen before the sync then kills
+                # the engine ("Encoder cache miss for <hash>"). This clears both, and no stale embedding stays.
+                r = await self.http().post("/reset_encoder_cache")
+                if r.status_code >= 400 and r.status_code != 404:
+                    raise RuntimeError(f"reset_encoder_cache -> HTTP {r.status_code}: {r.text[:300]}")
                 new_version = version
             except BaseException:
                 await self.gate.resume()  # keep serving the old weights, old version

@@ -213,6 +213,8 @@ def test_vision_sft_lowers_heldout_loss(tiny_vl_model_dir, tmp_path, one_thread)
     accuracy = evals[-1]["eval_token_accuracy"]
     print(f"vision held-out loss {first:.3f} -> {last:.3f} (token accuracy {accuracy:.2f}) in {runtime:.1f}s")
     assert evals[0]["step"] == 0 and evals[-1]["step"] == 160
+    (clamped,) = [line for line in lines if line.get("event") == "vision_batch_clamped"]  # synth's rule
+    assert (clamped["per_device_batch"], clamped["gradient_accumulation_steps"]) == (1, 8)
     assert last <= 0.1 * first
     # targets per row: the colour name (one token), <|im_end|> and "\n"; a model blind to the image pays
     # log(8) on the colour, log(8) / 3 per target, and gets at most 2 of 3 targets right

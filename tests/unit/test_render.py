@@ -514,3 +514,25 @@ def test_the_init_container_carries_the_operators_address_rules() -> None:
     assert env["POSTTRAIN_TASK_APP_ALLOWED_NETWORKS"] == "10.0.0.0/8"
     assert env["POSTTRAIN_API_SERVER_ADDRESSES"] == "10.96.0.1:443"
     assert "POSTTRAIN_TASK_APP_DENIED_NETWORKS" not in env
+
+
+def test_vision_image_limits_reach_the_rollout_server() -> None:
+    """policy_config's max_images_per_step wins over [rollout]'s; the server applies them to every request."""
+    rollout = {
+        **RL_SPEC["rollout"],
+        "maxImagesPerStep": 3,
+        "policyConfig": {"useVision": True, "imageOnlyMode": True, "maxImagesPerStep": 2},
+    }
+    job = rljob(
+        model={"base": "Qwen/Qwen3-VL-4B-Instruct", "trainerMode": "full", "maxImagesPerMessage": 1},
+        rollout=rollout,
+        vllm={"limitMmPerPrompt": {"image": 2}},
+    )
+    out = render.render_rljob(job, SETTINGS, TARGET)
+    cmd = by(out.children, "Deployment", "rollout")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--max-images-per-step") + 1] == "2"
+    assert cmd[cmd.index("--max-images-per-message") + 1] == "1"
+    assert "--image-only-mode" in cmd
+    assert json.loads(cmd[cmd.index("--limit-mm-per-prompt") + 1]) == {"image": 2}
+    plain = by(render.render_rljob(rljob(), SETTINGS, TARGET).children, "Deployment", "rollout")
+    assert not any("image" in arg for arg in plain["spec"]["template"]["spec"]["containers"][0]["command"])

@@ -16,7 +16,7 @@ from posttrain.cli import main
 from posttrain.errors import UserError
 from posttrain.jobs_view import JobRow, eta_seconds, row_from_object, table, watch_line
 from posttrain.local.registry import RunRecord, find_run, list_runs
-from posttrain.local.taskapp import MATH_APP, choose_task_app
+from posttrain.local.taskapp import MATH_APP, SHAPES_APP, choose_task_app
 from posttrain.plotting import curve_points, plot_curves
 
 NOW = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.UTC)
@@ -159,6 +159,8 @@ def test_choose_task_app_follows_synths_precedence_and_starts_math_only_for_math
     with pytest.raises(UserError) as err:
         choose_task_app({"rollout": {"env_name": "crafter"}}, cli_url=None, env={}, script=None)
     assert "no task app for environment 'crafter'" in str(err.value) and "--task-url" in str(err.value)
+    shapes = {"rollout": {"env_name": "shapes"}}  # the vision example app is bundled too
+    assert choose_task_app(shapes, cli_url=None, env={}, script=None) == ("start", SHAPES_APP)
 
 
 def test_train_local_refuses_a_crafter_config_without_a_task_app(tmp_path, capsys, monkeypatch):

@@ -98,6 +98,12 @@ def test_batch_plan():
     assert [len(g) for g in accumulation_groups(range(5), 2)] == [2, 2, 1]
 
 
+def test_vision_batch_plan_is_one_per_device_with_the_same_global_batch():
+    plan = BatchPlan.from_hyperparameters({"batch_size": 4, "gradient_accumulation_steps": 2}, 2)
+    one = plan.one_per_device()
+    assert (one.micro_batch, one.grad_accum, one.global_batch) == (1, 8, plan.global_batch)
+
+
 def test_trainer_settings_document_every_field_and_are_named_apart_from_the_api():
     import dataclasses
     import importlib

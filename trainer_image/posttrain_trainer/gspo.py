@@ -265,6 +265,8 @@ class TokenBatch:
     attention_mask: torch.Tensor  # [B, T]
     loss_mask: torch.Tensor  # [B, T - 1]
     completion_start: list[int]  # prompt length per row
+    # extra model inputs of the batch (a vision policy's pixel_values, image_grid_thw, mm_token_type_ids)
+    model_inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def targets(self) -> torch.Tensor:

@@ -154,16 +154,19 @@ def token_logprobs(
     autocast: contextlib.AbstractContextManager | None = None,
     first_target: int = 0,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    model_inputs: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """log pi(input_ids[:, t+1] | input_ids[:, :t+1]) for every t: [B, T - 1], float32.
 
     Logits are divided by the sampling temperature (the distribution the tokens were drawn from). Targets
     before column `first_target` (prompt tokens nobody trains on, TokenBatch.first_target) read 0: their
-    logits are never computed. See the module docstring for the memory bound."""
+    logits are never computed. model_inputs go to the model as well (a vision model's pixel values and image
+    grids). See the module docstring for the memory bound."""
     width = input_ids.shape[1]
     first_target = max(0, min(int(first_target), width - 1))
     keep = width - first_target
     kwargs: dict[str, Any] = {"logits_to_keep": keep} if first_target else {}
+    kwargs.update(model_inputs or {})
     targets = input_ids[:, first_target + 1 :]
     temperature = float(temperature or 1.0)
     head = output_layer(model)

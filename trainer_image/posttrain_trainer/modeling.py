@@ -60,6 +60,37 @@ def lora_settings(lora: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+# what synth configs call a vision model's projector (the layers that map image features into the LM);
+# the model's own module names differ: Qwen2/2.5-VL visual.merger.mlp.*, Qwen3-VL visual.merger.linear_fc*,
+# LLaVA-style multi_modal_projector.*
+PROJECTOR_ALIASES = ("mm_projector", "projector", "multi_modal_projector", "merger")
+_PROJECTOR_PATHS = (".merger.", "multi_modal_projector.", "mm_projector.", "deepstack_merger")
+
+
+def lora_targets(model: torch.nn.Module, targets: str | list[str]) -> str | list[str]:
+    """peft target_modules for this model: "all-linear" stays peft's (every linear layer but the output
+    head; a vision model's projector included); a list naming a projector alias gets the model's projector
+    layers instead, and "all-linear" inside a list becomes every such linear layer by name."""
+    if isinstance(targets, str):
+        return targets
+    names = list(targets)
+    wants_projector = any(n in PROJECTOR_ALIASES for n in names)
+    if not wants_projector and "all-linear" not in names:
+        return names
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    out = [n for n in names if n not in PROJECTOR_ALIASES and n != "all-linear"]
+    if "all-linear" in names:
+        out += linear
+    if wants_projector:
+        projector = [n for n in linear if any(p in f".{n}." for p in _PROJECTOR_PATHS)]
+        if not projector:
+            raise ValueError(f"lora target_modules names a projector ({', '.join(PROJECTOR_ALIASES)}), "
+                             "but this model has none")  # fmt: skip
+        out += projector
+    return sorted(set(out))
+
+
 def _model_and_adapter_dirs(model_path: str | Path, storage: StorageRef | None) -> tuple[Path, Path | None]:
     """(base model folder, LoRA adapter folder or None) for a folder or s3:// URI."""
     model_dir = resolve_model_dir(str(model_path), storage)
@@ -157,7 +188,9 @@ def load_model_and_tokenizer(
         if quantized and adapter_dir is not None:  # a 4-bit base cannot take a merge: train the adapter on
             model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
         else:
-            model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora_settings(lora)))
+            settings = lora_settings(lora)
+            settings["target_modules"] = lora_targets(model, settings["target_modules"])
+            model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **settings))
         if gradient_checkpointing:
             model.enable_input_require_grads()
     elif trainer_mode != "full":
@@ -266,6 +299,19 @@ def merge_to_full_state_dict(
     return out
 
 
+def checkpoint_keys(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weights under the names a checkpoint of this architecture uses, as save_pretrained writes them.
+
+    transformers renames some architectures' weights when it loads them (Qwen2-VL: checkpoint
+    model.layers.* / visual.* become model.language_model.* / model.visual.* in memory); the synced folder
+    keeps the checkpoint's names, the layout vLLM's loader and from_pretrained read. A no-op for Qwen2."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # older transformers: in-memory names are the checkpoint's
+        return weights
+    return dict(revert_weight_conversion(model, dict(weights)))
+
+
 def save_merged(
     model: torch.nn.Module,
     tokenizer,
@@ -284,6 +330,13 @@ def save_merged(
     model = unwrap(model)
     base = model.get_base_model() if is_peft(model) else model
     merged = merge_to_full_state_dict(model, dtype, state)
+    if is_vision_model(base.config) and "lm_head.weight" not in merged:
+        # vLLM 0.32's in-place reload of a tied Qwen2-VL head: without lm_head.weight in the file it keeps
+        # the old head ("ParallelLMHead: Failed to load weights") and the served policy is not the trained one
+        embedding = base.get_input_embeddings().weight
+        name = next(n for n, p in base.named_parameters() if p is embedding)
+        merged["lm_head.weight"] = merged[name].clone()
+    merged = checkpoint_keys(base, merged)
     save_file(merged, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config = base.config.to_dict()
     config["dtype"] = str(dtype).replace("torch.", "")

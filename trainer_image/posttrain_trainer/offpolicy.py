@@ -44,12 +44,14 @@ def behaviour_logprobs(
 @dataclass
 class MismatchMeter:
     """Sums over an update (micro-batches, then ranks): |delta| and k3 over policy tokens with captured
-    logprobs, their token count, and sequences without captured logprobs."""
+    logprobs, their token count, and sequences without captured logprobs; max_abs: the largest |delta| of a
+    token on this rank (ranks combine it with a max, not a sum)."""
 
     abs_sum: float = 0.0
     k3_sum: float = 0.0
     tokens: float = 0.0
     missing: float = 0.0
+    max_abs: float = 0.0
 
     def add(
         self,
@@ -61,7 +63,11 @@ class MismatchMeter:
         from posttrain_trainer.gspo import sampler_mismatch
 
         rows = torch.tensor(list(captured), dtype=mask.dtype, device=mask.device).unsqueeze(-1)
-        abs_sum, k3_sum, tokens = sampler_mismatch(trainer, sampler, mask * rows)
+        counted = mask * rows
+        abs_sum, k3_sum, tokens = sampler_mismatch(trainer, sampler, counted)
+        if tokens:
+            delta = (trainer.detach().float() - sampler.detach().float()).abs() * counted.to(torch.float32)
+            self.max_abs = max(self.max_abs, float(delta.max()))
         self.abs_sum += abs_sum
         self.k3_sum += k3_sum
         self.tokens += tokens

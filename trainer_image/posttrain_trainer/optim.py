@@ -76,6 +76,13 @@ class BatchPlan:
                 )
         return cls(micro_batch=micro, grad_accum=accum, world_size=world_size)
 
+    def one_per_device(self) -> BatchPlan:
+        """The same global batch as micro-batches of one example, the rest as gradient accumulation: synth's
+        rule for vision models, whose rows carry images of different sizes (and many patch tokens)."""
+        return BatchPlan(
+            micro_batch=1, grad_accum=self.micro_batch * self.grad_accum, world_size=self.world_size
+        )
+
 
 def chunk(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):

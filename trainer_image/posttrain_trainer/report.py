@@ -35,6 +35,7 @@ PROGRESS_KEYS = {
     "tokens_per_second": "tokensPerSecond",
     "sampler_mismatch": "samplerMismatch",
     "sampler_kl": "samplerKl",
+    "sampler_max_abs_delta": "samplerMaxAbsDelta",
     "eval_score": "evalScore",
     "last_checkpoint": "lastCheckpoint",
     "metrics": "metrics",

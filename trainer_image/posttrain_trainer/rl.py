@@ -57,7 +57,7 @@ from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
 
 from posttrain_trainer import distributed as D
-from posttrain_trainer import gspo, offpolicy, step_rewards
+from posttrain_trainer import gspo, offpolicy, rl_vision, step_rewards
 from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.modeling import train_without_dropout
 from posttrain_trainer.report import Reporter
@@ -84,8 +84,8 @@ from posttrain_trainer.rollouts import (
 ITERATION_EVENT_FIELDS = (
     "step", "rollouts", "failed_rollouts", "mixed_groups", "train_sequences", "grad_norm", "clip_fraction",
     "rollout_seconds", "update_seconds", "weight_sync_seconds", "iteration_seconds", "judged", "judge_failed",
-    "truncated", "empty_responses", "sampler_mismatch", "sampler_kl", "max_staleness", "unexpected_versions",
-    "mean_turns", "decision_rewards_nonzero", "decision_reward_sum",
+    "truncated", "empty_responses", "sampler_mismatch", "sampler_kl", "sampler_max_abs_delta", "max_staleness",
+    "unexpected_versions", "media_tokens_sampled", "mean_turns", "decision_rewards_nonzero", "decision_reward_sum",
 )  # fmt: skip
 
 
@@ -108,6 +108,7 @@ class TrainSeq:
     weight_versions: list[Any] = field(default_factory=list)  # the weights that sampled it, per call
     logprobs_captured: bool = False
     token_advantages: list[float] | None = None  # per completion token (per-decision credit), else None
+    images: list[str] = field(default_factory=list)  # image URLs of the prompt's placeholders (vision)
 
     @property
     def tokens(self) -> int:
@@ -154,6 +155,7 @@ def sequences_from_results(
                     s.weight_versions,
                     s.logprobs_captured,
                     step_rewards.token_advantages(adv, credit, s.call_index) if any(credit) else None,
+                    list(s.images),
                 )
             )
     groups: dict[int, list[float]] = {}
@@ -204,13 +206,21 @@ def _micro_plan(minibatch: list[TrainSeq], micro: int) -> list[list[TrainSeq]]:
     return [mine[i * micro : (i + 1) * micro] for i in range(count)]
 
 
-def _collate(seqs: list[TrainSeq], pad_id: int) -> gspo.TokenBatch:
-    return gspo.collate_sequences(
+def _collate(seqs: list[TrainSeq], pad_id: int, processor: Any = None) -> gspo.TokenBatch:
+    """Right-padded ids; with a vision policy's processor, the pixel values of the rows' images too."""
+    batch = gspo.collate_sequences(
         [s.prompt_ids for s in seqs],
         [s.completion_ids for s in seqs],
         [s.completion_mask for s in seqs],
         pad_id,
     )
+    if any(s.images for s in seqs):
+        if processor is None:
+            raise rl_vision.VisionInputError(
+                "a rollout's prompt holds images, but the policy is text-only (no vision_config)"
+            )
+        batch.model_inputs = rl_vision.image_inputs(processor, [s.images for s in seqs], batch.input_ids)
+    return batch
 
 
 RefFn = Any  # callable(list[TrainSeq], TokenBatch) -> Tensor [B, T-1] of reference logprobs
@@ -256,7 +266,10 @@ class UpdateTotals:
         totals = D.all_reduce_sum(
             torch.tensor([*values, *self.mismatch.as_list()], dtype=torch.float64)
         ).tolist()
-        return UpdateTotals(*totals[:7]), offpolicy.MismatchMeter.metrics(totals[7:])
+        metrics = offpolicy.MismatchMeter.metrics(totals[7:])
+        if metrics["sampler_mismatch"] is not None:
+            metrics["sampler_max_abs_delta"] = max(D.gather_objects(self.mismatch.max_abs))
+        return UpdateTotals(*totals[:7]), metrics
 
 
 def _shuffled_minibatches(seqs: list[TrainSeq], cfg: RLTrainerConfig, iteration: int) -> list[list[TrainSeq]]:
@@ -279,7 +292,13 @@ def _logprobs(module: torch.nn.Module, engine: D.TrainEngine, batch: gspo.TokenB
         temperature=temperature,
         autocast=engine.autocast(),
         first_target=batch.first_target,
+        model_inputs=_on_device(batch.model_inputs),
     )
+
+
+def _on_device(inputs: dict[str, Any]) -> dict[str, Any]:
+    dev = D.device()
+    return {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
 @torch.no_grad()
@@ -289,6 +308,7 @@ def _prepare(
     cfg: RLTrainerConfig,
     pad_id: int,
     ref_fn: RefFn | None,
+    processor: Any = None,
 ) -> list[list[PreparedMicro | None]]:
     """Old (and reference) logprobs with the pre-update weights, same micro-batch composition as the update.
     The first mini-batch runs on the pre-update weights, so its old logprobs are its own logprobs, detached
@@ -302,13 +322,13 @@ def _prepare(
             if not micro:
                 row.append(None)
                 if D.shards_parameters(engine):
-                    stand_in = _collate(minibatch[:1], pad_id)
+                    stand_in = _collate(minibatch[:1], pad_id, processor)
                     if index > 0:
                         _logprobs(engine.module, engine, stand_in, cfg.temperature)
                     if ref_fn is not None and cfg.beta and getattr(ref_fn, "collective", False):
                         ref_fn(minibatch[:1], stand_in)
                 continue
-            batch = _collate(micro, pad_id)
+            batch = _collate(micro, pad_id, processor)
             old = _logprobs(engine.module, engine, batch, cfg.temperature) if index > 0 else None
             ref = ref_fn(micro, batch).to(D.device()) if (ref_fn is not None and cfg.beta) else None
             row.append(PreparedMicro(batch, old, ref, micro))
@@ -325,10 +345,11 @@ def _micro_step(
     *,
     boundary: bool,
     totals: UpdateTotals,
+    processor: Any = None,
 ) -> None:
     """Forward and backward of one micro-batch (the GSPO loss normalised by the mini-batch's size)."""
     if item is None:  # this rank has nothing here: a zero-loss pass keeps DDP in step
-        lp = _logprobs(engine.model, engine, _collate(minibatch[:1], pad_id), cfg.temperature)
+        lp = _logprobs(engine.model, engine, _collate(minibatch[:1], pad_id, processor), cfg.temperature)
         engine.backward(lp.sum() * 0.0, boundary=boundary)
         return
     dev = D.device()
@@ -376,6 +397,7 @@ def gspo_update(
     *,
     iteration: int = 0,
     ref_fn: RefFn | None = None,
+    processor: Any = None,
 ) -> dict[str, Any]:
     """The GSPO update for one rollout batch (collective: every rank calls it with the same seqs).
 
@@ -386,11 +408,13 @@ def gspo_update(
         return {"loss": 0.0, "optimizer_steps": 0, "policy_tokens": 0, "tokens": 0, "seconds": 0.0}
     minibatches = _shuffled_minibatches(seqs, cfg, iteration)
     train_without_dropout(engine.module)  # train(): activation checkpointing recomputes; no dropout
-    prepared = _prepare(engine, minibatches, cfg, pad_id, ref_fn)
+    prepared = _prepare(engine, minibatches, cfg, pad_id, ref_fn, processor)
     totals, grad_norms = UpdateTotals(), []
     for mb, row in zip(minibatches, prepared, strict=True):
         for k, item in enumerate(row):
-            _micro_step(engine, item, mb, cfg, pad_id, boundary=k == len(row) - 1, totals=totals)
+            _micro_step(
+                engine, item, mb, cfg, pad_id, boundary=k == len(row) - 1, totals=totals, processor=processor
+            )
         grad_norms.append(engine.step())
     seconds = time.perf_counter() - started
     all_totals, mismatch_metrics = totals.all_ranks()
@@ -430,6 +454,10 @@ def endpoint_reference_fn(
     import httpx
 
     def score(micro: list[TrainSeq], batch: gspo.TokenBatch) -> torch.Tensor:
+        if batch.model_inputs:  # /v1/score sends token ids alone: the images would be missing
+            raise RLConfigError(
+                "a reference rollout server cannot score image prompts: use a local reference"
+            )
         body = {
             "sequences": [
                 {"prompt_token_ids": s.prompt_ids, "completion_token_ids": s.completion_ids} for s in micro
@@ -459,7 +487,8 @@ def local_reference_fn(engine: D.TrainEngine, frozen: torch.nn.Module | None, te
         dev = D.device()
         with torch.no_grad():
             ids, mask, first = batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.first_target
-            kwargs = {"temperature": temperature, "first_target": first, "autocast": engine.autocast()}
+            kwargs = {"temperature": temperature, "first_target": first, "autocast": engine.autocast(),
+                      "model_inputs": _on_device(batch.model_inputs)}  # fmt: skip
             if frozen is not None:
                 return gspo.token_logprobs(frozen, ids, mask, **kwargs)
             module = engine.module
@@ -574,12 +603,13 @@ def iteration_record(
         "tokens_per_second": update.get("tokens_per_second", 0.0),
         "sampler_mismatch": update.get("sampler_mismatch"),
         "sampler_kl": update.get("sampler_kl"),
+        "sampler_max_abs_delta": update.get("sampler_max_abs_delta"),
         "sampler_logprobs_missing": update.get("sampler_logprobs_missing"),
         **{k: stats.get(k) for k in ("max_staleness", "unexpected_versions")},
         "rollout_seconds": stats["rollout_seconds"],
         "iteration_seconds": seconds,
         **{k: stats.get(k) for k in ("mean_turns", "decision_rewards_nonzero", "decision_reward_sum")},
-        **{k: stats[k] for k in ("judged", "judge_failed") if k in stats},
+        **{k: stats[k] for k in ("judged", "judge_failed", "media_tokens_sampled") if k in stats},
     }
 
 
@@ -598,9 +628,12 @@ class RLRun:
         self.workdir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.precision = D.announce_precision(cfg.parallel, lora_policy=hardware.is_lora_mode(cfg.trainer_mode))
+        self.precision = D.announce_precision(
+            cfg.parallel, lora_policy=hardware.is_lora_mode(cfg.trainer_mode)
+        )
         self.engine, self.tokenizer, frozen = build_policy(job, cfg, self.precision)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.processor = self._vision_processor(job)
         self.ref_fn: RefFn | None = None
         if cfg.beta:
             self.ref_fn = (
@@ -622,6 +655,24 @@ class RLRun:
     @property
     def total(self) -> int:
         return self.cfg.iterations
+
+    def _vision_processor(self, job: JobFile) -> Any:
+        """A vision-language policy's processor (the images of its rollouts become pixel values), else None."""
+        from posttrain_trainer.modeling import is_vision_model, load_processor
+
+        if not is_vision_model(D.unwrap(self.engine.module).config):
+            return None
+        if self.cfg.beta and job.endpoints.reference:
+            raise RLConfigError(
+                "a vision policy with beta > 0 needs a local reference: the reference rollout server scores "
+                'token ids alone, without the images (set reference.placement = "shared", or beta = 0)'
+            )
+        return load_processor(job.model_path, storage=job.storage)
+
+    @property
+    def saved_tokenizer(self) -> Any:
+        """What is saved beside the weights: a vision policy's processor (tokenizer + image processor)."""
+        return self.processor if self.processor is not None else self.tokenizer
 
     def run(self) -> dict[str, Any]:
         done = self.store.completed_result()
@@ -683,7 +734,13 @@ class RLRun:
         started = time.perf_counter()
         seqs, stats = self.collect(started)
         update = gspo_update(
-            self.engine, seqs, self.cfg, self.pad_id, iteration=self.iteration, ref_fn=self.ref_fn
+            self.engine,
+            seqs,
+            self.cfg,
+            self.pad_id,
+            iteration=self.iteration,
+            ref_fn=self.ref_fn,
+            processor=self.processor,
         )
         self.iteration += 1
         sync_metrics: dict[str, Any] = {}
@@ -714,6 +771,7 @@ class RLRun:
             tokens_per_second=update.get("tokens_per_second"),
             sampler_mismatch=update.get("sampler_mismatch"),
             sampler_kl=update.get("sampler_kl"),
+            sampler_max_abs_delta=update.get("sampler_max_abs_delta"),
             eval_score=eval_score if eval_score is not None else self.last_eval,
             last_checkpoint=self.store.last_uri,
         )
@@ -748,6 +806,11 @@ class RLRun:
             overlong=cfg.overlong,
             overlong_penalty=cfg.overlong_penalty,
         )
+        if self.processor is not None:
+            seqs, stats["media_tokens_sampled"] = rl_vision.drop_sampled_media_tokens(
+                seqs, rl_vision.media_token_ids(self.processor)
+            )
+            stats["train_sequences"] = len(seqs)
         ok = [r for r in results if r.ok]
         outcome = [r.outcome_score for r in ok if r.outcome_score is not None]
         events = [r.events_score for r in ok if r.events_score is not None]
@@ -776,7 +839,9 @@ class RLRun:
         out: dict[str, Any] = {}
         with D.full_weights(self.engine) as state:  # sharded engines: gathered while rank 0 writes
             if D.is_main():
-                result = self.syncer.sync(self.engine.module, self.tokenizer, version, self.sync_format, state)
+                result = self.syncer.sync(
+                    self.engine.module, self.saved_tokenizer, version, self.sync_format, state
+                )
                 out = result.as_metrics()
                 self.reporter.event(
                     "weight_sync", **out, path=result.path, format=self.sync_format, pruned=result.pruned
@@ -850,7 +915,7 @@ class RLRun:
                 saved = finalize(
                     job,
                     self.engine.module,
-                    self.tokenizer,
+                    self.saved_tokenizer,
                     metrics=metrics,
                     steps=self.iteration,
                     metrics_lines=self.history,
@@ -881,10 +946,11 @@ def train(job: JobFile) -> dict[str, Any]:
 def main(job: JobFile) -> int:
     try:
         train(job)
-    except (RLConfigError, RolloutBudgetExceeded) as err:
+    except (RLConfigError, RolloutBudgetExceeded, rl_vision.VisionInputError) as err:
         if D.is_main():
             print(f"error: {err}", flush=True)
         D.shutdown()
-        return EXIT_CONFIG_ERROR if isinstance(err, RLConfigError) else EXIT_RETRYABLE
+        # images the policy cannot take (a text-only model) or cannot be rebuilt: retrying changes nothing
+        return EXIT_RETRYABLE if isinstance(err, RolloutBudgetExceeded) else EXIT_CONFIG_ERROR
     D.shutdown()
     return 0

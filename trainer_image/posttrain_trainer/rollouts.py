@@ -208,7 +208,8 @@ class EpisodeSequence:
     non-policy tokens; logprobs_captured is False when a call's logprobs were missing or not finite), the
     behaviour policy under old_logprobs = "sampler" (offpolicy.py) and measured against the trainer's always;
     the weight version that served each call; per completion token, the index of the episode's policy call
-    that sampled it (-1 for tokens between calls)."""
+    that sampled it (-1 for tokens between calls); the image URLs the sequence's prompt holds placeholders for,
+    in order (a vision policy: the trainer rebuilds their pixel values with the model's processor)."""
 
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
@@ -217,6 +218,7 @@ class EpisodeSequence:
     weight_versions: list[Any] = field(default_factory=list)
     logprobs_captured: bool = True
     call_index: list[int] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
 
     @property
     def policy_tokens(self) -> int:
@@ -231,6 +233,7 @@ class EpisodeSequence:
             "weight_versions": self.weight_versions,
             "logprobs_captured": self.logprobs_captured,
             "call_index": self.call_index,
+            "images": self.images,
         }
 
 
@@ -276,6 +279,7 @@ def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]
         logprobs = _logprob_list(entry, len(completion))
         captured = _logprobs_complete(entry, len(completion))
         version = entry.get("weight_version")
+        images = [str(u) for u in entry.get("images") or []]
         if not prompt:
             continue
         call += 1
@@ -289,6 +293,7 @@ def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]
                 current.weight_versions.append(version)
                 current.logprobs_captured = current.logprobs_captured and captured
                 current.call_index += [-1] * len(glue) + [call] * len(completion)
+                current.images = images  # the longer prompt repeats the earlier images, then adds its own
                 continue
             sequences.append(current)
         current = EpisodeSequence(
@@ -299,6 +304,7 @@ def build_sequences(captures: Sequence[dict[str, Any]]) -> list[EpisodeSequence]
             weight_versions=[version],
             logprobs_captured=captured,
             call_index=[call] * len(completion),
+            images=images,
         )
     if current is not None:
         sequences.append(current)

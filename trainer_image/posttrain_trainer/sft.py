@@ -15,7 +15,8 @@ hyperparameters and hyperparameters.parallelism (where synth's TOML scoping some
 model.max_images_per_message (vision models) trims extra images per message.
 
 Vision models (config with a vision_config: Qwen2-VL, Qwen2.5-VL, Qwen3-VL) train through their processor
-(sft_vision): the same assistant-only loss, with pixel values and image grids in every batch."""
+(sft_vision): the same assistant-only loss, with pixel values and image grids in every batch; as synth does, the
+per-device batch is 1 and gradient accumulation makes up the same global batch (event vision_batch_clamped)."""
 
 from __future__ import annotations
 
@@ -197,6 +198,16 @@ class SFTRun:
         self.collate_fn = collate if text_only else collate_vision
         self.load_data()
         self.plan = BatchPlan.from_hyperparameters(cfg.hyperparameters, D.world_size())
+        if not text_only and self.plan.micro_batch > 1:
+            asked = self.plan
+            self.plan = asked.one_per_device()
+            self.reporter.event(
+                "vision_batch_clamped",
+                per_device_batch=1,
+                gradient_accumulation_steps=self.plan.grad_accum,
+                asked_per_device_batch=asked.micro_batch,
+                asked_gradient_accumulation_steps=asked.grad_accum,
+            )
         self.total = total_steps(
             cfg, len(epoch_batches(len(self.train_data), self.plan.global_batch, seed=cfg.seed, epoch=0))
         )

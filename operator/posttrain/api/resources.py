@@ -293,6 +293,9 @@ class Progress(CRModel):
     sampler_kl: float | None = Field(
         None, description="RL: k3 estimate of KL(sampler || trainer) per policy token, last iteration."
     )
+    sampler_max_abs_delta: float | None = Field(
+        None, description="RL: largest |trainer - sampler| logprob of a policy token, last iteration."
+    )
     eval_score: float | None = Field(None, description="Last evaluation score.")
     last_checkpoint: str | None = Field(None, description="S3 URI of the last checkpoint.")
     metrics: str | None = Field(

@@ -186,6 +186,9 @@ class PolicyConfigSection(Section):
     image_only_mode: bool | None = Field(
         None, description="Send images without text observations (implies use_vision)."
     )
+    max_images_per_step: int | None = Field(
+        None, ge=1, le=MAX_COUNT, description="Images kept per request, newest first (wins over [rollout])."
+    )
     use_tools: bool | None = Field(None, description="Let the policy call tools.")
     thinking_mode: Literal["think", "no_think"] | None = Field(
         None, description='"think" or "no_think" (set it for -Thinking models).'

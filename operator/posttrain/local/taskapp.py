@@ -15,6 +15,7 @@ from posttrain.localhost import free_port
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MATH_APP = REPO_ROOT / "examples" / "taskapps" / "math" / "app.py"
 CRAFTWORLD_APP = REPO_ROOT / "examples" / "taskapps" / "craftworld" / "app.py"
+SHAPES_APP = REPO_ROOT / "examples" / "taskapps" / "shapes" / "app.py"  # vision: coloured shapes
 
 
 def start_taskapp(
@@ -43,7 +44,7 @@ def start_taskapp(
 
 
 # The environments the bundled task apps serve (env_name -> script); other environments need their own app.
-BUNDLED = {"math": MATH_APP, "craftworld": CRAFTWORLD_APP}
+BUNDLED = {"math": MATH_APP, "craftworld": CRAFTWORLD_APP, "shapes": SHAPES_APP}
 PLACEHOLDER_URLS = ("", "placeholder")
 
 
@@ -52,7 +53,7 @@ def choose_task_app(
 ) -> tuple[str, str | Path]:
     """("url", URL) of a running task app or ("start", script) to start one, as synth resolves the task
     URL: --task-url, then $TASK_APP_URL, then [services].task_url; with none of them, --task-app-script, or
-    the bundled app of the config's environment (math or craftworld: starting one for another environment
+    the bundled app of the config's environment (math, craftworld or shapes: starting one for another environment
     would train on the wrong task). A UserError when nothing serves the environment."""
     services = config.get("services") if isinstance(config.get("services"), dict) else {}
     rollout = config.get("rollout") if isinstance(config.get("rollout"), dict) else {}
