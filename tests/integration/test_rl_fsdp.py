@@ -32,11 +32,19 @@ def test_fsdp_resumed_from_its_full_state_matches_one_rank(one_rank, tmp_path):
 
 
 def test_fsdp_bf16_two_ranks_match_one_fsdp_rank(one_rank, tmp_path):
+    """Two bf16 ranks give what one bf16 FSDP2 rank gives. Where bf16 matmuls are exact whatever the shapes
+    (Zen 4's avx512_bf16: losses 0 and parameters 1.2e-7 apart) that is the fp32 tolerance; where AMX tiles
+    the products by the micro-batch's shape (Sapphire Rapids: the third loss 2.6e-4 and parameters 6.8e-3
+    apart, against bf16's own 3.8e-3 and 6.3e-2 from fp32), sharding must add at most a fifth of what bf16
+    itself does. The first loss, before any update, agrees to the fp32 tolerance everywhere."""
     one = _run(tmp_path / "one.pt", 1, "fsdp", "bf16")
     two = _run(tmp_path / "two.pt", 2, "fsdp", "bf16")
-    compare_runs(one, two, LOSS_TOL, PARAM_TOL)
+    assert abs(one["losses"][0] - two["losses"][0]) <= LOSS_TOL
     # the mixed precision is on: bf16 compute moves the losses well beyond the fp32 run's
-    assert max(abs(a - b) for a, b in zip(one["losses"], one_rank["losses"], strict=True)) > 1e-4
+    bf16_loss = max(abs(a - b) for a, b in zip(one["losses"], one_rank["losses"], strict=True))
+    bf16_params = max((one["params"][n] - p).abs().max().item() for n, p in one_rank["params"].items())
+    assert bf16_loss > 1e-4
+    compare_runs(one, two, max(LOSS_TOL, bf16_loss / 5), max(PARAM_TOL, bf16_params / 5))
 
 
 def test_fsdp_bf16_kl_is_exactly_zero_at_step_zero(tmp_path):
