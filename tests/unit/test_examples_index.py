@@ -13,7 +13,8 @@ from fixtures.jobs import job_object
 from posttrain.controller import render
 from posttrain.controller.objects import parse_job
 from posttrain.controller.render.taskapp import TaskAppTarget
-from posttrain.controller.settings import KUEUE_QUEUE_LABEL, OperatorSettings
+from posttrain.controller.render.workload import render_workload
+from posttrain.controller.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -75,9 +76,14 @@ def test_the_kueue_example_queues_on_a_local_queue_that_exists():
     cluster = {q["metadata"]["name"] for q in queues if q["kind"] == "ClusterQueue"}
     assert [q["metadata"]["name"] for q in local] == ["team-a-gpus"]
     assert local[0]["spec"]["clusterQueue"] in cluster
-    out = _render("rl_kueue")
-    trainer = next(c for c in out.children if c["kind"] == "Job")
-    assert trainer["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team-a-gpus"
+    doc = cr("rl_kueue")
+    job = parse_job(job_object(doc["kind"], doc["spec"], name=doc["metadata"]["name"], namespace="team-a"))
+    out = render.render_rljob(job, SETTINGS, TARGET)
+    # one Workload for the whole topology (all or nothing), in the example's LocalQueue; no child is labelled
+    workload = render_workload(job.owner, out.children, job.spec.scheduling.queue_name)
+    assert workload["spec"]["queueName"] == "team-a-gpus"
+    assert {s["name"] for s in workload["spec"]["podSets"]} >= {"trainer", "rollout"}
+    assert not any("kueue.x-k8s.io/queue-name" in c["metadata"].get("labels", {}) for c in out.children)
 
 
 def test_names_agree_across_examples_and_manifests():
