@@ -96,8 +96,10 @@ def test_eval_refuses_without_a_key_or_a_task_app(tmp_path, capsys, monkeypatch)
     assert "error: --task-url: no task app" in capsys.readouterr().err
     assert main(["eval", "--model", "m", "--task-url", "http://127.0.0.1:1"]) == 2
     assert "error: --api-key-env: no task app key: $ENVIRONMENT_API_KEY is not set" in capsys.readouterr().err
-    assert main(["eval", "--model", "m", "--task-url", "not-a-url"]) == 2
-    assert "--task-url: 'not-a-url' is not an http(s) URL" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # the flag's type refuses it, as argparse does
+        main(["eval", "--model", "m", "--task-url", "not-a-url"])
+    assert refused.value.code == 2
+    assert "argument --task-url: is not an http or https URL" in capsys.readouterr().err
 
 
 @pytest.mark.slow
