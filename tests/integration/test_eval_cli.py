@@ -18,8 +18,11 @@ SEEDS = "1000000-1000005"
 
 @pytest.fixture
 def env_file(math_taskapp, tmp_path, monkeypatch):
-    monkeypatch.delenv("ENVIRONMENT_API_KEY", raising=False)
-    monkeypatch.delenv("TASK_APP_URL", raising=False)
+    # set, then deleted: monkeypatch records them, so what `eval --env-file` puts into this process's
+    # environment is taken away after the test (it would name a task app for every later test)
+    for name in ("ENVIRONMENT_API_KEY", "TASK_APP_URL"):
+        monkeypatch.setenv(name, "placeholder")
+        monkeypatch.delenv(name)
     path = tmp_path / "task.env"
     path.write_text(
         f"# the math app\nexport ENVIRONMENT_API_KEY='{math_taskapp.api_key}'\nTASK_APP_URL={math_taskapp.url}\n"
