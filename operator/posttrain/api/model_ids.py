@@ -77,7 +77,7 @@ class SupportedModel:
 
     @property
     def vision(self) -> bool:
-        return "-VL-" in self.id
+        return "-VL-" in self.id or self.id.endswith("-vl")  # Qwen3-VL-*, posttrain/tiny-random-qwen2-vl
 
 
 def _experimental(model_id: str) -> bool:
