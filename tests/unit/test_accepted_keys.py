@@ -117,16 +117,14 @@ def test_each_inert_key_warns_with_its_reason(base, model, inert):
 
 def test_validate_and_convert_print_the_warning(tmp_path, capsys):
     path = tmp_path / "rl.toml"
-    path.write_text(_with(RL_BASE, "rollout.max_images_per_step", "2"))
+    path.write_text(_with(RL_BASE, "model.supports_vision", "true"))
     assert main(["validate", "--config", str(path)]) == 0
     assert (
-        "rollout.max_images_per_step: accepted for synth compatibility but has no effect"
-        in capsys.readouterr().err
+        "model.supports_vision: accepted for synth compatibility but has no effect" in capsys.readouterr().err
     )
     assert main(["convert", "--config", str(path), "--task-url", "http://t:1"]) == 0
     assert (
-        "rollout.max_images_per_step: accepted for synth compatibility but has no effect"
-        in capsys.readouterr().err
+        "model.supports_vision: accepted for synth compatibility but has no effect" in capsys.readouterr().err
     )
 
 

@@ -165,6 +165,16 @@ def test_vision_autofill_for_qwen3_vl():
     assert "supports_vision" not in plain and "vision_processor_id" not in plain
 
 
+def test_vision_autofill_warns_only_for_what_the_user_wrote():
+    tiny = rl(model__base="posttrain/tiny-random-qwen2-vl", rollout__policy_config={"use_vision": True})
+    config, warnings = load_rl(tiny)
+    assert (config.model.supports_vision, config.model.max_images_per_message) == (True, 1)
+    assert not [w for w in warnings if "vision" in w], warnings  # filled in: neither "no effect" nor "unsupported"
+    assert not [w for w in load_rl(rl(model__base="Qwen/Qwen3-VL-4B-Instruct"))[1] if "vision" in w]
+    written = rl(model__base="Qwen/Qwen3-VL-4B-Instruct", model__supports_vision=True)
+    assert any(w.startswith("model.supports_vision: accepted") for w in load_rl(written)[1])
+
+
 def test_vision_and_thinking_fields():
     raw = rl(rollout__policy_config={"image_only_mode": True, "use_vision": False})
     assert "rollout.policy_config.use_vision" in problems(load_rl, raw)

@@ -32,6 +32,21 @@ def test_unknown_base_without_weights_is_a_user_error(tmp_path):
     ).model_path == str(tmp_path)
 
 
+def test_the_tiny_vision_model_is_a_base_the_runner_builds_for_vllm(tmp_path, monkeypatch):
+    from posttrain.api import model_ids
+
+    vl = "posttrain/tiny-random-qwen2-vl"
+    assert model_ids.normalize_base(vl, "rl") == vl
+    monkeypatch.setattr(models, "MODELS_DIR", tmp_path)
+    resolved = models.resolve_model(vl, None, bucket="b")
+    assert resolved.model_path == str(tmp_path / "tiny-random-qwen2-vl-hd32")
+    config = json.loads((tmp_path / "tiny-random-qwen2-vl-hd32" / "config.json").read_text())
+    text = config.get("text_config") or config
+    # vLLM's CPU attention rejects head_dim 16 (the builder's default hidden size 64 over 4 heads)
+    assert text["hidden_size"] // text["num_attention_heads"] == 32, text
+    assert (tmp_path / "tiny-random-qwen2-vl-hd32" / "processor_config.json").is_file()
+
+
 def test_model_fields_and_reference_detection():
     rl = {"model": {"base": "b", "label": "My Run"}, "reference": {"placement": "dedicated"}}
     assert runner.model_fields("rl", rl) == ("b", None, "My Run")

@@ -36,11 +36,11 @@ import random
 import re
 import socket
 import sys
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -158,6 +158,18 @@ def allowed_keys() -> list[str]:
     ).strip()
     aliases = [a.strip() for a in os.environ.get("ENVIRONMENT_API_KEY_ALIASES", "").split(",") if a.strip()]
     return ([primary] if primary else []) + aliases
+
+
+def descriptor() -> dict[str, Any]:
+    return {"id": APP_ID, "name": "Coloured shapes (vision)", "version": VERSION,
+            "description": "Name the colour of a shape drawn with Pillow."}  # fmt: skip
+
+
+def seed_info(seed: int) -> dict[str, Any]:
+    colour, shape, _ = picture(seed, 0, 56)
+    return {"task": descriptor(), "environment": APP_ID, "rubric": RUBRIC, "limits": LIMITS,
+            "task_metadata": {"seed": seed, "colour": colour, "shape": shape},
+            "observation": {"type": "image", "prompt": QUESTION}}  # fmt: skip
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -303,10 +315,6 @@ def create_app() -> FastAPI:
     async def health(request: Request) -> Any:
         return auth_failure(request) or {"healthy": True, "service": APP_ID, "auth": {"required": True}}
 
-    def descriptor() -> dict[str, Any]:
-        return {"id": APP_ID, "name": "Coloured shapes (vision)", "version": VERSION,
-                "description": "Name the colour of a shape drawn with Pillow."}  # fmt: skip
-
     @app.get("/info")
     async def info(request: Request) -> Any:
         return auth_failure(request) or {
@@ -322,16 +330,15 @@ def create_app() -> FastAPI:
         }
 
     @app.get("/task_info")
-    async def task_info(request: Request, seed: int | None = None) -> Any:
+    async def task_info(request: Request, seed: Annotated[list[int] | None, Query()] = None) -> Any:
         failure = auth_failure(request)
         if failure is not None:
             return failure
-        if seed is None:
+        if not seed:
             return {"taskset": {**descriptor(), "rubric": RUBRIC}}
-        colour, shape, _ = picture(seed, 0, 56)
-        return {"task": descriptor(), "environment": APP_ID, "rubric": RUBRIC, "limits": LIMITS,
-                "task_metadata": {"seed": seed, "colour": colour, "shape": shape},
-                "observation": {"type": "image", "prompt": QUESTION}}  # fmt: skip
+        infos = [seed_info(s) for s in seed]
+        # the contract: one seed -> its object, several (?seed=1&seed=2, as posttrain verifies) -> a list
+        return infos[0] if len(infos) == 1 else infos
 
     @app.post("/rollout")
     async def rollout(request: Request, body: RolloutRequest) -> Any:

@@ -324,9 +324,11 @@ def base_model_of(model: ModelSection) -> str | None:
 
 
 def _vision_autofill(model: ModelSection) -> None:
-    """synth's helper: Qwen3-VL models load the vision processor, one image per message by default."""
+    """synth's helper: Qwen3-VL models load the vision processor, one image per message by default (also
+    posttrain's own tiny Qwen2-VL)."""
     base = base_model_of(model)
-    if not base or "qwen3-vl-" not in base.lower():
+    known = model_ids.lookup(base) if base else None
+    if not base or not ("qwen3-vl-" in base.lower() or (known is not None and known.vision)):
         return
     if model.supports_vision is None:
         model.supports_vision = True
@@ -411,11 +413,11 @@ def load_rl(raw: dict[str, Any]) -> tuple[RLConfig, list[str]]:
         config = RLConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_problems_from(err)) from err
+    inert = inert_warnings(config, RL_INERT)  # the keys the user wrote, not those the rules fill in
     _rl_rules(config, problems, warnings)
     if problems:
         raise ConfigError(problems)
-    warnings += inert_warnings(config, RL_INERT)
-    return config, warnings
+    return config, warnings + inert
 
 
 def is_restem(config: RLConfig) -> bool:

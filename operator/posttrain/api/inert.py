@@ -11,15 +11,18 @@ from typing import Any
 from pydantic import BaseModel
 
 _TP = "the trainer shards with DDP, FSDP2 or DeepSpeed ZeRO; it has no tensor or pipeline parallelism"
-_VISION = "vision RL is not implemented (no image reaches the policy)"
+# Vision RL needs none of these: images flow whenever the task app sends image parts and the model is a
+# vision-language model (the trainer reads that from its config.json and loads the processor saved with it).
+_VISION = (
+    "a vision-language model is detected from its config.json and trains on the images its task app sends "
+    "(docs/vision-rl.md)"
+)
 _FP16 = "precision comes from the CPU/GPU capability probe (bf16 where native, else fp32; parallelism.bf16)"
 
 RL_INERT: dict[str, str] = {
-    "rollout.max_images_per_step": _VISION,
-    "rollout.use_vision": _VISION,
-    "rollout.image_only_mode": _VISION,
+    "rollout.use_vision": _VISION + "; rollout.policy_config.use_vision reaches the task app",
     "model.supports_vision": _VISION,
-    "model.vision_processor_id": _VISION,
+    "model.vision_processor_id": "the trainer and vLLM use the processor saved with the model's weights",
     "training.supports_vision": _VISION,
     "rollout.task_app_origin_rewards_only": "the env reward is always the task app's; judge scores blend only "
     "through [rubric]/[judge]",

@@ -62,7 +62,11 @@ _QWEN3_SFT_ONLY = [
     "Qwen3-VL-235B-A22B-Thinking",
 ]
 # posttrain's own additions (CPU demo and tests).
-_EXTENSION = ["HuggingFaceTB/SmolLM2-135M-Instruct", "posttrain/tiny-random-qwen2"]
+_EXTENSION = [
+    "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "posttrain/tiny-random-qwen2",
+    "posttrain/tiny-random-qwen2-vl",  # vision RL on CPU (examples/rl_vision_shapes.toml)
+]
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ class SupportedModel:
 
     @property
     def vision(self) -> bool:
-        return "-VL-" in self.id
+        return "-VL-" in self.id or self.id.endswith("-vl")  # Qwen3-VL-*, posttrain/tiny-random-qwen2-vl
 
 
 def _experimental(model_id: str) -> bool:

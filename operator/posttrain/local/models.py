@@ -1,6 +1,6 @@
 """Where the local runner finds a job's starting weights.
 
-- A base model id known to posttrain.modelzoo (SmolLM2-135M-Instruct, the tiny random Qwen2) resolves to its
+- A base model id known to posttrain.modelzoo (SmolLM2-135M-Instruct, the tiny random Qwen2 and Qwen2-VL) resolves to its
   folder under .models/, built on first use (there are no hub downloads here).
 - A base that is a local folder is used as it is.
 - A fine-tuned id (`ft:` / `rl:` / `fft:` / `qft:` `<base>:<ns>.<name>.<uid8>`) resolves to the S3 URI of the
@@ -26,6 +26,12 @@ class ResolvedModel:
     source_id: str | None = None  # the fine-tuned id this job starts from, if any
 
 
+def _tiny_vl_for_vllm(out: Path) -> Path:
+    from posttrain import modelzoo
+
+    return modelzoo.build_tiny_vl_model(out, hidden_size=128)
+
+
 def local_model_dir(base: str) -> Path | None:
     """A modelzoo model's folder (built on first use), or None when `base` is not one."""
     from posttrain import modelzoo
@@ -33,6 +39,8 @@ def local_model_dir(base: str) -> Path | None:
     known = {
         modelzoo.SMOLLM2_MODEL_NAME.lower(): (modelzoo.convert_smollm2, "smollm2-135m-instruct"),
         modelzoo.TINY_MODEL_NAME.lower(): (modelzoo.build_tiny_model, "tiny-random-qwen2"),
+        # head_dim 32: vLLM's CPU attention rejects the builder's default 16 (the vllm_vl_model_dir fixture's model)
+        modelzoo.TINY_VL_MODEL_NAME.lower(): (_tiny_vl_for_vllm, "tiny-random-qwen2-vl-hd32"),
     }
     entry = known.get(base.lower())
     if entry is None:
