@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
 from posttrain.api import model_ids, trackers
 from posttrain.api.base import Section
@@ -27,6 +27,15 @@ MAX_TEMPERATURE = 100.0
 MAX_WEIGHT = 1_000_000.0
 MAX_SECONDS = 30 * 24 * 3600.0
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+# [training] report_to of RL and SFT configs: a string or a list, normalised by api/trackers.py
+ReportTo = Annotated[
+    list[Literal["tensorboard", "mlflow", "wandb"]] | None,
+    BeforeValidator(trackers.normalize),
+    Field(
+        description='Experiment trackers for each step\'s metrics: "tensorboard" (event files in the job\'s S3 '
+        'folder), "mlflow", "wandb"; a string or a list ("none": only metrics.jsonl and /metrics).',
+    ),
+]
 PLACEHOLDER_URLS = ("", "placeholder")  # synth injects task_url = "placeholder" when [services] is absent
 OPS = ("agent", "env")
 
@@ -309,16 +318,7 @@ class RLTrainingConfig(Section):
         None, ge=1, le=MAX_COUNT, description="Cap on accumulated minibatches."
     )
     log_interval: int | None = Field(None, ge=1, le=MAX_STEPS, description="Log every N steps.")
-    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] | None = Field(
-        None,
-        description='Experiment trackers for each step\'s metrics: "tensorboard" (event files in the job\'s S3 '
-        'folder), "mlflow", "wandb"; a string or a list ("none": only metrics.jsonl and /metrics).',
-    )
-
-    @field_validator("report_to", mode="before")
-    @classmethod
-    def _report_to(cls, value: object) -> object:
-        return trackers.normalize(value)
+    report_to: ReportTo = None
     weight_sync_interval: int | None = Field(
         None, ge=1, le=MAX_STEPS, description="Push weights to vLLM every N steps."
     )
@@ -614,16 +614,7 @@ class SFTTrainingConfig(Section):
     keep_checkpoints: int | None = Field(
         None, ge=0, description="posttrain: newest checkpoints kept in S3 (default 3; 0 keeps all)."
     )
-    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] | None = Field(
-        None,
-        description='Experiment trackers for each step\'s metrics: "tensorboard" (event files in the job\'s S3 '
-        'folder), "mlflow", "wandb"; a string or a list ("none": only metrics.jsonl and /metrics).',
-    )
-
-    @field_validator("report_to", mode="before")
-    @classmethod
-    def _report_to(cls, value: object) -> object:
-        return trackers.normalize(value)
+    report_to: ReportTo = None
 
 
 class HyperparametersConfig(Section):
