@@ -16,7 +16,6 @@ from pathlib import Path
 from posttrain.api.convert import _read, to_yaml, toml_to_cr
 from posttrain.commands.argtypes import http_url, job_name, namespace, object_name
 from posttrain.commands.validate import strict_warnings
-from posttrain.errors import Problem, UserError
 
 # Shown at the end of --help (cli.py adds them).
 EXAMPLES = """\
@@ -96,9 +95,6 @@ def run(args: argparse.Namespace) -> int:
     text = _read(args.config)
     if args.output is not None:
         check_output_path(args.output, flag="--output")
-    if args.name and not _valid_name(args.name):
-        raise UserError(Problem(f"invalid --name {args.name!r}", field="metadata.name",
-                                fix="use lower-case letters, digits and '-' (at most 63)"))  # fmt: skip
     dataset, validation = local_datasets(args, text)
     resource, warnings = toml_to_cr(
         text,
@@ -125,9 +121,3 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text_out)
     return 0
-
-
-def _valid_name(name: str) -> bool:
-    import re
-
-    return bool(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name))
