@@ -10,65 +10,111 @@ given here. `FREE` sections are forwarded to the task app or kept as metadata: a
 from __future__ import annotations
 
 import difflib
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from posttrain.api.base import Section
 
-Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
-Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Count = Annotated[int, Field(ge=1, le=1_000_000)]
-Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
-Steps = Annotated[int, Field(ge=0, le=100_000_000)]
-Text = Annotated[str, Field(max_length=256)]
+from posttrain.api.settings import (
+    RL_ALGORITHMS,
+    Count,
+    Fraction,
+    Keys,
+    NonNegative,
+    Positive,
+    Seed,
+    SFTSettings,
+    ValidationSettings,
+    Steps,
+    Text,
+    keys_of,
+)
 
-_RL_TRAINING: dict[str, Any] = {
-    # GSPO (rl.py)
-    "num_minibatches": Count, "minibatches": Count, "eps_low": Fraction, "eps_high": Fraction,
-    "clip_eps_low": Fraction, "clip_eps_high": Fraction, "beta": NonNegative, "kl_beta": NonNegative,
-    "kl_coef": NonNegative, "micro_batch": Count, "per_device_batch": Count, "max_grad_norm": Positive,
-    "warmup_ratio": Fraction, "lr_scheduler": Text, "skip_zero_advantage": bool, "seed": Seed,
-    "seed_start": Seed, "checkpoint_every": Steps, "mode": Text, "parallelism": dict,
-    "rollout_error_budget": Fraction,
-    # step rewards (synth's crafter_rl_stepwise_shaped.toml; step_rewards.py): per-achievement weights, caps
-    "step_rewards_weights": dict[Text, Annotated[float, Field(allow_inf_nan=False)]],
-    "step_rewards_k_limits": dict[Text, Annotated[int, Field(ge=-1, le=1_000_000)]],
-    # ReST-EM (restem_job.py)
-    "reward_threshold": Annotated[float, Field(allow_inf_nan=False)], "sft_epochs": Count,
-    "sft_batch_size": Count, "max_per_prompt": Count,
-}  # fmt: skip
-_SFT_HYPERPARAMETERS: dict[str, Any] = {
-    "lr_scheduler_type": Text, "lr_scheduler": Text, "seed": Seed, "max_grad_norm": Positive,
-    "early_stopping_patience": Count, "early_stopping_threshold": NonNegative,
-    "max_images_per_message": Count, "lora_rank": Count, "lora_r": Count,
-}  # fmt: skip
-PASSTHROUGH: dict[str, dict[str, Any]] = {
+# The sections whose keys beyond the typed schema are pass-through keys; the trainer's fallbacks elsewhere
+# ([algorithm], [policy], hyperparameters.parallelism) are read but stay unknown-key warnings there.
+PASSTHROUGH_SECTIONS = ("training", "training.weight_sync", "training.validation", "rollout", "evaluation",
+                        "data", "hyperparameters")  # fmt: skip
+
+
+def _setting_type(info: Any) -> Any:
+    """A settings field's type with its bounds, without None (a TOML value is never null)."""
+    annotation = info.annotation
+    args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in (Union, UnionType) else []
+    if args:
+        annotation = args[0]
+    bounds = [m for m in info.metadata if not isinstance(m, Keys)]
+    return Annotated[annotation, *bounds] if bounds else annotation
+
+
+def _typed(path: str) -> set[str]:
+    """The keys posttrain.api.config types at a section path of an RL or SFT config."""
+    from posttrain.api.config import RLConfig, SFTConfig
+
+    out: set[str] = set()
+    for root in (RLConfig, SFTConfig):
+        model: Any = root
+        for part in path.split("."):
+            info = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+            if info is None:
+                model = None
+                break
+            model = next((a for a in (info.annotation, *get_args(info.annotation))
+                          if isinstance(a, type) and issubclass(a, BaseModel)), None)  # fmt: skip
+        if model is not None:
+            out |= set(model.model_fields)
+    return out
+
+
+def settings_passthrough() -> dict[str, dict[str, Any]]:
+    """{section path: {key: type with bounds}} of every key a trainer settings model reads
+    (posttrain.api.settings) that the typed sections lack."""
+    out: dict[str, dict[str, Any]] = {}
+    for model in (*RL_ALGORITHMS.values(), SFTSettings, ValidationSettings):
+        for info in model.model_fields.values():
+            for path in keys_of(info):
+                section, _, key = path.rpartition(".")
+                if section in PASSTHROUGH_SECTIONS and key not in _typed(section):
+                    out.setdefault(section, {}).setdefault(key, _setting_type(info))
+    return out
+
+
+# Keys read by other parts of the trainer, the local runner or the operator (not trainer settings yet).
+_OTHER_READERS: dict[str, dict[str, Any]] = {
     "": {"data": dict, "job_type": Text},
-    "training": _RL_TRAINING,
+    "training": {
+        "checkpoint_every": Steps,  # posttrain.api.jobfile.build_jobfile
+        "mode": Text,  # artifacts.py (LoRA results), the settings' trainer_mode
+        "parallelism": dict,
+        "rollout_error_budget": Fraction,  # rollouts.ErrorBudget
+        # step rewards (synth's crafter_rl_stepwise_shaped.toml; step_rewards.py): per-achievement weights, caps
+        "step_rewards_weights": dict[Text, Annotated[float, Field(allow_inf_nan=False)]],
+        "step_rewards_k_limits": dict[Text, Annotated[int, Field(ge=-1, le=1_000_000)]],
+    },
     "rollout": {"error_budget": Fraction, "timeout_s": Positive, "async_semaphore_max": Count},
-    "evaluation": {"temperature": Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]},
-    "data": {
-        "seeds": list[Seed],  # accepted, no effect (posttrain.api.inert)
-        "seed_start": Seed,
-        "split": Text,
-        "episodes_per_iteration": Count,
-        "evaluation_split": Text,
-        "evaluation_episodes": Count,
-    },  # fmt: skip
+    "data": {"seeds": list[Seed], "split": Text, "episodes_per_iteration": Count, "evaluation_split": Text,
+             "evaluation_episodes": Count},  # fmt: skip  (seeds: accepted, no effect: posttrain.api.inert)
     "policy": {"served_model_name": Text, "system_prompt": str},
     "judge": {"provider": Text, "model": Text},
     "judge.options": {"base_url": Text, "api_key_env": Text},
-    "hyperparameters": _SFT_HYPERPARAMETERS,
+    "hyperparameters": {"lora_rank": Count, "lora_r": Count},  # read as [training.lora] r (api/config.py)
     "hyperparameters.parallelism": {},
-    "training.weight_sync": {"weight_sync_interval": Count, "format": Text},
-    "training.rewards": {
-        "step_rewards_weights": _RL_TRAINING["step_rewards_weights"],
-        "step_rewards_k_limits": _RL_TRAINING["step_rewards_k_limits"],
-    },
-    "training.validation": {"early_stopping_patience": Count, "early_stopping_threshold": NonNegative},
+    "training.weight_sync": {"format": Text},  # weightsync.sync_format
+    "training.rewards": {},
+    "training.validation": {},
 }
+
+
+def _passthrough() -> dict[str, dict[str, Any]]:
+    out = {path: dict(keys) for path, keys in _OTHER_READERS.items()}
+    for path, keys in settings_passthrough().items():
+        out.setdefault(path, {}).update(keys)
+    out["training.rewards"].update({k: out["training"][k] for k in ("step_rewards_weights", "step_rewards_k_limits")})
+    return out
+
+
+PASSTHROUGH: dict[str, dict[str, Any]] = _passthrough()
 # Forwarded to the task app (env.config / policy.config) or free-form: no key is unknown there.
 FREE = ("rollout.env_config", "rollout.policy_config", "tags", "data.topology")
 

@@ -1,6 +1,9 @@
-"""The trainer's job file: one JSON document per job, written by the operator (posttrain.controller.render,
-into the job's ConfigMap) or the local runner, read by the trainer (posttrain_trainer). Both images ship
-this package, so both sides validate the same model.
+"""The trainer's job file: one JSON document per job, built by `build_jobfile` for the operator
+(posttrain.controller.render.jobfile, into the job's Secret) and the local runner (posttrain.local.runner),
+read by the trainer (posttrain_trainer). Both images ship this package, so both sides validate the same
+model. `settings` holds the trainer's settings, typed and resolved once (posttrain.api.settings); `config`
+keeps the normalised synth config for what the trainer forwards as it is (the task app's env and policy
+config, the judge, step rewards) and for the job's artifacts.
 
 Pure pydantic, no torch import, so the operator and the CLI can build and validate job files cheaply.
 Secrets never appear here: S3 keys come from S3_ACCESS_KEY_ID / S3_SECRET_ACCESS_KEY, the task app key from
@@ -12,9 +15,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from posttrain.api.resources import GROUP, JOB_KINDS, VERSION, plural
+from posttrain.api.settings import AnySettings, settings_for
 
 
 class _Lenient(BaseModel):
@@ -92,6 +96,14 @@ class JobFile(_Lenient):
     report: ReportRef = Field(default_factory=ReportRef)
     workdir: str = "/tmp/posttrain"
     weight_sync: WeightSyncRef = Field(default_factory=WeightSyncRef)
+    # the trainer's settings; a job file without them (an older operator's) gets them from `config`
+    settings: AnySettings | None = None
+
+    @model_validator(mode="after")
+    def _settings(self) -> JobFile:
+        if self.settings is None:
+            self.settings = settings_for(self.kind, self.config)
+        return self
 
     @property
     def plural(self) -> str:
@@ -101,6 +113,54 @@ class JobFile(_Lenient):
         """A config section as a dict ({} when absent or not a table)."""
         value = self.config.get(name)
         return value if isinstance(value, dict) else {}
+
+
+def checkpoint_every(config: dict[str, Any], default: int) -> int:
+    """The job's own training.checkpoint_every when it sets one (> 0), else the caller's default."""
+    training = config.get("training") if isinstance(config.get("training"), dict) else {}
+    try:
+        value = int(training.get("checkpoint_every") or 0)
+    except (TypeError, ValueError):
+        value = 0
+    return value if value > 0 else default
+
+
+def build_jobfile(
+    kind: Literal["rl", "sft"],
+    config: dict[str, Any],
+    *,
+    job: dict[str, Any],
+    base_model: str,
+    model_path: str,
+    storage: dict[str, Any],
+    checkpoint_default: int,
+    report: dict[str, Any],
+    workdir: str,
+    weight_sync: dict[str, Any],
+    task_app: dict[str, Any] | None = None,
+    endpoints: dict[str, Any] | None = None,
+    dataset: dict[str, Any] | None = None,
+) -> JobFile:
+    """Pure: the job file of a normalised config. The trainer's settings are resolved here (a value out of
+    its bounds or against a rule raises pydantic.ValidationError naming it); `checkpoint_default` is the
+    caller's periodic checkpoint when the job sets none (the operator's setting; 0 on one machine, where no
+    replacement pod resumes)."""
+    return JobFile(
+        kind=kind,
+        job=job,
+        config=config,
+        base_model=base_model,
+        model_path=model_path,
+        task_app=task_app,
+        endpoints=endpoints or {"policy": [], "reference": None, "judges": {}},
+        dataset=dataset or {"train": None, "validation": None},
+        storage=storage,
+        checkpoint_every=checkpoint_every(config, checkpoint_default),
+        report=report,
+        workdir=workdir,
+        weight_sync=weight_sync,
+        settings=settings_for(kind, config),
+    )
 
 
 def load_jobfile(path: str | Path) -> JobFile:

@@ -416,7 +416,7 @@ class LocalRun:
     def provision(self) -> Path:
         """Provisioning: rollout servers (RL) or the dataset in S3 (SFT), the model in the S3 cache, the
         job file; returns the job file's path."""
-        from posttrain.api.jobfile import JobFile, dump_jobfile
+        from posttrain.api.jobfile import build_jobfile, dump_jobfile
 
         self.phase = "Provisioning"
         resolved = self.resolved
@@ -431,17 +431,17 @@ class LocalRun:
         # on the same files (the model and, for a LoRA result, the chain of bases it names).
         self.child_env["POSTTRAIN_S3_CACHE"] = str(self.opts.runs_dir / "cache" / "s3")
         _prefetch(self.s3, resolved.model_path, Path(self.child_env["POSTTRAIN_S3_CACHE"]))
-        job = JobFile(
-            kind=self.opts.kind,
+        job = build_jobfile(
+            self.opts.kind,
+            self.config,
             job={"name": self.name, "namespace": LOCAL_NAMESPACE, "uid": self.uid},
-            config=self.config,
             base_model=resolved.base_model,
             model_path=resolved.model_path,
             task_app={"url": self.task_url, "api_key_env": "ENVIRONMENT_API_KEY"} if self.task_url else None,
             endpoints=endpoints,
             dataset=dataset_ref,
             storage=self.storage,
-            checkpoint_every=int(_section(self.config, "training").get("checkpoint_every") or 0),
+            checkpoint_default=0,  # one machine: no replacement pod resumes
             report={"mode": "file", "path": str(self.report_path)},
             workdir=str(self.run_dir / "work"),
             weight_sync={"via": "path", "shared_dir": str(self.run_dir / "weights")},

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from posttrain.api.convert import spec_to_config
-from posttrain.api.jobfile import JobFile
+from posttrain.api.jobfile import JobFile, build_jobfile
 from posttrain.api.model_ids import job_artifact_prefix
 from posttrain.api.resources import GROUP, VERSION, DatasetRef
 from posttrain.controller.objects import Job
@@ -22,7 +22,6 @@ from posttrain.controller.render.pods import child_meta
 from posttrain.controller.render.servers import JUDGE_KEY_ENV
 from posttrain.controller.render.taskapp import TaskAppTarget
 from posttrain.controller.render.trainer import DATA_MOUNT, JOBFILE_KEY, TASK_APP_KEY_ENV, TOML_KEY, WORKDIR
-from posttrain.controller.render.trainer_policy import checkpoint_every
 from posttrain.controller.settings import OperatorSettings
 
 
@@ -54,17 +53,16 @@ def render_jobfile(
         options["api_key_env"] = JUDGE_KEY_ENV
     model = model_location(job.spec, settings)
     endpoint = settings.s3_endpoint
-    configured = (config.get("training") or {}).get("checkpoint_every", 0)
-    return JobFile(
-        kind=job.trainer_kind,
+    return build_jobfile(
+        job.trainer_kind,
+        config,
         job={"name": owner.name, "namespace": owner.namespace, "uid": owner.uid, "group": GROUP,
              "version": VERSION, "plural": owner.plural},  # fmt: skip
-        config=config,
         base_model=model.base,
         model_path=model.path,
         task_app={"url": task_app.url, "api_key_env": TASK_APP_KEY_ENV} if task_app else None,
-        endpoints=endpoints or {"policy": [], "reference": None, "judges": {}},
-        dataset=dataset or {"train": None, "validation": None},
+        endpoints=endpoints,
+        dataset=dataset,
         storage={
             "endpoint": endpoint,
             "secure": endpoint.startswith("https://"),
@@ -72,12 +70,8 @@ def render_jobfile(
             "prefix": job_artifact_prefix(owner.namespace, owner.name, owner.uid),
             "region": settings.s3_region,
         },
-        checkpoint_every=checkpoint_every(
-            configured,
-            job.trainer_kind,
-            rl_default=settings.checkpoint_every_rl,
-            sft_default=settings.checkpoint_every_sft,
-        ),
+        # a replacement pod resumes from the last checkpoint: RL iterations / SFT optimizer steps
+        checkpoint_default=settings.checkpoint_every_rl if job.trainer_kind == "rl" else settings.checkpoint_every_sft,
         report={"mode": "kubernetes", "path": None},
         workdir=WORKDIR,
         weight_sync={"via": "s3", "shared_dir": None},

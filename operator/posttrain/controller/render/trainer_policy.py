@@ -41,15 +41,3 @@ def failure_handling(container: str, *, retries: int, nodes: int) -> dict[str, A
         "podFailurePolicy": pod_failure_policy(container),
         "podReplacementPolicy": "Failed",
     }
-
-
-def checkpoint_every(configured: Any, kind: str, *, rl_default: int, sft_default: int) -> int:
-    """The job's own training.checkpoint_every when it sets one (> 0), else the operator's default for the
-    kind (iterations for RL, optimizer steps for SFT), so a replacement pod has something to resume."""
-    try:
-        value = int(configured or 0)
-    except (TypeError, ValueError):
-        value = 0
-    if value > 0:
-        return value
-    return rl_default if kind == "rl" else sft_default

@@ -1,0 +1,519 @@
+"""The trainer's settings, resolved once, typed: one model per algorithm, carried in the job file.
+
+A synth config names a setting in several places ([training] num_minibatches or minibatches, [data] or
+[training] seed_start, ...) and leaves most of them out. Each model below says, per field, where the field
+is read from (`Keys`: the config paths, first one present wins), its default, its bounds and its help; the
+rules that join fields live on the model too. `settings_for(kind, config)` resolves a normalised config
+(posttrain.api.config.normalized_config, or posttrain.api.convert.spec_to_config of a job's spec) into the
+model of its algorithm; posttrain.api.jobfile.build_jobfile puts it into the job file, and the trainer reads
+it from there (posttrain_trainer.*_config) without a second set of defaults or aliases. The keys these
+models read beyond synth's typed sections are the pass-through keys of posttrain.api.extras (derived from
+here), and posttrain.api.config's cross-field rules call the rule functions below: one home per rule.
+
+How to add an algorithm (an RL variety, `[algorithm] variety = "x"`):
+  1. here: a model subclassing the closest one (GSPOSettings), with its fields (Keys, defaults, bounds,
+     help) and rules, a `variety` and a `trainer`, listed in RL_ALGORITHMS. The TOML schema, the CRD's CEL
+     rule, the pass-through keys and the trainer's dispatch follow from that list.
+  2. the trainer module named by `trainer` (posttrain_trainer.rl for GSPO's family) reads the new fields.
+  3. tests: a hand-computed unit test of what is new, and a short run that learns.
+Importing this module imports no torch: the operator and the CLI use it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing_extensions import Self
+
+# ------------------------------------------------------------------------------------------ shared types
+# Used by the typed TOML sections (posttrain.api.sections) and by the models below: one definition each.
+Overlong = Literal["keep", "mask", "penalty"]
+OVERLONG_TREATMENTS: tuple[str, ...] = get_args(Overlong)
+OldLogprobs = Literal["trainer", "sampler"]
+GspoVariant = Literal["sequence", "token"]
+TisCap = Annotated[float, Field(ge=1, le=1000, allow_inf_nan=False)]
+OverlongPenalty = Annotated[float, Field(le=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=1, le=1_000_000)]
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Steps = Annotated[int, Field(ge=0, le=100_000_000)]
+Text = Annotated[str, Field(max_length=256)]
+Reward = Annotated[float, Field(allow_inf_nan=False)]
+
+EPS_LOW = 3e-4  # GSPO's clip band (the paper's)
+EPS_HIGH = 4e-4
+DEFAULT_TIS_CAP = 2.0
+DEFAULT_OVERLONG_PENALTY = -1.0
+SFT_LOSS_METRICS = frozenset({"val.loss", "val_loss", "eval_loss", "eval.loss", "loss", "validation_loss"})
+SFT_METRICS = SFT_LOSS_METRICS | {"perplexity", "val.perplexity", "eval_perplexity", "token_accuracy",
+                                  "val.token_accuracy"}  # fmt: skip
+
+
+class Keys:
+    """Field metadata: the config paths a setting is read from, in order (the first present wins)."""
+
+    def __init__(self, *paths: str):
+        self.paths = paths
+
+
+def keys_of(info: Any) -> tuple[str, ...]:
+    return next((m.paths for m in info.metadata if isinstance(m, Keys)), ())
+
+
+def lookup(config: dict[str, Any], path: str) -> Any:
+    """config["a"]["b"] for "a.b"; None when a part is missing or not a table."""
+    value: Any = config
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _table(config: dict[str, Any], *paths: str) -> dict[str, Any]:
+    """The first of `paths` that is a non-empty table, else {}."""
+    for path in paths:
+        value = lookup(config, path)
+        if isinstance(value, dict) and value:
+            return value
+    return {}
+
+
+# ------------------------------------------------------------------------------------------ rules
+# (field, message, fix) each; posttrain.api.config reports them with the TOML's file:line, the models below
+# refuse a job file that breaks them.
+
+
+def group_problems(group_size: int) -> list[tuple[str, str, str]]:
+    if group_size < 2:
+        return [("training.group_size", f"group_size = {group_size}: GSPO normalises rewards within a group",
+                 "set group_size >= 2")]  # fmt: skip
+    return []
+
+
+def fsdp_problems(fsdp: bool, use_deepspeed: bool, trainer_mode: str | None) -> list[tuple[str, str, str]]:
+    """training.parallelism.fsdp (FSDP2) shards full fine-tuning; it is one sharding or the other."""
+    if not fsdp:
+        return []
+    out = []
+    if use_deepspeed:
+        out.append(("training.parallelism.fsdp", "fsdp and use_deepspeed are both set: each shards the model "
+                    "its own way", "keep one: fsdp = false or use_deepspeed = false"))  # fmt: skip
+    if trainer_mode in ("lora", "qlora"):
+        out.append(("training.parallelism.fsdp", f'fsdp shards full fine-tuning only, not trainer_mode = "{trainer_mode}"',
+                    "set fsdp = false (an adapter's gradients and optimizer state are small) or "
+                    'trainer_mode = "full"'))  # fmt: skip
+    return out
+
+
+def _refuse(problems: list[tuple[str, str, str]]) -> None:
+    if problems:
+        raise ValueError("; ".join(f"{field}: {message} (fix: {fix})" for field, message, fix in problems))
+
+
+# ------------------------------------------------------------------------------------------ models
+
+
+class ParallelSettings(BaseModel):
+    """hyperparameters.parallelism (synth) or training.parallelism: sharding and precision."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    use_deepspeed: bool = Field(False, description="Train with DeepSpeed ZeRO.")
+    deepspeed_stage: int = Field(2, ge=0, le=3, description="ZeRO stage.")
+    fsdp: bool = Field(False, description="FSDP2 sharding (RL full fine-tuning only).")
+    bf16: bool | None = Field(None, description="None: bf16 exactly where the hardware has it natively.")
+    force_bf16: bool = Field(False, description="bf16 even where it is emulated (slow).")
+    activation_checkpointing: bool = Field(False, description="Gradient checkpointing.")
+    extras: dict[str, Any] = Field(default_factory=dict, description="The table's other keys.")
+
+    @classmethod
+    def from_config(cls, raw: dict[str, Any] | None) -> ParallelSettings:
+        raw = {k: v for k, v in (raw or {}).items() if v is not None}
+        known = {k: raw.pop(k) for k in list(raw) if k in cls.model_fields and k != "extras"}
+        known = {k: (bool(v) if k in ("use_deepspeed", "fsdp", "force_bf16") else v) for k, v in known.items()}
+        return cls(**known, extras=raw)
+
+    def precision(self, lora_policy: bool = False) -> Any:
+        """The dtypes of this run on this machine (posttrain.hardware's decision table)."""
+        from posttrain import hardware
+
+        return hardware.plan(self.bf16, self.force_bf16, lora_policy)
+
+
+class Resolved(BaseModel):
+    """A model resolved from a normalised config: each field from its Keys, then `derived`."""
+
+    model_config = ConfigDict(extra="allow")  # a newer operator may write fields an older trainer lacks
+
+    @classmethod
+    def resolve(cls, config: dict[str, Any]) -> Self:
+        """A normalised config -> the settings: each field from its Keys, then the lookups no key list says."""
+        values: dict[str, Any] = {}
+        for name, info in cls.model_fields.items():
+            for path in keys_of(info):
+                value = lookup(config, path)
+                if value is not None:
+                    values[name] = value
+                    break
+        values.update(cls.derived(config, values))
+        return cls.model_validate(values)
+
+    @classmethod
+    def derived(cls, config: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+class TrainerSettings(Resolved):
+    """What every algorithm's model shares."""
+
+    algorithm: str
+    trainer: ClassVar[str]  # the posttrain_trainer module that runs it
+
+
+def _eval_seeds(value: Any) -> list[int]:
+    """evaluation.seeds: a list, or a "lo-hi" range string."""
+    seeds = value or []
+    if isinstance(seeds, str):  # "100-199"
+        lo, _, hi = seeds.partition("-")
+        seeds = list(range(int(lo), int(hi or lo) + 1))
+    return [int(s) for s in seeds]
+
+
+def _pick(*keys: str) -> Keys:
+    """[training] then [algorithm] (synth puts some keys there), each key in order."""
+    return Keys(*(f"training.{k}" for k in keys), *(f"algorithm.{k}" for k in keys))
+
+
+class GSPOSettings(TrainerSettings):
+    """GSPO (posttrain_trainer.rl): iterations = num_epochs x iterations_per_epoch."""
+
+    algorithm: Literal["gspo"] = "gspo"
+    variety: ClassVar[str] = "gspo"
+    method: ClassVar[str] = "policy_gradient"
+    trainer: ClassVar[str] = "rl"
+    needs_groups: ClassVar[bool] = True  # rewards are normalised within a group: group_size >= 2
+
+    num_epochs: Annotated[int, _pick("num_epochs")] = Field(1, ge=1, description="training.num_epochs.")
+    iterations_per_epoch: Annotated[int, _pick("iterations_per_epoch")] = Field(
+        1, ge=1, description="training.iterations_per_epoch."
+    )
+    batch_size: Annotated[int, _pick("batch_size")] = Field(1, ge=1, description="Prompts (task seeds) per iteration.")
+    group_size: Annotated[int, _pick("group_size")] = Field(
+        2, ge=1, description="Rollouts per prompt; rewards are normalised within a group (>= 2)."
+    )
+    learning_rate: Annotated[float, _pick("learning_rate")] = Field(1e-5, description="Peak learning rate (AdamW).")
+    num_minibatches: Annotated[Count, _pick("num_minibatches", "minibatches")] = Field(
+        4, description="Mini-batches (optimizer steps) per iteration; also `minibatches`."
+    )
+    eps_low: Annotated[Fraction, _pick("eps_low", "clip_eps_low")] = Field(
+        EPS_LOW, description="Lower clip of the ratio (1 - eps_low); also clip_eps_low."
+    )
+    eps_high: Annotated[Fraction, _pick("eps_high", "clip_eps_high")] = Field(
+        EPS_HIGH, description="Upper clip of the ratio (1 + eps_high); also clip_eps_high."
+    )
+    beta: Annotated[NonNegative, _pick("beta", "kl_beta", "kl_coef")] = Field(
+        0.0, description="KL coefficient against the reference (also kl_beta, kl_coef); 0 = no reference."
+    )
+    micro_batch: Annotated[Count, _pick("micro_batch", "per_device_batch")] = Field(
+        4, description="Sequences per forward pass (per_device_batch)."
+    )
+    max_grad_norm: Annotated[Positive | None, _pick("max_grad_norm")] = Field(
+        1.0, description="Gradient clipping; None = off."
+    )
+    warmup_ratio: Annotated[Fraction, _pick("warmup_ratio")] = Field(
+        0.0, description="Share of optimizer steps spent warming up."
+    )
+    lr_scheduler: Annotated[Text, _pick("lr_scheduler")] = Field(
+        "constant_with_warmup", description="Learning-rate schedule (posttrain_trainer.optim)."
+    )
+    weight_sync_interval: Annotated[
+        Count, Keys("training.weight_sync_interval", "training.weight_sync.weight_sync_interval")
+    ] = Field(1, description="Push the weights to the rollout servers every N iterations.")
+    skip_zero_advantage: Annotated[bool, _pick("skip_zero_advantage")] = Field(
+        True, description="Drop sequences with advantage 0 (uniform groups) when beta = 0: no gradient."
+    )
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature (rollout.policy_config, else policy), also used in logprobs."
+    )
+    seed: Annotated[Seed, _pick("seed")] = Field(0, description="Seed of the trainer's RNGs and the mini-batch shuffle.")
+    seed_start: Annotated[Seed, Keys("data.seed_start", "training.seed_start")] = Field(
+        0, description="data.seed_start: the first task seed."
+    )
+    eval_every: Annotated[int, Keys("evaluation.every_n_iters")] = Field(
+        0, ge=0, description="evaluation.every_n_iters; 0 = no periodic eval."
+    )
+    eval_seeds: list[int] = Field(default_factory=list, description="evaluation.seeds (a list or a 'lo-hi' range).")
+    eval_instances: Annotated[int, Keys("evaluation.instances")] = Field(
+        0, ge=0, description="evaluation.instances: episodes of a sampled evaluation."
+    )
+    eval_temperature: Annotated[
+        Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)], Keys("evaluation.temperature")
+    ] = Field(0.0, description="evaluation.temperature; 0 = greedy.")
+    overlong: Annotated[Overlong, Keys("training.overlong")] = Field(
+        "keep", description=f"Truncated rollouts: one of {', '.join(OVERLONG_TREATMENTS)}."
+    )
+    overlong_penalty: Annotated[OverlongPenalty, Keys("training.overlong_penalty")] = Field(
+        DEFAULT_OVERLONG_PENALTY, description="Reward added to truncated rollouts (<= 0)."
+    )
+    old_logprobs: Annotated[OldLogprobs, _pick("old_logprobs")] = Field(
+        "trainer",
+        description="The ratio's old logprobs: trainer (recomputed) or sampler (vLLM's captured logprobs as "
+        "the behaviour policy, with truncated importance sampling).",
+    )
+    tis_cap: Annotated[TisCap, _pick("tis_cap")] = Field(
+        DEFAULT_TIS_CAP, description="Cap of the truncated importance weight (>= 1)."
+    )
+    gspo_variant: Annotated[GspoVariant, _pick("gspo_variant")] = Field(
+        "sequence", description="sequence (GSPO) or token (GSPO-token)."
+    )
+    trainer_mode: Literal["full", "lora", "qlora"] = Field("full", description="full, lora or qlora.")
+    lora: dict[str, Any] = Field(default_factory=dict, description="LoRA settings (r, alpha, dropout, target_modules).")
+    parallel: ParallelSettings = Field(default_factory=ParallelSettings, description="hyperparameters.parallelism.")
+
+    @property
+    def iterations(self) -> int:
+        return self.num_epochs * self.iterations_per_epoch
+
+    @classmethod
+    def derived(cls, config: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
+        temperature = next((v for v in (lookup(config, "rollout.policy_config.temperature"),
+                                        lookup(config, "policy.temperature")) if v is not None), 1.0)  # fmt: skip
+        model = _table(config, "model", "policy")
+        training = _table(config, "training")
+        lora = training.get("lora") if isinstance(training.get("lora"), dict) else _table(config, "lora")
+        return {
+            "temperature": temperature if temperature > 0 else 1.0,  # greedy sampling: logprobs at 1
+            "eval_seeds": _eval_seeds(lookup(config, "evaluation.seeds")),
+            "trainer_mode": str(model.get("trainer_mode") or ("lora" if training.get("mode") == "lora" else "full")),
+            "lora": dict(lora or {}),
+            "parallel": ParallelSettings.from_config(
+                _table(config, "hyperparameters.parallelism") or training.get("parallelism")
+            ),
+        }
+
+    @model_validator(mode="after")
+    def _rules(self) -> Self:
+        problems = fsdp_problems(self.parallel.fsdp, self.parallel.use_deepspeed, self.trainer_mode)
+        if self.needs_groups:
+            problems += group_problems(self.group_size)
+        _refuse(problems)
+        return self
+
+
+class RestemSettings(TrainerSettings):
+    """ReST-EM (posttrain_trainer.restem_job): N iterations of E-step, M-step, sync, eval."""
+
+    algorithm: Literal["restem"] = "restem"
+    variety: ClassVar[str] = "restem"
+    method: ClassVar[str] = "restem"
+    trainer: ClassVar[str] = "restem_job"
+    needs_groups: ClassVar[bool] = False
+
+    num_epochs: Annotated[int, Keys("training.num_epochs")] = Field(1, ge=1, description="training.num_epochs.")
+    iterations_per_epoch: Annotated[int, Keys("training.iterations_per_epoch")] = Field(
+        1, ge=1, description="training.iterations_per_epoch."
+    )
+    prompts: Annotated[int, Keys("training.batch_size")] = Field(
+        8, ge=1, description="training.batch_size: prompts (seeds) per E-step."
+    )
+    samples_per_prompt: Annotated[int, Keys("training.group_size")] = Field(
+        4, ge=1, description="training.group_size: K samples per prompt."
+    )
+    reward_threshold: Annotated[Reward, Keys("training.reward_threshold")] = Field(
+        1.0, description="Samples with a reward at or above it are kept for the M-step."
+    )
+    max_per_prompt: Annotated[Count | None, Keys("training.max_per_prompt")] = Field(
+        None, description="At most this many distinct kept samples per prompt; None = all."
+    )
+    learning_rate: Annotated[float, Keys("training.learning_rate")] = Field(1e-5, description="M-step learning rate (AdamW).")
+    sft_epochs: Annotated[Count, Keys("training.sft_epochs")] = Field(2, description="M-step passes over the kept samples.")
+    sft_batch_size: Annotated[Count, Keys("training.sft_batch_size")] = Field(8, description="M-step global batch (all ranks).")
+    micro_batch: Annotated[Count, Keys("training.micro_batch")] = Field(
+        4, description="Largest per-forward batch (see restem_job.micro_batch_for)."
+    )
+    warmup_ratio: Annotated[Fraction, Keys("training.warmup_ratio")] = Field(0.0, description="Share of M-step steps spent warming up.")
+    lr_scheduler: Annotated[Text, Keys("training.lr_scheduler")] = Field("linear", description="M-step learning-rate schedule.")
+    max_grad_norm: Annotated[Positive | None, Keys("training.max_grad_norm")] = Field(
+        1.0, description="Gradient clipping; None = off."
+    )
+    seed: Annotated[Seed, Keys("training.seed")] = Field(0, description="Seed of the RNGs and the M-step data order.")
+    seed_start: Annotated[Seed, Keys("data.seed_start", "training.seed_start")] = Field(
+        0, description="data.seed_start: the first task seed."
+    )
+    eval_every: Annotated[int, Keys("evaluation.every_n_iters")] = Field(1, ge=0, description="evaluation.every_n_iters.")
+    eval_seeds: list[int] = Field(default_factory=list, description="evaluation.seeds (a list or a 'lo-hi' range).")
+    eval_instances: Annotated[int, Keys("evaluation.instances")] = Field(
+        0, ge=0, description="evaluation.instances: episodes of a sampled evaluation."
+    )
+    eval_temperature: Annotated[
+        Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)], Keys("evaluation.temperature")
+    ] = Field(0.0, description="evaluation.temperature; 0 = greedy.")
+    trainer_mode: Literal["full", "lora", "qlora"] = Field("full", description="full or lora.")
+    lora: dict[str, Any] = Field(default_factory=dict, description="LoRA settings (r, alpha, dropout, target_modules).")
+    parallel: ParallelSettings = Field(default_factory=ParallelSettings, description="training.parallelism.")
+
+    @property
+    def iterations(self) -> int:
+        return self.num_epochs * self.iterations_per_epoch
+
+    @classmethod
+    def derived(cls, config: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
+        training = _table(config, "training")
+        lora = training.get("lora") if isinstance(training.get("lora"), dict) else _table(config, "lora")
+        return {
+            "eval_seeds": _eval_seeds(lookup(config, "evaluation.seeds")),
+            "trainer_mode": str(_table(config, "model", "policy").get("trainer_mode") or "full"),
+            "lora": dict(lora or {}),
+            "parallel": ParallelSettings.from_config(training.get("parallelism")),
+        }
+
+
+def _eval_key(key: str) -> Keys:
+    return Keys(f"training.validation.{key}", f"hyperparameters.{key}", f"hyperparameters.parallelism.{key}")
+
+
+class ValidationSettings(Resolved):
+    """SFT's held-out evaluation, best-model tracking and early stopping: synth's training.validation keys,
+    also read from hyperparameters and hyperparameters.parallelism (where synth's TOML scoping puts them)."""
+
+    enabled: Annotated[bool, _eval_key("enabled")] = Field(False, description="Evaluate on the validation set.")
+    strategy: Annotated[str, _eval_key("evaluation_strategy")] = Field(
+        "steps", description="evaluation_strategy: steps, epoch or no."
+    )
+    eval_steps: Annotated[int, _eval_key("eval_steps")] = Field(
+        0, ge=0, description="Evaluate every N optimizer steps (strategy steps)."
+    )
+    save_best_model_at_end: Annotated[bool, _eval_key("save_best_model_at_end")] = Field(
+        False, description="End with the weights of the best evaluation, not the last step."
+    )
+    metric: Annotated[str, _eval_key("metric_for_best_model")] = Field(
+        "val.loss", description="metric_for_best_model: a loss name, perplexity or token_accuracy."
+    )
+    greater_is_better: Annotated[bool, _eval_key("greater_is_better")] = Field(
+        False, description="Whether a larger metric is better."
+    )
+    patience: Annotated[Count | None, _eval_key("early_stopping_patience")] = Field(
+        None, description="early_stopping_patience: stop after N evaluations without improvement; None = never."
+    )
+    threshold: Annotated[NonNegative, _eval_key("early_stopping_threshold")] = Field(
+        0.0, description="early_stopping_threshold: the least change that counts as improvement."
+    )
+
+    @classmethod
+    def derived(cls, config: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
+        return {"enabled": bool(found.get("enabled", bool(found)))}  # on when any of its keys is given
+
+    @model_validator(mode="after")
+    def _metric(self) -> Self:
+        if self.metric.lower() not in SFT_METRICS:
+            raise ValueError(f"metric_for_best_model {self.metric!r} is not one this trainer computes "
+                             "(val.loss, perplexity, token_accuracy)")  # fmt: skip
+        return self
+
+
+SFT_EVAL_KEYS = tuple(keys_of(info)[0].rpartition(".")[2] for info in ValidationSettings.model_fields.values())
+
+
+class SFTSettings(TrainerSettings):
+    """Supervised fine-tuning (posttrain_trainer.sft)."""
+
+    algorithm: Literal["sft"] = "sft"
+    trainer: ClassVar[str] = "sft"
+
+    trainer_mode: Literal["full", "lora", "qlora"] = Field("full", description="full, lora or qlora.")
+    lora: dict[str, Any] = Field(default_factory=dict, description="LoRA settings (r, alpha, dropout, target_modules).")
+    n_epochs: int = Field(1, ge=0, description="hyperparameters.n_epochs.")
+    max_steps: int | None = Field(
+        None, description="total_steps | train_steps | steps: caps n_epochs when both are given, else replaces it."
+    )
+    hyperparameters: dict[str, Any] = Field(
+        default_factory=dict, description="The raw hyperparameters (the batch plan reads them)."
+    )
+    sequence_length: int = Field(2048, ge=1, description="Longest tokenized example; longer are cut.")
+    learning_rate: float = Field(1e-5, description="Peak learning rate (default 1e-4 for LoRA, 1e-5 for full).")
+    warmup_ratio: float = Field(0.0, description="Share of steps spent warming up.")
+    weight_decay: float = Field(0.0, description="AdamW weight decay.")
+    scheduler: Annotated[Text, Keys("hyperparameters.lr_scheduler_type", "hyperparameters.lr_scheduler")] = Field(
+        "linear", description="lr_scheduler_type | lr_scheduler (posttrain_trainer.optim)."
+    )
+    seed: Annotated[Seed, Keys("hyperparameters.seed")] = Field(42, description="Seed of the RNGs and the data order.")
+    max_grad_norm: Annotated[Positive, Keys("hyperparameters.max_grad_norm")] = Field(
+        1.0, description="Gradient clipping."
+    )
+    parallel: ParallelSettings = Field(default_factory=ParallelSettings, description="hyperparameters.parallelism.")
+    validation: ValidationSettings = Field(default_factory=ValidationSettings, description="Evaluation and early stopping.")
+    validation_path: str | None = Field(None, description="data.validation_path (when the job file's dataset has none).")
+    max_images_per_message: Annotated[
+        Count | None, Keys("model.max_images_per_message", "policy.max_images_per_message",
+                           "hyperparameters.max_images_per_message")  # fmt: skip
+    ] = Field(None, description="Vision models: extra images per message are trimmed.")
+
+    @classmethod
+    def derived(cls, config: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
+        hp = _table(config, "hyperparameters")
+        training = _table(config, "training")
+        parallel_raw = {k: v for k, v in (hp.get("parallelism") or {}).items() if k not in SFT_EVAL_KEYS}
+        lora = dict(training.get("lora") or _table(config, "lora"))
+        for key in ("r", "alpha", "dropout", "target_modules"):  # synth drops hyperparameters.lora_*; we honour them
+            if f"lora_{key}" in hp and key not in lora:
+                lora[key] = hp[f"lora_{key}"]
+        if "lora_rank" in hp and "r" not in lora:
+            lora["r"] = hp["lora_rank"]
+        steps = hp.get("total_steps") or hp.get("train_steps") or hp.get("steps")
+        mode = _sft_mode(config)
+        return {
+            "trainer_mode": mode,
+            "lora": lora,
+            "n_epochs": hp.get("n_epochs") or 1,
+            "max_steps": steps or None,
+            "hyperparameters": dict(hp),
+            "sequence_length": hp.get("sequence_length") or 2048,
+            "learning_rate": hp.get("learning_rate") or (1e-4 if mode != "full" else 1e-5),
+            "warmup_ratio": hp.get("warmup_ratio") or 0.0,
+            "weight_decay": hp.get("weight_decay") or 0.0,
+            "seed": hp.get("seed") or 42,  # as synth: an unset (or 0) seed is 42
+            "parallel": ParallelSettings.from_config(parallel_raw),
+            "validation": ValidationSettings.resolve(config),
+            "validation_path": lookup(config, "data.validation_path"),
+            **({"max_images_per_message": None} if not found.get("max_images_per_message") else {}),
+        }
+
+
+def _sft_mode(config: dict[str, Any]) -> str:
+    """full, lora or qlora from the spellings synth configs use."""
+    training, hp = _table(config, "training"), _table(config, "hyperparameters")
+    algorithm, model = _table(config, "algorithm"), _table(config, "model", "policy")
+    mode, variety = str(training.get("mode", "")).lower(), str(algorithm.get("variety", "")).lower()
+    trainer_mode = str(model.get("trainer_mode", "")).lower()
+    qlora = mode == "qlora" or bool(training.get("use_qlora")) or variety == "qlora" or trainer_mode == "qlora"
+    lora = (mode in ("lora", "qlora", "peft") or bool(training.get("use_qlora"))
+            or str(hp.get("train_kind", "")).lower() == "peft" or variety in ("lora", "qlora")
+            or trainer_mode in ("lora", "qlora"))  # fmt: skip
+    return ("qlora" if qlora else "lora") if lora else "full"
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+# RL varieties ([algorithm] variety), each with its settings model; posttrain.api.config accepts exactly
+# these (type "online", the model's method), the CRD's CEL rule is written from them.
+RL_ALGORITHMS: dict[str, type[GSPOSettings] | type[RestemSettings]] = {
+    GSPOSettings.variety: GSPOSettings,
+    RestemSettings.variety: RestemSettings,
+}
+AnySettings = Annotated[GSPOSettings | RestemSettings | SFTSettings, Field(discriminator="algorithm")]
+
+
+def rl_settings_class(config: dict[str, Any]) -> type[GSPOSettings] | type[RestemSettings]:
+    variety = str(lookup(config, "algorithm.variety") or "").lower()
+    return RL_ALGORITHMS.get(variety, GSPOSettings)
+
+
+def settings_for(kind: str, config: dict[str, Any]) -> GSPOSettings | RestemSettings | SFTSettings:
+    """The trainer settings of a normalised config; pydantic.ValidationError when a value breaks a bound or
+    a rule (the message names the setting)."""
+    if kind == "sft":
+        return SFTSettings.resolve(config)
+    return rl_settings_class(config).resolve(config)
