@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
@@ -10,8 +11,6 @@ from posttrain.api import trackers
 from posttrain.api.exitcodes import EXIT_CONFIG_ERROR
 from posttrain.api.jobfile import load_jobfile
 from pydantic import ValidationError
-
-from posttrain_trainer.restem import is_restem
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,12 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         for message, fix in problems:
             print(f"error: {trackers.FIELD}: {message} (fix: {fix})", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
-    if args.kind == "sft":
-        from posttrain_trainer.sft import main as run
-    elif is_restem(job.config):  # an RL job file whose algorithm is ReST-EM
-        from posttrain_trainer.restem_job import main as run
-    else:
-        from posttrain_trainer.rl import main as run
+    # the module that runs the job's algorithm (posttrain.api.settings: rl, restem_job or sft)
+    run = importlib.import_module(f"posttrain_trainer.{job.settings.trainer}").main
     return int(run(job) or 0)
 
 

@@ -19,12 +19,12 @@ import contextlib
 import datetime
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from posttrain import hardware
+from posttrain.api.settings import ParallelSettings
 
 
 def backend() -> str:
@@ -120,38 +120,9 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-@dataclass
-class ParallelConfig:
-    """hyperparameters.parallelism (synth): use_deepspeed, deepspeed_stage, fsdp, bf16, force_bf16,
-    activation_checkpointing."""
-
-    use_deepspeed: bool = False
-    deepspeed_stage: int = 2
-    fsdp: bool = False  # FSDP2 (fsdp.py); RL full fine-tuning only
-    bf16: bool | None = None  # None = auto: bf16 where the hardware has it natively (posttrain.hardware)
-    force_bf16: bool = False  # bf16 even where it is emulated (slow)
-    activation_checkpointing: bool = False
-    extras: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_config(cls, raw: dict[str, Any] | None) -> ParallelConfig:
-        raw = dict(raw or {})
-        known = {
-            k: raw.pop(k)
-            for k in ("use_deepspeed", "deepspeed_stage", "fsdp", "bf16", "force_bf16", "activation_checkpointing")
-            if k in raw
-        }
-        cfg = cls(**known)
-        cfg.use_deepspeed = bool(cfg.use_deepspeed)
-        cfg.fsdp = bool(cfg.fsdp)
-        cfg.deepspeed_stage = int(cfg.deepspeed_stage or 0)
-        cfg.force_bf16 = bool(cfg.force_bf16)
-        cfg.extras = raw
-        return cfg
-
-    def precision(self, lora_policy: bool = False) -> hardware.Precision:
-        """The dtypes of this run on this machine (posttrain.hardware's decision table)."""
-        return hardware.plan(self.bf16, self.force_bf16, lora_policy)
+# hyperparameters.parallelism (synth): use_deepspeed, deepspeed_stage, fsdp, bf16, force_bf16,
+# activation_checkpointing; typed in posttrain.api.settings with the rest of the trainer's settings.
+ParallelConfig = ParallelSettings
 
 
 def drop_fsdp(parallel: ParallelConfig, trainer: str) -> None:

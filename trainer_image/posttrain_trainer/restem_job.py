@@ -42,7 +42,7 @@ from posttrain.plotting import plot_curves
 from posttrain_trainer import distributed as D
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.restem import VARIETY
-from posttrain_trainer.restem_config import RestemConfigError, RestemTrainerConfig, parse_restem_config
+from posttrain_trainer.restem_config import RestemConfigError, RestemTrainerConfig, restem_settings
 from posttrain_trainer.resume import CheckpointStore
 from posttrain_trainer.rl import iteration_seeds, require_rollout_endpoints, run_evaluation
 from posttrain_trainer.rollouts import (
@@ -203,7 +203,7 @@ class RestemRun:
 
     def __init__(self, job: JobFile, loop: RolloutLoop):
         D.init_distributed()
-        self.cfg = parse_restem_config(job.config)
+        self.cfg = restem_settings(job)
         require_rollout_endpoints(job, RestemConfigError, "a ReST-EM")
         self.job, self.loop = job, loop
         self.reporter = Reporter(job, enabled=D.is_main())

@@ -66,7 +66,7 @@ from posttrain_trainer.rl_config import (
     DEFAULT_OVERLONG_PENALTY,
     RLConfigError,
     RLTrainerConfig,
-    parse_rl_config,
+    rl_settings,
 )
 from posttrain_trainer.rollouts import (
     ErrorBudget,
@@ -620,7 +620,7 @@ class RLRun:
 
     def __init__(self, job: JobFile, loop: RolloutLoop):
         D.init_distributed()
-        self.cfg = cfg = parse_rl_config(job.config)
+        self.cfg = cfg = rl_settings(job)
         require_rollout_endpoints(job, RLConfigError, "an RL")
         self.job, self.loop = job, loop
         self.reporter = Reporter(job, enabled=D.is_main())

@@ -38,7 +38,7 @@ from posttrain_trainer import storage as s3
 from posttrain_trainer.optim import BatchPlan, build_optimizer, build_scheduler
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.resume import CheckpointStore
-from posttrain_trainer.sft_config import SFTTrainerConfig, metric_value, parse_sft_config
+from posttrain_trainer.sft_config import SFTTrainerConfig, metric_value, sft_settings
 from posttrain_trainer.sft_data import (
     IGNORE_INDEX,
     DataError,
@@ -186,7 +186,7 @@ class SFTRun:
 
         D.init_distributed()
         self.job = job
-        self.cfg = cfg = parse_sft_config(job.config)
+        self.cfg = cfg = sft_settings(job)
         self.reporter = Reporter(job, enabled=D.is_main())
         self.workdir = Path(job.workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)

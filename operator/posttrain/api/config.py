@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
-from posttrain.api import model_ids, topology
+from posttrain.api import model_ids, settings, topology
 from posttrain.api.base import Section
 from posttrain.api.inert import RL_INERT, SFT_INERT, inert_warnings
 from posttrain.api.sections import (
@@ -39,6 +39,7 @@ from posttrain.api.sections import (
     SFTTrainingConfig,
     VllmConfig,
 )
+from posttrain.api.settings import rl_settings_class
 from posttrain.errors import Problem
 
 EXACTLY_ONE_MODEL = "Config must set exactly one of [model].source or [model].base"
@@ -47,7 +48,8 @@ RL_ALGORITHM = ("online", "policy_gradient", "gspo")
 # ReST-EM (Singh et al. 2023): synth has no spelling for it; posttrain reads `variety = "restem"` (method
 # defaults to "restem"). It runs as an RLJob: the same rollout server and task app, SFT updates.
 RESTEM_ALGORITHM = ("online", "restem", "restem")
-RL_ALGORITHMS = (RL_ALGORITHM, RESTEM_ALGORITHM)
+# every RL variety posttrain runs, (type, method, variety), from posttrain.api.settings.RL_ALGORITHMS
+RL_ALGORITHMS = tuple(("online", model.method, variety) for variety, model in settings.RL_ALGORITHMS.items())
 SFT_ALGORITHMS = {
     ("offline", "sft", "fft"),
     ("offline", "supervised_finetune", "fft"),
@@ -123,7 +125,7 @@ def infer_type(raw: dict[str, Any]) -> Literal["rl", "sft"] | None:
     method = str(algo.get("method") or "").lower()
     if method in ("policy_gradient", "ppo", "reinforce") or str(algo.get("type") or "").lower() == "online":
         return "rl"
-    if str(algo.get("variety") or "").lower() in ("gspo", "grpo", "ppo", RESTEM_ALGORITHM[2]):
+    if str(algo.get("variety") or "").lower() in ("grpo", "ppo", *settings.RL_ALGORITHMS):
         return "rl"
     if str(raw.get("job_type") or "").lower() == "rl":
         return "rl"
@@ -366,19 +368,21 @@ def load_rl(raw: dict[str, Any]) -> tuple[RLConfig, list[str]]:
         problems.append(Problem("[algorithm] is required", field="algorithm",
                                 fix='add [algorithm] type = "online", method = "policy_gradient", variety = "gspo"'))  # fmt: skip
     else:
-        restem = str(algo.get("variety") or "").lower() == RESTEM_ALGORITHM[2]
+        known = settings.RL_ALGORITHMS.get(str(algo.get("variety") or "").lower())
         algo.setdefault("type", "online")
-        algo.setdefault("method", RESTEM_ALGORITHM[1] if restem else "policy_gradient")
+        algo.setdefault("method", known.method if known is not None else "policy_gradient")
         if algo.get("method") == "gspo":
             algo["method"] = "policy_gradient"
         got = (algo.get("type"), algo.get("method"), algo.get("variety"))
         if got not in RL_ALGORITHMS:
             problems.append(
                 Problem(
-                    f"unsupported RL algorithm (type, method, variety) = {got}; posttrain runs GSPO and ReST-EM",
+                    f"unsupported RL algorithm (type, method, variety) = {got}; posttrain runs "
+                    + " and ".join(m.title for m in settings.RL_ALGORITHMS.values()),
                     field="algorithm",
-                    fix='use type = "online", method = "policy_gradient", variety = "gspo" '
-                    '(or variety = "restem" for ReST-EM)',
+                    fix='use type = "online", method = "policy_gradient", variety = "gspo" (or variety = '
+                    + ", ".join(f'"{v}" for {m.title}' for v, m in settings.RL_ALGORITHMS.items() if v != "gspo")
+                    + ")",
                 )
             )
     compute = _table(raw, "compute")
@@ -431,9 +435,8 @@ def _rl_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) ->
         topo = config.compute.topology
         if (topo and topo.gpus_for_ref) or (config.reference and config.reference.placement == "dedicated"):
             warnings.append("ReST-EM uses no reference model: the reference GPUs stay unused")
-    elif training is not None and training.group_size < 2:
-        problems.append(Problem(f"group_size = {training.group_size}: GSPO normalises rewards within a group",
-                                field="training.group_size", fix="set group_size >= 2"))  # fmt: skip
+    elif training is not None and rl_settings_class({"algorithm": {"variety": config.algorithm.variety}}).needs_groups:
+        problems += [Problem(m, field=f, fix=x) for f, m, x in settings.group_problems(training.group_size)]
     _check_model_ids(config.model, "rl", problems)
     _vision_autofill(config.model)
     problems += topology.split_problems(config.compute)
@@ -483,16 +486,9 @@ def _rl_fsdp_rules(config: RLConfig, problems: list[Problem], warnings: list[str
     if is_restem(config):
         warnings.append("training.parallelism.fsdp: ReST-EM trains under DDP or DeepSpeed; fsdp is ignored")
         return
-    if parallelism.use_deepspeed:
-        problems.append(Problem("fsdp and use_deepspeed are both set: each shards the model its own way",
-                                field="training.parallelism.fsdp",
-                                fix="keep one: fsdp = false or use_deepspeed = false"))  # fmt: skip
     mode = config.model.trainer_mode if config.model else None
-    if mode in ("lora", "qlora"):
-        problems.append(Problem(f'fsdp shards full fine-tuning only, not trainer_mode = "{mode}"',
-                                field="training.parallelism.fsdp",
-                                fix='set fsdp = false (an adapter\'s gradients and optimizer state are small) '
-                                    'or trainer_mode = "full"'))  # fmt: skip
+    problems += [Problem(m, field=f, fix=x)
+                 for f, m, x in settings.fsdp_problems(True, bool(parallelism.use_deepspeed), mode)]  # fmt: skip
 
 
 def _judge_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) -> None:

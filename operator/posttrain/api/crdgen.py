@@ -33,6 +33,7 @@ from posttrain.api.resources import (
     TaskAppSpec,
 )
 from posttrain.api.sections import TopologyConfig
+from posttrain.api.settings import RL_ALGORITHMS
 from posttrain.api.urls import URL_MESSAGE, URL_PATTERN
 
 DEFAULT_MAX_LENGTH = 1024
@@ -88,14 +89,18 @@ RULES: dict[type[BaseModel], list[dict[str, str]]] = {
 }
 SPEC_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
     RLJobSpec: [
+        # the RL varieties of posttrain.api.settings.RL_ALGORITHMS, each with its method
         {
-            "rule": "self.algorithm.type == 'online' && ((self.algorithm.method == 'policy_gradient'"
-            " && self.algorithm.variety == 'gspo') || (self.algorithm.method == 'restem'"
-            " && self.algorithm.variety == 'restem'))",
-            "message": "RL algorithm must be (online, policy_gradient, gspo) or (online, restem, restem)",
+            "rule": "self.algorithm.type == 'online' && ("
+            + " || ".join(f"(self.algorithm.method == '{m.method}' && self.algorithm.variety == '{v}')"
+                          for v, m in RL_ALGORITHMS.items())  # fmt: skip
+            + ")",
+            "message": "RL algorithm must be "
+            + " or ".join(f"(online, {m.method}, {v})" for v, m in RL_ALGORITHMS.items()),
         },
         {
-            "rule": "self.algorithm.variety == 'restem' || !has(self.training) || self.training.groupSize >= 2",
+            "rule": " || ".join(f"self.algorithm.variety == '{v}'" for v, m in RL_ALGORITHMS.items() if not m.needs_groups)
+            + " || !has(self.training) || self.training.groupSize >= 2",
             "message": "GSPO needs training.groupSize >= 2",
         },
     ],

@@ -16,19 +16,17 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from posttrain.api.base import Section
-
 from posttrain.api.settings import (
     RL_ALGORITHMS,
     Count,
     Fraction,
     Keys,
-    NonNegative,
     Positive,
     Seed,
     SFTSettings,
-    ValidationSettings,
     Steps,
     Text,
+    ValidationSettings,
     keys_of,
 )
 

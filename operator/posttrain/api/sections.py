@@ -13,6 +13,13 @@ from pydantic import BeforeValidator, Field, field_validator
 
 from posttrain.api import model_ids, trackers
 from posttrain.api.base import Section
+from posttrain.api.settings import (
+    OVERLONG_PENALTY_BOUNDS,
+    TIS_CAP_BOUNDS,
+    GspoVariant,
+    OldLogprobs,
+    Overlong,
+)
 from posttrain.api.urls import check_url
 
 # Upper bounds: far above any real job, low enough that a typo (1e17 epochs, a 1e10-token context) is caught
@@ -341,7 +348,7 @@ class RLTrainingConfig(Section):
     max_images_per_message: int | None = Field(
         None, ge=1, le=MAX_COUNT, description="Mirror of model.max_images_per_message."
     )
-    overlong: Literal["keep", "mask", "penalty"] | None = Field(
+    overlong: Overlong | None = Field(
         None,
         description="posttrain: responses cut at max_tokens (finish_reason length): keep (default; trained on "
         "the task's reward), mask (no loss; still in the group's advantages) or penalty (overlong_penalty "
@@ -349,10 +356,10 @@ class RLTrainingConfig(Section):
     )
     overlong_penalty: float | None = Field(
         None,
-        le=0,
+        **OVERLONG_PENALTY_BOUNDS,
         description="posttrain: reward added to a truncated response under overlong = penalty (-1).",
     )
-    old_logprobs: Literal["trainer", "sampler"] | None = Field(
+    old_logprobs: OldLogprobs | None = Field(
         None,
         description="posttrain: the GSPO ratio's old policy: trainer (default; recomputed at the pre-update "
         "weights) or sampler (vLLM's captured sampling logprobs as the behaviour policy, corrected by "
@@ -360,11 +367,10 @@ class RLTrainingConfig(Section):
     )
     tis_cap: float | None = Field(
         None,
-        ge=1,
-        le=1000,
+        **TIS_CAP_BOUNDS,
         description="posttrain: cap of the truncated importance weight under old_logprobs = sampler (2).",
     )
-    gspo_variant: Literal["sequence", "token"] | None = Field(
+    gspo_variant: GspoVariant | None = Field(
         None,
         description="posttrain: GSPO (sequence, default) or GSPO-token (token-level ratios sg[s_i] "
         "pi(y_t)/sg[pi(y_t)]; differs with token-level importance weights).",

@@ -20,10 +20,9 @@ Importing this module imports no torch: the operator and the CLI use it."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from typing_extensions import Self
 
 # ------------------------------------------------------------------------------------------ shared types
 # Used by the typed TOML sections (posttrain.api.sections) and by the models below: one definition each.
@@ -31,8 +30,10 @@ Overlong = Literal["keep", "mask", "penalty"]
 OVERLONG_TREATMENTS: tuple[str, ...] = get_args(Overlong)
 OldLogprobs = Literal["trainer", "sampler"]
 GspoVariant = Literal["sequence", "token"]
-TisCap = Annotated[float, Field(ge=1, le=1000, allow_inf_nan=False)]
-OverlongPenalty = Annotated[float, Field(le=0, allow_inf_nan=False)]
+TIS_CAP_BOUNDS: dict[str, Any] = {"ge": 1, "le": 1000}
+OVERLONG_PENALTY_BOUNDS: dict[str, Any] = {"le": 0}
+TisCap = Annotated[float, Field(**TIS_CAP_BOUNDS, allow_inf_nan=False)]
+OverlongPenalty = Annotated[float, Field(**OVERLONG_PENALTY_BOUNDS, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -192,6 +193,7 @@ class GSPOSettings(TrainerSettings):
 
     algorithm: Literal["gspo"] = "gspo"
     variety: ClassVar[str] = "gspo"
+    title: ClassVar[str] = "GSPO"
     method: ClassVar[str] = "policy_gradient"
     trainer: ClassVar[str] = "rl"
     needs_groups: ClassVar[bool] = True  # rewards are normalised within a group: group_size >= 2
@@ -308,6 +310,7 @@ class RestemSettings(TrainerSettings):
 
     algorithm: Literal["restem"] = "restem"
     variety: ClassVar[str] = "restem"
+    title: ClassVar[str] = "ReST-EM"
     method: ClassVar[str] = "restem"
     trainer: ClassVar[str] = "restem_job"
     needs_groups: ClassVar[bool] = False
