@@ -10,6 +10,11 @@
   k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1, averaged over the sequence's masked tokens and over
   sequences, weighted by beta (default 0). loss = -J + beta * KL.
 - GSPO-token (variant "token"): the paper's token-level form, s_i,t = sg[s_i] pi(y_t) / sg[pi(y_t)]; see gspo_terms.
+- DAPO (variant "dapo", Yu et al. 2025, arXiv:2503.14476): PPO's per-token ratio r_t = pi(y_t) / pi_old(y_t),
+  clipped to [1 - eps_low, 1 + eps_high] with eps_high > eps_low (clip-higher), and a token-level loss:
+  J = sum over every policy token t of the mini-batch of min(r_t A, clip(r_t) A) / (its token count), so that
+  a long response weighs by its tokens, not as one sequence. overlong_shaping: DAPO's soft overlong
+  punishment of a response near max_tokens.
 - truncated_importance_weights / sampler_mismatch: the sampler's (vLLM's) logprobs as the behaviour policy,
   with truncated importance sampling, and the trainer/sampler mismatch as a metric.
 - split_minibatches: the rollout batch split into mini-batches (default 4), one optimizer step each.
@@ -34,6 +39,16 @@ EPS_LOW = 3e-4
 EPS_HIGH = 4e-4
 DEFAULT_TIS_CAP = 2.0
 GSPO_VARIANTS = ("sequence", "token")
+LOSS_VARIANTS = (*GSPO_VARIANTS, "dapo")  # "dapo": posttrain.api.settings.DAPOSettings, not a TOML spelling
+
+
+def overlong_shaping(length: int, max_tokens: int, ramp: int, penalty: float) -> float:
+    """DAPO's soft overlong punishment (its eq. 13, scaled by `penalty` <= 0): 0 up to max_tokens - ramp
+    tokens, then linear down to `penalty` at max_tokens (a response cut there), `penalty` beyond."""
+    start = max_tokens - ramp
+    if length <= start:
+        return 0.0
+    return penalty * min(1.0, (length - start) / max(ramp, 1))
 
 
 def group_advantages(
@@ -98,6 +113,7 @@ def gspo_terms(
     variant: str = "sequence",
     behavior_logprobs: torch.Tensor | None = None,
     tis_cap: float = DEFAULT_TIS_CAP,
+    num_tokens: int | float | None = None,
 ) -> GSPOTerms:
     """The GSPO loss and its diagnostics. Shapes: logprobs/old_logprobs/mask/ref_logprobs/behavior_logprobs
     [B, T], advantages [B], or [B, T] per token (per-decision credit of a multi-turn episode; only with
@@ -111,9 +127,16 @@ def gspo_terms(
 
     behavior_logprobs: the sampler's logprobs of the same tokens (the behaviour policy). old_logprobs stay the
     anchor of the clip; the gap between the two is corrected by truncated importance sampling (TIS,
-    truncated_importance_weights), per sequence for "sequence" and per token for "token"."""
-    if variant not in GSPO_VARIANTS:
-        raise ValueError(f"gspo variant {variant!r}: use one of {', '.join(GSPO_VARIANTS)}")
+    truncated_importance_weights), per sequence for "sequence" and per token for "token".
+
+    variant "dapo" is DAPO's token-level loss (module docstring); its normaliser is num_tokens, the policy
+    tokens of the whole mini-batch (default: this batch's), as num_sequences is the others'."""
+    if variant not in LOSS_VARIANTS:
+        raise ValueError(f"gspo variant {variant!r}: use one of {', '.join(LOSS_VARIANTS)}")
+    if variant == "dapo":
+        return _dapo_terms(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, ref_logprobs=ref_logprobs,
+                           beta=beta, behavior_logprobs=behavior_logprobs, tis_cap=tis_cap,
+                           num_tokens=num_tokens)  # fmt: skip
     mask = mask.to(logprobs.dtype)
     old = old_logprobs.detach().to(logprobs.dtype)
     adv = advantages.detach().to(logprobs.dtype)
@@ -170,6 +193,52 @@ def gspo_terms(
         kl=None if kl_seq is None else kl_seq.detach(),
         stats=stats,
     )
+
+
+def _dapo_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    *,
+    ref_logprobs: torch.Tensor | None,
+    beta: float,
+    behavior_logprobs: torch.Tensor | None,
+    tis_cap: float,
+    num_tokens: int | float | None,
+) -> GSPOTerms:
+    """DAPO's token-level clipped objective (see gspo_terms); per-sequence diagnostics: the geometric-mean
+    ratio and the share of the sequence's tokens whose clipped branch was the min."""
+    mask = mask.to(logprobs.dtype)
+    old = old_logprobs.detach().to(logprobs.dtype)
+    adv = advantages.detach().to(logprobs.dtype)
+    token_adv = adv if adv.dim() == 2 else adv.unsqueeze(-1)
+    token_ratio = torch.exp(logprobs - old)
+    unclipped = token_ratio * token_adv
+    clipped = torch.clamp(token_ratio, 1.0 - eps_low, 1.0 + eps_high) * token_adv
+    token_min = torch.minimum(unclipped, clipped)
+    if behavior_logprobs is not None:
+        token_min = token_min * truncated_importance_weights(old, behavior_logprobs, mask, tis_cap, per_token=True)
+    n = max(float(num_tokens) if num_tokens is not None else float(mask.sum()), 1.0)
+    loss = -(token_min * mask).sum() / n
+    kl_seq = None
+    if beta and ref_logprobs is not None:
+        delta = ref_logprobs.detach().to(logprobs.dtype) - logprobs
+        k3 = torch.exp(delta) - delta - 1.0
+        loss = loss + beta * (k3 * mask).sum() / n
+        kl_seq = masked_sequence_mean(k3, mask).detach()
+    was_clipped = ((clipped.detach() < unclipped.detach()) & (token_adv != 0)).to(mask.dtype)
+    clipped_share = masked_sequence_mean(was_clipped, mask)
+    ratio = torch.exp(masked_sequence_mean(logprobs.detach() - old, mask))
+    stats = {
+        "ratio_mean": float(ratio.mean()) if ratio.numel() else 1.0,
+        "clip_fraction": float(clipped_share.mean()) if ratio.numel() else 0.0,
+    }
+    if kl_seq is not None:
+        stats["kl"] = float(kl_seq.mean())
+    return GSPOTerms(loss=loss, ratio=ratio, clipped=clipped_share, kl=kl_seq, stats=stats)
 
 
 def truncated_importance_weights(

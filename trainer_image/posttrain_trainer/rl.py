@@ -121,6 +121,8 @@ def sequences_from_results(
     skip_zero_advantage: bool = True,
     overlong: str = "keep",
     overlong_penalty: float = DEFAULT_OVERLONG_PENALTY,
+    max_tokens: int = 0,
+    overlong_ramp: int = 0,
 ) -> tuple[list[TrainSeq], dict[str, Any]]:
     """Successful rollouts -> training sequences with group advantages (over the surviving members).
 
@@ -131,9 +133,10 @@ def sequences_from_results(
     batch, most of it the negative examples). "mask" suits long chain-of-thought tasks whose truncated
     answers may be sound but unfinished (DAPO, Yu et al. 2025, section 3.4: overlong filtering stabilises
     training). An empty response is scored and stays in its group; it has no token to train. The reported
-    rewards stay the task's; a penalty only moves the advantages."""
+    rewards stay the task's; a penalty only moves the advantages. "shaped" is DAPO's soft punishment
+    (gspo.overlong_shaping): the penalty ramps up over the last `overlong_ramp` tokens before `max_tokens`."""
     ok = [r for r in results if r.ok]
-    shaped = [r.reward + (overlong_penalty if overlong == "penalty" and r.truncated else 0.0) for r in ok]
+    shaped = [r.reward + _overlong_reward(r, overlong, overlong_penalty, max_tokens, overlong_ramp) for r in ok]
     advantages = gspo.ragged_group_advantages(shaped, [r.spec.group for r in ok])
     credits = decision_credits(ok)
     seqs = []
@@ -175,6 +178,48 @@ def sequences_from_results(
         "decision_reward_sum": sum(sum(r.decision_rewards) for r in ok),
     }
     return seqs, stats
+
+
+def _overlong_reward(r: RolloutResult, overlong: str, penalty: float, max_tokens: int, ramp: int) -> float:
+    if overlong == "penalty":
+        return penalty if r.truncated else 0.0
+    if overlong == "shaped":  # the longest call's response (each call is cut at max_tokens)
+        length = max((sum(s.completion_mask) for s in r.sequences), default=0)
+        return gspo.overlong_shaping(length, max_tokens, ramp, penalty)
+    return 0.0
+
+
+def groups_with_signal(results: list[RolloutResult]) -> list[list[RolloutResult]]:
+    """The groups (in order) whose successful members' rewards are not all equal: the others have advantage 0
+    everywhere and carry no gradient."""
+    groups: dict[int, list[RolloutResult]] = {}
+    for r in results:
+        groups.setdefault(r.spec.group, []).append(r)
+    return [g for g in groups.values() if len({r.reward for r in g if r.ok}) > 1]
+
+
+def sample_with_signal(
+    sample: Any, batch_size: int, max_rounds: int
+) -> tuple[list[RolloutResult], list[RolloutResult], dict[str, Any]]:
+    """DAPO's dynamic sampling: `sample(round)` rolls out one batch of groups (round 0: the iteration's own
+    prompts); groups without reward variance are dropped and further rounds sampled until batch_size groups
+    carry signal or max_rounds were sampled. Returns the kept groups' results (group ids made unique across
+    rounds; at most batch_size groups), every result sampled (the error budget counts them all) and the
+    counts."""
+    kept: list[list[RolloutResult]] = []
+    everything: list[RolloutResult] = []
+    rounds = 0
+    while rounds < max_rounds and len(kept) < batch_size:
+        results = sample(rounds)
+        for r in results:
+            r.spec.group += rounds * batch_size
+        everything += results
+        kept += groups_with_signal(results)
+        rounds += 1
+    kept = kept[:batch_size]
+    stats = {"sampling_rounds": rounds, "groups_sampled": len({r.spec.group for r in everything}),
+             "groups_kept": len(kept)}  # fmt: skip
+    return [r for g in kept for r in g], everything, stats
 
 
 def decision_credits(ok: list[RolloutResult]) -> list[list[float]]:
@@ -362,7 +407,7 @@ def _micro_step(
             for s in item.seqs
         ]
         adv = item.batch.completion_values(per_token).to(dev)
-        variant = "token"
+        variant = "token" if variant == "sequence" else variant
     else:
         adv = torch.tensor([s.advantage for s in item.seqs], dtype=torch.float32, device=dev)
     old = lp.detach() if item.old is None else item.old
@@ -384,6 +429,7 @@ def _micro_step(
         variant=variant,
         behavior_logprobs=sampler if cfg.old_logprobs == "sampler" else None,
         tis_cap=cfg.tis_cap,
+        num_tokens=sum(sum(s.completion_mask) for s in minibatch),  # DAPO's token-level normaliser
     )
     engine.backward(terms.loss, boundary=boundary)
     totals.add(terms, item, mask)
@@ -781,13 +827,17 @@ class RLRun:
         given to every rank (collective). Raises RolloutBudgetExceeded on every rank."""
         payload: Any = None
         if D.is_main():
-            seeds = iteration_seeds(self.iteration, self.cfg.batch_size, self.cfg.seed_start)
-            specs = plan_rollouts(
-                self.run_tag, self.iteration, seeds, self.cfg.group_size, self.job.endpoints.policy
-            )
-            results = self.loop.collect(self.rollouts, specs)
+            cfg = self.cfg
+            sampling: dict[str, Any] = {}
+            if cfg.dynamic_sampling:
+                results, sampled, sampling = sample_with_signal(
+                    self.sample_round, cfg.batch_size, cfg.max_sampling_rounds
+                )
+            else:
+                results = sampled = self.sample_round(0)
             try:
-                payload = self.score(results, started)
+                payload = self.score(results, started, sampled)
+                payload["stats"].update(sampling)
             except RolloutBudgetExceeded as err:
                 payload = {"error": str(err)}
         payload = D.broadcast_object(payload)
@@ -795,16 +845,32 @@ class RLRun:
             raise RolloutBudgetExceeded(payload["error"])
         return payload["seqs"], payload["stats"]
 
-    def score(self, results: list[RolloutResult], started: float) -> dict[str, Any]:
-        """Rollouts -> {"seqs", "stats"}: the error budget, group advantages, returns and judge scores."""
+    def sample_round(self, k: int) -> list[RolloutResult]:
+        """One batch of groups: round 0 the iteration's own seeds; a further round of dynamic sampling seeds
+        past every iteration's (seed_start + (total + iteration x rounds + k - 1) x batch_size + j), so a
+        resumed run samples the same prompts."""
         cfg = self.cfg
-        errors = [r.error for r in results if not r.ok]
-        self.budget.check(len(results), errors)
+        at = self.iteration if k == 0 else self.total + self.iteration * cfg.max_sampling_rounds + k - 1
+        seeds = iteration_seeds(at, cfg.batch_size, cfg.seed_start)
+        specs = plan_rollouts(self.run_tag, at, seeds, cfg.group_size, self.job.endpoints.policy)
+        return self.loop.collect(self.rollouts, specs)
+
+    def score(
+        self, results: list[RolloutResult], started: float, sampled: list[RolloutResult] | None = None
+    ) -> dict[str, Any]:
+        """Rollouts -> {"seqs", "stats"}: the error budget (over every rollout `sampled`, by default
+        `results`), group advantages, returns and judge scores."""
+        cfg = self.cfg
+        sampled = results if sampled is None else sampled
+        errors = [r.error for r in sampled if not r.ok]
+        self.budget.check(len(sampled), errors)
         seqs, stats = sequences_from_results(
             results,
             skip_zero_advantage=cfg.skip_zero_advantage and not cfg.beta,
             overlong=cfg.overlong,
             overlong_penalty=cfg.overlong_penalty,
+            max_tokens=cfg.max_response_tokens,
+            overlong_ramp=cfg.overlong_ramp,
         )
         if self.processor is not None:
             seqs, stats["media_tokens_sampled"] = rl_vision.drop_sampled_media_tokens(

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # ------------------------------------------------------------------------------------------ shared types
 # Used by the typed TOML sections (posttrain.api.sections) and by the models below: one definition each.
-Overlong = Literal["keep", "mask", "penalty"]
+Overlong = Literal["keep", "mask", "penalty", "shaped"]
 OVERLONG_TREATMENTS: tuple[str, ...] = get_args(Overlong)
 OldLogprobs = Literal["trainer", "sampler"]
 GspoVariant = Literal["sequence", "token"]
@@ -258,7 +258,25 @@ class GSPOSettings(TrainerSettings):
         "keep", description=f"Truncated rollouts: one of {', '.join(OVERLONG_TREATMENTS)}."
     )
     overlong_penalty: Annotated[OverlongPenalty, Keys("training.overlong_penalty")] = Field(
-        DEFAULT_OVERLONG_PENALTY, description="Reward added to truncated rollouts (<= 0)."
+        DEFAULT_OVERLONG_PENALTY,
+        description="Reward added to truncated rollouts (<= 0); under overlong = shaped, the full penalty of a "
+        "response at max_tokens.",
+    )
+    overlong_buffer: Annotated[Count | None, Keys("training.overlong_buffer")] = Field(
+        None,
+        description="overlong = shaped: the last this many tokens before max_tokens, over which the penalty "
+        "ramps from 0 to overlong_penalty (DAPO's L_cache); default a fifth of max_tokens.",
+    )
+    max_response_tokens: Annotated[
+        Annotated[int, Field(ge=1, le=16_777_216)], Keys("rollout.policy_config.max_tokens", "policy.max_tokens")
+    ] = Field(512, description="Sampling's max_tokens per call: where overlong = shaped's ramp ends.")
+    dynamic_sampling: Annotated[bool, Keys("training.dynamic_sampling")] = Field(
+        False,
+        description="Drop groups whose rewards are all equal (no signal) and sample more prompts until "
+        "batch_size groups carry signal, or max_sampling_rounds (DAPO's dynamic sampling).",
+    )
+    max_sampling_rounds: Annotated[Count, Keys("training.max_sampling_rounds")] = Field(
+        3, description="dynamic_sampling: rounds of sampling per iteration at most (the first included)."
     )
     old_logprobs: Annotated[OldLogprobs, _pick("old_logprobs")] = Field(
         "trainer",
@@ -278,6 +296,11 @@ class GSPOSettings(TrainerSettings):
     @property
     def iterations(self) -> int:
         return self.num_epochs * self.iterations_per_epoch
+
+    @property
+    def overlong_ramp(self) -> int:
+        """overlong = shaped: tokens over which the penalty ramps up (DAPO's L_cache)."""
+        return self.overlong_buffer or max(1, self.max_response_tokens // 5)
 
     @classmethod
     def derived(cls, config: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
@@ -303,6 +326,34 @@ class GSPOSettings(TrainerSettings):
             problems += group_problems(self.group_size)
         _refuse(problems)
         return self
+
+
+class DAPOSettings(GSPOSettings):
+    """DAPO (Yu et al. 2025, arXiv:2503.14476, "DAPO: An Open-Source LLM Reinforcement Learning System at
+    Scale") on GSPO's loop (posttrain_trainer.rl): clip-higher (eps_high > eps_low, per-token ratios), a
+    token-level loss (every token of a mini-batch weighs the same: gspo.gspo_terms variant "dapo"), dynamic
+    sampling of groups with signal, and overlong reward shaping (the penalty ramps up over the last
+    overlong_buffer tokens before max_tokens)."""
+
+    algorithm: Literal["dapo"] = "dapo"  # type: ignore[assignment]
+    variety: ClassVar[str] = "dapo"
+    title: ClassVar[str] = "DAPO"
+
+    eps_low: Annotated[Fraction, _pick("eps_low", "clip_eps_low")] = Field(
+        0.2, description="Lower clip of the per-token ratio (1 - eps_low)."
+    )
+    eps_high: Annotated[Fraction, _pick("eps_high", "clip_eps_high")] = Field(
+        0.28, description="Upper clip of the per-token ratio (1 + eps_high): clip-higher, above eps_low."
+    )
+    gspo_variant: Literal["dapo"] = Field(  # type: ignore[assignment]
+        "dapo", description="DAPO's token-level loss (not read from the config)."
+    )
+    overlong: Annotated[Overlong, Keys("training.overlong")] = Field(
+        "shaped", description=f"Truncated rollouts: one of {', '.join(OVERLONG_TREATMENTS)} (DAPO: shaped)."
+    )
+    dynamic_sampling: Annotated[bool, Keys("training.dynamic_sampling")] = Field(
+        True, description="Drop groups without reward variance and sample more prompts (DAPO: on)."
+    )
 
 
 class RestemSettings(TrainerSettings):
@@ -505,8 +556,11 @@ def _sft_mode(config: dict[str, Any]) -> str:
 RL_ALGORITHMS: dict[str, type[GSPOSettings] | type[RestemSettings]] = {
     GSPOSettings.variety: GSPOSettings,
     RestemSettings.variety: RestemSettings,
+    DAPOSettings.variety: DAPOSettings,
 }
-AnySettings = Annotated[GSPOSettings | RestemSettings | SFTSettings, Field(discriminator="algorithm")]
+AnySettings = Annotated[
+    GSPOSettings | DAPOSettings | RestemSettings | SFTSettings, Field(discriminator="algorithm")
+]
 
 
 def rl_settings_class(config: dict[str, Any]) -> type[GSPOSettings] | type[RestemSettings]:

@@ -1,0 +1,149 @@
+"""DAPO (`[algorithm] variety = "dapo"`): its token-level loss worked out by hand, its overlong shaping, its
+dynamic sampling, and the config that asks for it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from posttrain.api.convert import toml_to_cr
+from posttrain.api.settings import DAPOSettings, settings_for
+from posttrain_trainer.gspo import gspo_terms, overlong_shaping
+from posttrain_trainer.rl import groups_with_signal, sample_with_signal, sequences_from_results
+from posttrain_trainer.rollouts import EpisodeSequence, RolloutResult, RolloutSpec
+
+
+def test_dapo_token_level_loss_by_hand():
+    # Two sequences: seq 0 has 2 policy tokens (A = +1), seq 1 has 3 (A = -1); eps_low 0.2, eps_high 0.28.
+    # Per-token ratios r_t = exp(logp - old):
+    #   seq 0: r = 1.5 -> clipped to 1.28, min(1.5, 1.28) = 1.28 (clipped);  r = 1.0 -> 1.0
+    #   seq 1: r = 0.5 -> clip 0.8, min(-0.5, -0.8) = -0.8 (clipped);  r = 1.2 -> min(-1.2, -1.2) = -1.2;
+    #          r = 1.0 -> -1.0
+    # Token-level: every policy token of the batch weighs the same: J = (1.28 + 1.0 - 0.8 - 1.2 - 1.0) / 5
+    # = -0.72 / 5 = -0.144, loss = -J = 0.144. (Averaging per sequence first, as GSPO-token does, would
+    # give -((1.28 + 1.0) / 2 + (-0.8 - 1.2 - 1.0) / 3) / 2 = -0.07: the long response would weigh less.)
+    # Gradients d loss / d logp_t = -A r_t / 5 where the unclipped branch is the min, else 0:
+    #   seq 0: [0 (clipped), -1 * 1.0 / 5 = -0.2, 0 (masked)]; seq 1: [0 (clipped), 1.2 / 5 = 0.24, 1.0 / 5 = 0.2]
+    old = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -2.0, -3.0]])
+    log_r = torch.tensor([[math.log(1.5), 0.0, 0.0], [math.log(0.5), math.log(1.2), 0.0]])
+    logp = (old + log_r).requires_grad_(True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    terms = gspo_terms(logp, old, torch.tensor([1.0, -1.0]), mask, 0.2, 0.28, variant="dapo")
+    assert terms.loss.item() == pytest.approx(0.144, abs=1e-6)
+    terms.loss.backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([0.0, -0.2, 0.0, 0.0, 0.24, 0.2], abs=1e-6)
+    # diagnostics: the share of each sequence's tokens that were clipped
+    assert terms.clipped.tolist() == pytest.approx([1 / 2, 1 / 3])
+    # across micro-batches the normaliser is the mini-batch's token count: 10 tokens halve the loss
+    half = gspo_terms(logp.detach(), old, torch.tensor([1.0, -1.0]), mask, 0.2, 0.28, variant="dapo", num_tokens=10)
+    assert half.loss.item() == pytest.approx(0.072, abs=1e-6)
+
+
+def test_overlong_shaping_ramps_over_the_last_tokens():
+    # max_tokens 100, ramp 20: no penalty up to 80 tokens, then linear to the full penalty at 100
+    assert overlong_shaping(80, 100, 20, -1.0) == 0.0
+    assert overlong_shaping(90, 100, 20, -1.0) == pytest.approx(-0.5)
+    assert overlong_shaping(100, 100, 20, -1.0) == pytest.approx(-1.0)
+    assert overlong_shaping(120, 100, 20, -1.0) == pytest.approx(-1.0)
+    assert overlong_shaping(95, 100, 20, -0.5) == pytest.approx(-0.375)  # 15/20 of -0.5
+
+
+def _result(group: int, index: int, reward: float, tokens: int = 4, seed: int = 0) -> RolloutResult:
+    spec = RolloutSpec(seed=seed or group, group=group, index=index, cid=f"c{group}-{index}-{seed}", endpoint="e")
+    seq = EpisodeSequence([1, 2], list(range(10, 10 + tokens)), [1] * tokens, [0.0] * tokens)
+    return RolloutResult(spec=spec, ok=True, env_return=reward, reward=reward, sequences=[seq])
+
+
+def test_shaped_overlong_moves_the_advantage_of_the_longer_response():
+    # equal task rewards; max_tokens 10, ramp 5: 10 tokens -> -1, 6 tokens -> 0 (6 <= 10 - 5 = 5? no: -0.2)
+    results = [_result(0, 0, 1.0, tokens=10), _result(0, 1, 1.0, tokens=5)]
+    seqs, stats = sequences_from_results(results, overlong="shaped", overlong_penalty=-1.0, max_tokens=10,
+                                         overlong_ramp=5)  # fmt: skip
+    advantages = {len(s.completion_ids): s.advantage for s in seqs}
+    assert advantages[10] < 0 < advantages[5]  # shaped rewards 0 and 1: the cut-off response is pushed down
+    assert [s.reward for s in seqs] == [1.0, 1.0]  # the reported reward stays the task's
+    assert stats["mixed_groups"] == 1
+
+
+def test_dynamic_sampling_keeps_groups_with_signal_and_refills_the_batch():
+    rounds = {
+        0: [(0, [1.0, 1.0]), (1, [0.0, 1.0]), (2, [0.0, 0.0])],  # only group 1 has signal
+        1: [(0, [1.0, 0.0]), (1, [1.0, 1.0]), (2, [0.0, 1.0])],  # groups 0 and 2
+        2: [(0, [0.0, 1.0]), (1, [0.0, 1.0]), (2, [0.0, 1.0])],  # not needed
+    }
+    asked = []
+
+    def sample(k: int) -> list[RolloutResult]:
+        asked.append(k)
+        return [_result(g, i, r, seed=100 * k + g) for g, rewards in rounds[k] for i, r in enumerate(rewards)]
+
+    kept, everything, stats = sample_with_signal(sample, batch_size=3, max_rounds=3)
+    assert asked == [0, 1]
+    assert stats == {"sampling_rounds": 2, "groups_sampled": 6, "groups_kept": 3}
+    assert sorted({r.spec.group for r in kept}) == [1, 3, 5]  # round 1's groups renumbered past round 0's
+    assert len(everything) == 12 and len(groups_with_signal(kept)) == 3
+    # the rounds are bounded: a task with no signal anywhere stops after max_rounds
+    flat = sample_with_signal(lambda k: [_result(0, i, 1.0, seed=k) for i in range(2)], 2, max_rounds=2)
+    assert flat[0] == [] and flat[2]["sampling_rounds"] == 2
+
+
+DAPO_TOML = """
+[algorithm]
+type = "online"
+variety = "dapo"
+
+[compute]
+gpu_type = "H100"
+gpu_count = 2
+
+[compute.topology]
+gpus_for_vllm = 1
+gpus_for_training = 1
+
+[model]
+base = "Qwen/Qwen3-0.6B"
+trainer_mode = "full"
+label = "dapo"
+
+[rollout]
+env_name = "math"
+policy_name = "math-single-step"
+max_turns = 1
+episodes_per_batch = 8
+max_concurrent_rollouts = 8
+
+[rollout.policy_config]
+max_tokens = 256
+
+[training]
+num_epochs = 1
+iterations_per_epoch = 2
+max_turns = 1
+batch_size = 4
+group_size = 4
+learning_rate = 1e-6
+overlong_buffer = 64
+max_sampling_rounds = 2
+"""
+
+
+def test_a_dapo_config_converts_and_resolves_to_dapo_settings():
+    resource, warnings = toml_to_cr(DAPO_TOML, task_url="http://task:8000", env={})
+    assert resource["spec"]["algorithm"] == {"type": "online", "method": "policy_gradient", "variety": "dapo"}
+    assert not [w for w in warnings if "unknown" in w]  # overlong_buffer, max_sampling_rounds: DAPO's keys
+    from posttrain.api.convert import spec_to_config
+    from posttrain.api.resources import parse_spec
+
+    settings = settings_for("rl", spec_to_config(parse_spec("RLJob", resource["spec"])))
+    assert isinstance(settings, DAPOSettings) and settings.trainer == "rl"
+    assert (settings.eps_low, settings.eps_high, settings.gspo_variant) == (0.2, 0.28, "dapo")
+    assert (settings.overlong, settings.overlong_ramp, settings.max_response_tokens) == ("shaped", 64, 256)
+    assert settings.dynamic_sampling and settings.max_sampling_rounds == 2
+
+
+def test_dapo_needs_groups_like_gspo():
+    from posttrain.errors import UserError
+
+    with pytest.raises(UserError, match="group_size = 1"):
+        toml_to_cr(DAPO_TOML.replace("group_size = 4", "group_size = 1"), task_url="http://task:8000", env={})
