@@ -9,8 +9,10 @@ and replaces (rl.sample_with_signal, further rounds on seeds past the iteration'
 rl.sequences_from_results (overlong = shaped; every completion has the same length, so the shaping moves no
 advantage) and rl.gspo_update (variant "dapo", one AdamW step per mini-batch).
 
-Claim: the mean sampled reward (every group sampled in round 0, before any is dropped) of the last 3
-iterations exceeds that of the first 3 by at least MARGIN. Measured numbers are in the module's report."""
+Claim: the mean sampled reward (every group sampled in round 0, before any is dropped) of the last 4
+iterations exceeds that of the first 4 by at least MARGIN. Measured (LR 3e-3, 16 iterations, 1 CPU thread on
+a shared 2-core machine): seed 0 0.34 -> 0.85 (+0.51), seed 1 0.46 -> 0.90 (+0.44), 17-22 s each; the
+groups kept are always 8 after 1-3 sampling rounds. (LR 1e-3 over 12 iterations lifted only +0.03 to +0.19.)"""
 
 from __future__ import annotations
 
@@ -26,13 +28,13 @@ from posttrain_trainer.rl import gspo_update, iteration_seeds, sample_with_signa
 from posttrain_trainer.rollouts import EpisodeSequence, RolloutResult, plan_rollouts
 from test_rl_learning import prompt_ids, sample_group
 
-ITERATIONS = 12
+ITERATIONS = 16
 BATCH = 8
 GROUP = 4
 TOKENS = 8
 THRESHOLD = 5  # of TOKENS in the lower half: p = 0.36 for a uniform policy
-MARGIN = 0.2
-LR = 2e-4
+MARGIN = 0.25  # measured lifts 0.44-0.51 (seeds 0-1), see the module docstring
+LR = 3e-3
 
 
 def run_toy_dapo(model_dir, *, iterations: int = ITERATIONS, seed: int = 0) -> tuple[list[float], list[dict]]:
@@ -86,7 +88,7 @@ def test_dapo_lifts_mean_reward_on_toy_task(tiny_model_dir, seed):
     started = time.perf_counter()
     curve, rounds = run_toy_dapo(tiny_model_dir, seed=seed)
     seconds = time.perf_counter() - started
-    before, after = sum(curve[:3]) / 3, sum(curve[-3:]) / 3
+    before, after = sum(curve[:4]) / 4, sum(curve[-4:]) / 4
     print(f"toy DAPO seed {seed}: reward curve {[round(c, 3) for c in curve]} before {before:.3f} after "
           f"{after:.3f} ({seconds:.0f} s); sampling rounds {[s['sampling_rounds'] for s in rounds]}, "
           f"groups kept {[s['groups_kept'] for s in rounds]}")  # fmt: skip
