@@ -28,17 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import torch
+from posttrain.api.settings import DEFAULT_TIS_CAP, EPS_HIGH, EPS_LOW, GspoVariant
 
 from posttrain_trainer.logprobs import token_logprobs  # noqa: F401 - part of this module's API
 
 ADV_EPS = 1e-6
-EPS_LOW = 3e-4
-EPS_HIGH = 4e-4
-DEFAULT_TIS_CAP = 2.0
-GSPO_VARIANTS = ("sequence", "token")
+GSPO_VARIANTS: tuple[str, ...] = get_args(GspoVariant)
 LOSS_VARIANTS = (*GSPO_VARIANTS, "dapo")  # "dapo": posttrain.api.settings.DAPOSettings, not a TOML spelling
 
 

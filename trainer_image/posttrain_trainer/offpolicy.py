@@ -26,8 +26,6 @@ from typing import Any
 
 import torch
 
-OLD_LOGPROBS = ("trainer", "sampler")
-
 
 def behaviour_logprobs(
     sampling_logprobs: Sequence[Sequence[float]], captured: Sequence[bool], batch: Any, old: torch.Tensor

@@ -102,9 +102,11 @@ def config_to_spec(config: RLConfig | SFTConfig, kind: str) -> dict[str, Any]:
 
 
 def spec_to_config(spec: RLJobSpec | SFTJobSpec) -> dict[str, Any]:
-    """A job's spec -> the normalised snake_case synth config the trainer reads: the fields the spec sets
+    """A job's spec -> the normalised snake_case synth config of its job file: the fields the spec sets
     (unknown keys inline, as in the TOML), without what only the operator acts on; an RL job's task app
-    URL and judge URL back under [services], an SFT job's model back in [job]."""
+    URL and judge URL back under [services], an SFT job's model back in [job]. The trainer's settings are
+    resolved from it once, typed (posttrain.api.jobfile.build_jobfile, posttrain.api.settings); the trainer
+    reads the dict itself only for what it forwards as it is (env and policy config, judge, step rewards)."""
     data = spec.model_dump(exclude_unset=True, exclude_none=True, by_alias=False)
     task_app = data.get("task_app") or {}
     for key in OPERATOR_ONLY:
