@@ -5,8 +5,11 @@ PY := $(VENV)/bin/python
 POSTTRAIN := $(VENV)/bin/posttrain
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
+# make push / release-manifests: where the images go (host[:port]/path) and their tag
+REGISTRY ?=
+TAG ?= dev
 
-.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images e2e e2e-gitops clean
+.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images push release-manifests e2e-deps e2e e2e-gitops clean
 
 setup:
 	bash hack/setup.sh
@@ -79,8 +82,22 @@ lint: setup
 images:
 	bash hack/build-images.sh
 
+# What `make images` built, to a registry: make push REGISTRY=registry.example.com/posttrain TAG=0.2.0
+# (REGISTRY/<name>:TAG; buildah login first where it needs one; docs/how-to/cluster-install.md).
+push: images
+	bash hack/registry.sh push "$(REGISTRY)" "$(TAG)"
+
+# Pins manifests/overlays/prod to REGISTRY/<name>:TAG (a release commits it): kubectl apply -k overlays/prod.
+release-manifests:
+	python3 hack/release_manifests.py --registry "$(REGISTRY)" --tag "$(TAG)"
+
+# The e2e's registry (Debian's docker-registry, on 127.0.0.1) and buildah that pushes to it.
+e2e-deps:
+	bash hack/debian-deps.sh docker-registry:docker-registry buildah:buildah
+
 # The cluster path for real (docs/operations/real-node-e2e.md): needs root; outside `make test` (it takes ~30-60 min).
-e2e: setup k8s-bins node-bins images
+# The images go through a registry on 127.0.0.1 (hack/registry.sh), as a user's cluster pulls them.
+e2e: setup k8s-bins node-bins e2e-deps images
 	$(PY) hack/e2e_node.py
 
 clean:
