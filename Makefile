@@ -88,7 +88,7 @@ images:
 
 # What `make images` built, to a registry: make push REGISTRY=registry.example.com/posttrain TAG=0.2.0
 # (REGISTRY/<name>:TAG; buildah login first where it needs one; docs/how-to/cluster-install.md).
-push: images
+push: $(if $(REGISTRY),images)
 	bash hack/registry.sh push "$(REGISTRY)" "$(TAG)"
 
 # Pins manifests/overlays/prod to REGISTRY/<name>:TAG (a release commits it): kubectl apply -k overlays/prod.

@@ -51,15 +51,19 @@ push() {
       exit 2
     fi
   done
-  local start; start=$(date +%s)
+  local start digest; start=$(date +%s)
+  digest=$(mktemp)
   for pair in "${pairs[@]}"; do
     src=${pair%%=*} t=$(date +%s)
     # Blobs the registry already holds are skipped: trainer and rollout share the vLLM base's layers.
-    buildah push "${flags[@]}" --digestfile "${TMPDIR:-/tmp}/posttrain-push.digest" \
-      "$src" "docker://$registry/${pair#*=}:$tag"
-    echo "  $registry/${pair#*=}:$tag@$(cat "${TMPDIR:-/tmp}/posttrain-push.digest") ($(( $(date +%s) - t )) s)"
+    if ! buildah push "${flags[@]}" --digestfile "$digest" "$src" "docker://$registry/${pair#*=}:$tag"; then
+      rm -f "$digest"
+      echo "push: buildah push $src to $registry failed (logged in? buildah login ${registry%%/*})" >&2
+      exit 1
+    fi
+    echo "  $registry/${pair#*=}:$tag@$(cat "$digest") ($(( $(date +%s) - t )) s)"
   done
-  rm -f "${TMPDIR:-/tmp}/posttrain-push.digest"
+  rm -f "$digest"
   echo "pushed to $registry in $(( $(date +%s) - start )) s"
 }
 
