@@ -14,7 +14,7 @@ CACHE=${POSTTRAIN_CACHE:-$HOME/.cache/posttrain}
 OUT=$CACHE/kueue/$KUEUE_VERSION
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 export GOMODCACHE=$CACHE/go/mod GOCACHE=$CACHE/go/build GOPATH=$CACHE/go/path
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+GO=${GO:-$(bash hack/go.sh)}  # a new enough Go; fetched from the Go module proxy if none is here
 
 mkdir -p "$OUT/bin" "$LINK_BIN"
 if [ ! -x "$OUT/bin/kueue" ]; then
