@@ -61,6 +61,7 @@ def test_admission_in_kueues_words() -> None:
                                           {"type": "Admitted", "status": "True", "message": "ok"}]}}  # fmt: skip
     assert admission(admitted) == (True, "Admitted", "ok")
     preempted = {"status": {"conditions": [
+        {"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"},  # until released
         {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "Preempted to accommodate a workload"},
         {"type": "Preempted", "status": "True", "reason": "InClusterQueue",
          "message": "Preempted to accommodate a workload (UID: 1) due to prioritization in the ClusterQueue"}]}}  # fmt: skip

@@ -118,15 +118,16 @@ def admission(workload: dict[str, Any] | None) -> tuple[bool, str, str]:
     if workload is None:
         return False, "Queued", "waiting for the job's Kueue Workload to be created"
     conds = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
-    if (conds.get("Admitted") or {}).get("status") == "True":
-        return True, "Admitted", (conds["Admitted"].get("message") or "admitted by Kueue")
     evicted = conds.get("Evicted") or {}
+    # An evicted Workload stays Admitted until its quota is released (posttrain deletes it): eviction first.
     if evicted.get("status") == "True":
         if evicted.get("reason") == "Preempted":  # Kueue's Preempted condition says by whom and why
             preempted = conds.get("Preempted") or {}
             why = preempted.get("message") or evicted.get("message") or "for a higher-priority workload"
             return False, "Preempted", f"preempted by Kueue ({preempted.get('reason') or 'Preempted'}): {why}"
         return False, "Evicted", f"evicted by Kueue ({evicted.get('reason')}): {evicted.get('message', '')}"
+    if (conds.get("Admitted") or {}).get("status") == "True":
+        return True, "Admitted", (conds["Admitted"].get("message") or "admitted by Kueue")
     reserved = conds.get("QuotaReserved") or {}
     queue = (workload.get("spec") or {}).get("queueName", "")
     message = reserved.get("message") or f"waiting in Kueue LocalQueue {queue}"
