@@ -115,10 +115,10 @@ class OperatorSettings(BaseSettings):
 
     # Controller behaviour.
     resync_seconds: float = 60.0  # re-reconcile every job at least this often even without events
-    # A job waiting in a Kueue queue reads its Workload this often (Kueue's admission is not watched); an
-    # admitted one every admitted_poll_seconds: Kueue's preemption of it is acted on within that (its pods go,
-    # the preempting job waits for the quota until then).
+    # A job waiting in a Kueue queue reads its Workload this often (Kueue's admission is not watched).
     queue_poll_seconds: float = 2.0
+    # An admitted job in a Kueue queue reads its Workload this often: Kueue's preemption of it is acted on
+    # within that (its pods stop; the preempting job waits for the quota until then).
     admitted_poll_seconds: float = 10.0
     # A status change that only rewords messages (pods ready so far) is written at most this often; the
     # phase, reasons and conditions' states are written at once. 30 s: a job that provisions within half a
