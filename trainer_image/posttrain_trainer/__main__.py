@@ -7,10 +7,11 @@ import os
 import sys
 
 from posttrain.api import trackers
-from posttrain.api.exitcodes import EXIT_CONFIG_ERROR
+from posttrain.api.exitcodes import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 from posttrain.api.jobfile import load_jobfile
 from pydantic import ValidationError
 
+from posttrain_trainer import preemption
 from posttrain_trainer.restem import is_restem
 
 
@@ -33,13 +34,21 @@ def main(argv: list[str] | None = None) -> int:
         for message, fix in problems:
             print(f"error: {trackers.FIELD}: {message} (fix: {fix})", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
+    preemption.install()  # SIGTERM: checkpoint after the current step, then exit 75
     if args.kind == "sft":
         from posttrain_trainer.sft import main as run
     elif is_restem(job.config):  # an RL job file whose algorithm is ReST-EM
         from posttrain_trainer.restem_job import main as run
     else:
         from posttrain_trainer.rl import main as run
-    return int(run(job) or 0)
+    try:
+        return int(run(job) or 0)
+    except preemption.Preempted as stopped:
+        print(f"[posttrain] {stopped}", file=sys.stderr, flush=True)
+        from posttrain_trainer import distributed as D
+
+        D.shutdown()
+        return EXIT_PREEMPTED
 
 
 if __name__ == "__main__":

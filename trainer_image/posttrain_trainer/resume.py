@@ -31,6 +31,7 @@ class CheckpointStore:
         self.workdir = Path(job.workdir)
         self.keep = ckpt.keep_checkpoints(job.config)
         self.last_uri: str | None = None  # the newest checkpoint this run saved or resumed from
+        self.saved_step: int | None = None  # the step of the last checkpoint this run saved
 
     @property
     def bucket(self) -> str:
@@ -103,5 +104,6 @@ class CheckpointStore:
             extra=extra,
             keep=self.keep,
         )
+        self.saved_step = step
         self.reporter.event("checkpoint", step=step, uri=self.last_uri)
         return self.last_uri

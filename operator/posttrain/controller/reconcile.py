@@ -39,6 +39,7 @@ from posttrain.controller.status import (
     FAILED,
     INVALID_SPEC,
     PENDING,
+    PREEMPTED,
     PROVISIONING,
     SUCCEEDED,
     SUSPENDED,
@@ -359,12 +360,15 @@ async def patch_status(
                 state.pruned.add(key)
                 logger.warning("status.%s is pruned by the CRD schema of %s; not writing it again", key, owner.kind)
     old = state.last_phase or current.get("phase") or PENDING
+    old_reason = current.get("reason")
     # Keep the snapshot in line so a second derivation in the same pass starts from what we wrote.
     current.update(patch)
     new = desired.get("phase")
     if new and new != old and new in EVENT_PHASES:
         etype = "Warning" if new == FAILED else "Normal"
         kopf.event(owner.reference(), type=etype, reason=new, message=event_message(desired.get("message")))
+    if desired.get("reason") == PREEMPTED and old_reason != PREEMPTED:  # Kueue preempted it (gang.py)
+        kopf.event(owner.reference(), type="Warning", reason=PREEMPTED, message=event_message(desired.get("message")))
     if new:
         state.last_phase = new
     return True
@@ -745,8 +749,8 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
         await finish_job(rt, owner, observed, phase, queued)
         return None
     wait = next_pass(rt, job, desired, now, state)
-    if admission is not None and not admission.admitted:
-        wait = min(wait, rt.settings.queue_poll_seconds)  # Kueue's admission sends no event here
+    if admission is not None:  # Kueue's admission (and preemption) sends no event here
+        wait = min(wait, rt.settings.admitted_poll_seconds if admission.admitted else rt.settings.queue_poll_seconds)
     return wait
 
 
