@@ -509,7 +509,7 @@ def test_a_status_the_api_server_refuses_ends_the_job_invalid(cluster: Any, name
     import kopf._core.engines.posting as posting
     from posttrain.controller.kube import Kube
     from posttrain.controller.objects import owner_of
-    from posttrain.controller.reconcile import LoopState, patch_status
+    from posttrain.controller.reconcile_job import JobState, patch_status
     from posttrain.controller.runtime import Runtime
     from posttrain.controller.settings import OperatorSettings
 
@@ -534,7 +534,7 @@ def test_a_status_the_api_server_refuses_ends_the_job_invalid(cluster: Any, name
                 "message": "fine",
                 "conditions": [{"type": "Running", "status": "Maybe", "reason": "x", "message": "y"}],
             }
-            await patch_status(rt, owner_of(job), {}, desired, LoopState())
+            await patch_status(rt, owner_of(job), {}, desired, JobState())
         finally:
             await kube.close()
         return [queue.get_nowait() for _ in range(queue.qsize())]
