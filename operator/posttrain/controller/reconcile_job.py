@@ -38,9 +38,9 @@ from posttrain.controller.bounds import bound_status, event_message
 from posttrain.controller.kube import KubeError, collection_path, object_path
 from posttrain.controller.objects import Job, Owner, owner_of, parse_job
 from posttrain.controller.render.model import bucket, check_model_access
-from posttrain.controller.render.names import SERVER_ROLES, child_name, legacy_token_name
+from posttrain.controller.render.names import SERVER_ROLES, child_name
 from posttrain.controller.render.taskapp import TaskAppTarget
-from posttrain.controller.render.token import carried_over_token, derived_token, with_token
+from posttrain.controller.render.token import derived_token, with_token
 from posttrain.controller.render.workload import held
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
@@ -157,25 +157,9 @@ async def ensure_job_secret(
             return
     secret = rendered.secret
     if rendered.rollout_token:
-        token = await older_operators_token(rt, rendered, observed)
-        secret = with_token(secret, token or derived_token(rt.token_key, owner))
+        secret = with_token(secret, derived_token(rt.token_key, owner))
     await create_owned(rt, secret)
     state.secret_ensured = True
-
-
-async def older_operators_token(rt: Runtime, rendered: render.Rendered, observed: Observed) -> str | None:
-    """The rollout token of a job an older operator started (render/token.py: only from a Secret owned by
-    this job), read only when the job already has children: a new job costs no extra request."""
-    if not observed.deployments and observed.trainer is None:
-        return None
-    meta = rendered.secret["metadata"]
-    owner_name = meta["labels"][LABEL_JOB]
-    try:
-        legacy = await rt.kube.get(object_path("v1", "Secret", meta["namespace"], legacy_token_name(owner_name)))
-    except KubeError as err:  # no `get` on Secrets here: a fresh token, as before
-        logger.warning("rollout token of %s from an older operator not read: HTTP %s", owner_name, err.status)
-        return None
-    return carried_over_token(legacy, meta["ownerReferences"][0]["uid"])
 
 
 async def patch_status(
