@@ -26,8 +26,8 @@ from fixtures.operator_process import (
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from posttrain.api.resources import GROUP, VERSION
-from posttrain.dev.devcluster import KWOK_EXIT_ANNOTATION, kubectl_path
 from posttrain.localhost import free_port
+from posttrain_dev.devcluster import KWOK_EXIT_ANNOTATION, kubectl_path
 
 pytestmark = [pytest.mark.cluster]
 
