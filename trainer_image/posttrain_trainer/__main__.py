@@ -9,9 +9,8 @@ import sys
 from posttrain.api import trackers
 from posttrain.api.exitcodes import EXIT_CONFIG_ERROR
 from posttrain.api.jobfile import load_jobfile
+from posttrain.api.restem import is_restem
 from pydantic import ValidationError
-
-from posttrain_trainer.restem import is_restem
 
 
 def main(argv: list[str] | None = None) -> int:

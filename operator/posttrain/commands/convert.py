@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from posttrain.api.convert import _read, to_yaml, toml_to_cr
+from posttrain.api.convert import read_config, to_yaml, toml_to_cr
 from posttrain.commands.argtypes import http_url, job_name, namespace, object_name
 from posttrain.commands.validate import strict_warnings
 
@@ -92,7 +92,7 @@ def local_datasets(args: argparse.Namespace, text: str) -> tuple[str | None, str
 def run(args: argparse.Namespace) -> int:
     from posttrain.inputs import check_output_path
 
-    text = _read(args.config)
+    text = read_config(args.config)
     if args.output is not None:
         check_output_path(args.output, flag="--output")
     dataset, validation = local_datasets(args, text)
