@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
         elif args.keep and not ok:
             say(f"cluster kept: export KUBECONFIG={cluster.kubeconfig}; stop it with "
-                f"`python -m posttrain_dev.devcluster down --dir {args.dir}`")  # fmt: skip
+                f"`PYTHONPATH=hack python -m posttrain_dev.devcluster down --dir {args.dir}`")  # fmt: skip
         else:
             cluster.stop()
             left = devnode.leftovers(Path(args.dir).resolve() / "node")

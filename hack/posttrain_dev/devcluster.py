@@ -6,8 +6,8 @@ API server listens on the host's address instead, so that pods reach it.
     with DevCluster(Path(".cluster")) as cluster:      # tests
         cluster.kubeconfig                             # admin kubeconfig (system:masters)
 
-    python -m posttrain_dev.devcluster up --dir .cluster   # people: background, prints `export KUBECONFIG=...`
-    python -m posttrain_dev.devcluster down --dir .cluster
+    PYTHONPATH=hack python -m posttrain_dev.devcluster up --dir .cluster  # people (make cluster-up): background,
+    PYTHONPATH=hack python -m posttrain_dev.devcluster down --dir .cluster  # prints `export KUBECONFIG=...`
 
 Flags follow controller-runtime's envtest (certificates, service-account keys, RBAC) plus what envtest lacks
 and a job controller needs: garbage collection, the Job controller, the scheduler, and nodes (kwok).
