@@ -70,10 +70,10 @@ bench-demo: setup
 # REAL_NODE=1: also a real kubelet node (containerd, runc, CNI, kube-proxy, CoreDNS) beside the kwok GPU nodes.
 # KUEUE=1: also Kueue (all-or-nothing admission of each job; docs/how-to/gpu-scheduling.md).
 cluster-up: setup k8s-bins $(if $(REAL_NODE),node-bins) $(if $(KUEUE),kueue-bins)
-	$(PY) -m posttrain.dev.devcluster up --dir .cluster $(if $(REAL_NODE),--real-node) $(if $(KUEUE),--kueue)
+	PYTHONPATH=hack $(PY) -m posttrain_dev.devcluster up --dir .cluster $(if $(REAL_NODE),--real-node) $(if $(KUEUE),--kueue)
 
 cluster-down:
-	$(PY) -m posttrain.dev.devcluster down --dir .cluster
+	PYTHONPATH=hack $(PY) -m posttrain_dev.devcluster down --dir .cluster
 
 crds: setup
 	$(POSTTRAIN) crds -o crds

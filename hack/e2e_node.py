@@ -1,7 +1,7 @@
 """`make e2e`: the product's cluster path end to end on the dev control plane with a real kubelet node, the
 way a user runs it. Needs root, `make k8s-bins node-bins images` (make e2e builds them first).
 
- 1. the control plane + the real node (posttrain.dev.devcluster, real_node=True) in .cluster-e2e/; the images
+ 1. the control plane + the real node (posttrain_dev.devcluster, real_node=True) in .cluster-e2e/; the images
     `make images` built go through a registry, as a user's cluster gets them: Debian's docker-registry on
     127.0.0.1 (hack/registry.sh start), `buildah push` to it (hack/registry.sh push), and the node's
     containerd told to pull from it over plain HTTP (hosts.toml in its registry config_path);
@@ -36,8 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
 
-from posttrain.dev import devnode  # noqa: E402
-from posttrain.dev.devcluster import DevCluster, kubectl_path  # noqa: E402
+from posttrain_dev import devnode  # noqa: E402
+from posttrain_dev.devcluster import DevCluster, kubectl_path  # noqa: E402
 from posttrain.localhost import free_port  # noqa: E402
 
 NS = "posttrain-jobs"
@@ -511,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
         elif args.keep and not ok:
             say(f"cluster kept: export KUBECONFIG={cluster.kubeconfig}; stop it with "
-                f"`python -m posttrain.dev.devcluster down --dir {args.dir}`")  # fmt: skip
+                f"`PYTHONPATH=hack python -m posttrain_dev.devcluster down --dir {args.dir}`")  # fmt: skip
         else:
             cluster.stop()
             left = devnode.leftovers(Path(args.dir).resolve() / "node")

@@ -18,7 +18,7 @@ from fixtures.operator_process import api_client_of, complete_trainer
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from posttrain.api.resources import GROUP, VERSION
-from posttrain.dev.devcluster import DevCluster
+from posttrain_dev.devcluster import DevCluster
 
 pytestmark = [pytest.mark.cluster]
 REPO = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from posttrain.dev import devnode
-from posttrain.dev.devcluster import (
+from posttrain_dev import devnode
+from posttrain_dev.devcluster import (
     GPU_RESOURCE,
     GPU_TAINT,
     DevCluster,

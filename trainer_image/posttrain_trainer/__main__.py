@@ -9,10 +9,10 @@ import sys
 from posttrain.api import trackers
 from posttrain.api.exitcodes import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 from posttrain.api.jobfile import load_jobfile
+from posttrain.api.restem import is_restem
 from pydantic import ValidationError
 
 from posttrain_trainer import preemption
-from posttrain_trainer.restem import is_restem
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,12 +37,12 @@ from typing import Any
 import torch
 from posttrain.api.exitcodes import EXIT_CONFIG_ERROR, EXIT_RETRYABLE
 from posttrain.api.jobfile import JobFile
+from posttrain.api.restem import VARIETY
 from posttrain.plotting import plot_curves
 
 from posttrain_trainer import distributed as D
 from posttrain_trainer import preemption
 from posttrain_trainer.report import Reporter
-from posttrain_trainer.restem import VARIETY
 from posttrain_trainer.restem_config import RestemConfigError, RestemTrainerConfig, parse_restem_config
 from posttrain_trainer.resume import CheckpointStore
 from posttrain_trainer.rl import iteration_seeds, require_rollout_endpoints, run_evaluation

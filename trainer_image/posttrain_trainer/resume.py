@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from posttrain import storage as s3
 from posttrain.api.jobfile import JobFile
 
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
-from posttrain_trainer import storage as s3
 from posttrain_trainer.artifacts import reported_artifacts
 from posttrain_trainer.report import Reporter
 

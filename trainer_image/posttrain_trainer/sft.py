@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from posttrain import storage as s3
 from posttrain.api.exitcodes import EXIT_DATA_ERROR
 from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
@@ -35,7 +36,6 @@ from posttrain.plotting import plot_curves
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
 from posttrain_trainer import preemption
-from posttrain_trainer import storage as s3
 from posttrain_trainer.optim import BatchPlan, build_optimizer, build_scheduler
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.resume import CheckpointStore

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from posttrain.api.convert import _read, to_yaml, toml_to_cr
+from posttrain.api.convert import read_config, to_yaml, toml_to_cr
 from posttrain.api.exitcodes import CLI_USER_ERROR
 from posttrain.commands.argtypes import http_url, job_name, namespace, object_name
 from posttrain.commands.validate import strict_warnings
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: --priority-class: a priority orders jobs in a Kueue queue (fix: add --queue LOCALQUEUE)",
               file=sys.stderr)  # fmt: skip
         return CLI_USER_ERROR
-    text = _read(args.config)
+    text = read_config(args.config)
     if args.output is not None:
         check_output_path(args.output, flag="--output")
     dataset, validation = local_datasets(args, text)

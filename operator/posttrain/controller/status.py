@@ -91,7 +91,7 @@ class DeploymentObs:
     replicas: int = 0  # spec.replicas
     ready: int = 0  # status.readyReplicas
     problem: str = ""  # why pods are not being made: ReplicaFailure (quota, Pod Security), no progress
-    owner: str = ""  # the uid of the job that owns it (controller/reconcile.py observes only its own)
+    owner: str = ""  # the uid of the job that owns it (controller/apply.py observes only its own)
 
     @staticmethod
     def from_object(obj: dict[str, Any], role: str = "") -> DeploymentObs:

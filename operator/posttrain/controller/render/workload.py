@@ -8,7 +8,7 @@ together or not at all, and two half-admitted jobs can never wait for each other
 
 The children themselves carry no queue label (Kueue would make a second, partial Workload of the trainer
 Job). posttrain writes the Workload whole (Kueue's admission webhooks, which would default it, are not
-required: see posttrain.dev.kueue), and deletes it when the job ends or is suspended, which releases the
+required: see posttrain_dev.kueue), and deletes it when the job ends or is suspended, which releases the
 quota.
 
 Priority: the job's spec.scheduling.workloadPriorityClassName (a Kueue WorkloadPriorityClass), else its

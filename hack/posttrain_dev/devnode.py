@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-
 from posttrain.localhost import free_port, signalable, stop_group, stop_pids
 
 NODE_NAME = "posttrain-node"
