@@ -36,9 +36,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
 
+from posttrain.localhost import free_port  # noqa: E402
 from posttrain_dev import devnode  # noqa: E402
 from posttrain_dev.devcluster import DevCluster, kubectl_path  # noqa: E402
-from posttrain.localhost import free_port  # noqa: E402
 
 NS = "posttrain-jobs"
 RL_NAME = "e2e-rl"
