@@ -5,10 +5,15 @@ PY := $(VENV)/bin/python
 POSTTRAIN := $(VENV)/bin/posttrain
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
+# make push / release-manifests: where the images go (host[:port]/path) and their tag
+REGISTRY ?=
+TAG ?= dev
 
-.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images e2e e2e-gitops clean
+.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images push release-manifests registry-deps e2e e2e-gitops clean
 
+# Python with venv first (Debian ships ensurepip apart, in python3-venv), then .venv.
 setup:
+	bash hack/debian-deps.sh python3:python3 import.ensurepip:python3-venv
 	bash hack/setup.sh
 
 k8s-bins:
@@ -30,11 +35,13 @@ gitops-deps:
 	bash hack/debian-deps.sh redis-server:redis-server git:git
 
 # The whole suite: unit tests, integration tests on the real control plane, real S3 and real vLLM.
-test: setup k8s-bins kueue-bins
-	$(PY) -m pytest tests -m "not argocd" $(PYTEST_ARGS)
+# bin/ first on PATH: the kustomize tests run `kubectl kustomize` with the kubectl k8s-bins built (a fresh
+# machine has no other; they would skip).
+test: setup k8s-bins kueue-bins registry-deps
+	PATH="$(CURDIR)/bin:$$PATH" $(PY) -m pytest tests -m "not argocd" $(PYTEST_ARGS)
 
 test-unit: setup
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	PATH="$(CURDIR)/bin:$$PATH" $(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # The user's guide (mkdocs.yml) into site/; docs-gen rewrites docs/reference/ from the code (a unit test
 # fails when it is stale, and builds the site with --strict).
@@ -63,10 +70,10 @@ bench-demo: setup
 # REAL_NODE=1: also a real kubelet node (containerd, runc, CNI, kube-proxy, CoreDNS) beside the kwok GPU nodes.
 # KUEUE=1: also Kueue (all-or-nothing admission of each job; docs/how-to/gpu-scheduling.md).
 cluster-up: setup k8s-bins $(if $(REAL_NODE),node-bins) $(if $(KUEUE),kueue-bins)
-	$(PY) -m posttrain.dev.devcluster up --dir .cluster $(if $(REAL_NODE),--real-node) $(if $(KUEUE),--kueue)
+	PYTHONPATH=hack $(PY) -m posttrain_dev.devcluster up --dir .cluster $(if $(REAL_NODE),--real-node) $(if $(KUEUE),--kueue)
 
 cluster-down:
-	$(PY) -m posttrain.dev.devcluster down --dir .cluster
+	PYTHONPATH=hack $(PY) -m posttrain_dev.devcluster down --dir .cluster
 
 crds: setup
 	$(POSTTRAIN) crds -o crds
@@ -79,8 +86,22 @@ lint: setup
 images:
 	bash hack/build-images.sh
 
+# What `make images` built, to a registry: make push REGISTRY=registry.example.com/posttrain TAG=0.2.0
+# (REGISTRY/<name>:TAG; buildah login first where it needs one; docs/how-to/cluster-install.md).
+push: $(if $(REGISTRY),images)
+	bash hack/registry.sh push "$(REGISTRY)" "$(TAG)"
+
+# Pins manifests/overlays/prod to REGISTRY/<name>:TAG (a release commits it): kubectl apply -k overlays/prod.
+release-manifests:
+	python3 hack/release_manifests.py --registry "$(REGISTRY)" --tag "$(TAG)"
+
+# A registry on loopback (Debian's docker-registry: make e2e, tests/integration/test_registry_push.py) and buildah.
+registry-deps:
+	bash hack/debian-deps.sh docker-registry:docker-registry buildah:buildah
+
 # The cluster path for real (docs/operations/real-node-e2e.md): needs root; outside `make test` (it takes ~30-60 min).
-e2e: setup k8s-bins node-bins images
+# The images go through a registry on 127.0.0.1 (hack/registry.sh), as a user's cluster pulls them.
+e2e: setup k8s-bins node-bins registry-deps images
 	$(PY) hack/e2e_node.py
 
 clean:

@@ -1,5 +1,5 @@
 """Operator benchmark (`make bench`, not a test): the real operator as a subprocess, cluster-wide, on a kwok
-cluster of 128 nodes x 8 GPUs (the real control plane from posttrain.dev.devcluster) that also holds
+cluster of 128 nodes x 8 GPUs (the real control plane from posttrain_dev.devcluster) that also holds
 unrelated ConfigMaps and Pods in other namespaces (watch traffic the operator must not pay for); the real
 math task app on 127.0.0.1; RLJobs of 2 GPUs each (1 rollout, 1 trainer), half of them naming a TaskApp.
 
@@ -488,7 +488,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object, last line")
     parser.add_argument("--json-file", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    from posttrain.dev.devcluster import DevCluster
+    from posttrain_dev.devcluster import DevCluster
 
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
         workdir = Path(tmp)

@@ -1,5 +1,5 @@
 """Operator watch-filtering benchmark (`make bench`, not a test): does the operator pay for objects it did not
-make? On the real control plane (posttrain.dev.devcluster), the real `posttrain operator` runs cluster-wide and
+make? On the real control plane (posttrain_dev.devcluster), the real `posttrain operator` runs cluster-wide and
 idles; then N ConfigMaps and N Pods are created in other namespaces and every ConfigMap is updated once
 (3N watch events of kinds the operator watches, none of them its own). The operator's RSS and CPU seconds
 are read from /proc (psutil) before, during and after.
@@ -166,7 +166,7 @@ def main() -> int:
     parser.add_argument("--baseline-source", type=Path, default=None, help="another checkout to compare")
     parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "operator_watches.json")
     args = parser.parse_args()
-    from posttrain.dev.devcluster import DevCluster
+    from posttrain_dev.devcluster import DevCluster
 
     runs = []
     with tempfile.TemporaryDirectory(prefix="posttrain-watch-bench-") as tmp:

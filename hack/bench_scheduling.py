@@ -1,5 +1,5 @@
 """Scheduling benchmark (not a test): many jobs competing for GPUs, with and without all-or-nothing
-admission, in one process on one dev control plane with the real Kueue (posttrain.dev.devcluster with
+admission, in one process on one dev control plane with the real Kueue (posttrain_dev.devcluster with
 kueue=True; hack/build-kueue.sh builds it): --nodes kwok nodes x 8 GPUs (128 x 8 = 1,024 GPUs).
 
 The workload: --jobs jobs (300) arrive at random over --arrival-seconds from five namespaces (team-0 sends
@@ -15,7 +15,7 @@ work.
   gang     each job first gets the Kueue Workload the operator writes (posttrain.controller.render.workload:
            one pod set per role), in its namespace's LocalQueue; its pods are created once Kueue admits it.
            One ClusterQueue per namespace, each with a fifth of the GPUs, all in one cohort (borrowing), and
-           Kueue's fair sharing on (posttrain.dev.kueue).
+           Kueue's fair sharing on (posttrain_dev.kueue).
   no_gang  each job's pods are created as it arrives, and the scheduler places them one by one (as with no
            Kueue, or with Kueue admitting the trainer Job alone while the servers go straight to the
            scheduler).
@@ -60,7 +60,7 @@ from posttrain.controller.gpu_types import DEFAULT_GPU_PRODUCTS, GFD_PRODUCT_LAB
 from posttrain.controller.objects import Owner  # noqa: E402
 from posttrain.controller.render.gpu import gpu_affinity  # noqa: E402
 from posttrain.controller.render.workload import admission, render_workload  # noqa: E402
-from posttrain.dev.devcluster import DevCluster  # noqa: E402
+from posttrain_dev.devcluster import DevCluster  # noqa: E402
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 GPU = "nvidia.com/gpu"

@@ -24,7 +24,7 @@ key=$({ cat hack/argocd/go.mod hack/argocd/go.sum 2>/dev/null || true; } | sha25
 OUT=$CACHE/argocd/$ARGOCD_VERSION-$key
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 export GOMODCACHE=$CACHE/go/mod GOCACHE=$CACHE/go/build GOPATH=$CACHE/go/path
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+GO=${GO:-$(bash hack/go.sh)}  # a new enough Go; fetched from the Go module proxy if none is here
 
 if [ "${1:-}" = "--regen" ]; then
   mod=$(cd hack/argocd && "$GO" mod download -json "$MODULE@$ARGOCD_VERSION" \

@@ -36,17 +36,8 @@ case "${1:-}" in
   *) echo "usage: $0 [--import CONTAINERD_SOCKET | --sizes]" >&2; exit 2 ;;
 esac
 
-need=()
-command -v buildah >/dev/null || need+=(buildah)
-command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
-if [ ${#need[@]} -gt 0 ]; then
-  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-    echo "missing Debian packages: ${need[*]} (install them as root: apt-get install ${need[*]})" >&2
-    exit 2
-  fi
-  echo "installing ${need[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >/dev/null
-fi
+# buildah and mmdebstrap; pip (uv's wheel below) in the system python3, which Debian ships without it.
+bash hack/debian-deps.sh buildah:buildah mmdebstrap:mmdebstrap import.pip:python3-pip
 
 # Build-time only configuration, bind-mounted into RUN steps and never part of an image: the host's CA
 # bundle (a TLS-intercepting egress proxy's CA, if the host trusts one, reaches pip and uv this way), pip
@@ -136,8 +127,9 @@ if [ "$(label "$MINIO_IMAGE" posttrain.recipe)" != "$minio_key" ]; then
   out=$CACHE/images/minio-$minio_key
   if [ ! -x "$out/minio" ]; then
     mkdir -p "$out"
+    go=${GO:-$(bash hack/go.sh)}  # a new enough Go, fetched from the Go module proxy if none is here
     (cd hack/images/minio && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod GOMODCACHE=$CACHE/go/mod \
-       GOCACHE=$CACHE/go/build GOPATH=$CACHE/go/path nice -n 5 go build -trimpath -ldflags "-s -w" \
+       GOCACHE=$CACHE/go/build GOPATH=$CACHE/go/path nice -n 5 "$go" build -trimpath -ldflags "-s -w" \
        -o "$out/minio" github.com/minio/minio)
   fi
   ctr=$(buildah from scratch)

@@ -20,9 +20,10 @@ key=$(cat hack/k8s/*/go.mod hack/k8s/*/go.sum 2>/dev/null | sha256sum | cut -c1-
 BIN=$CACHE/k8s/$K8S_VERSION-$key/bin
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 export GOMODCACHE=$CACHE/go/mod GOCACHE=$CACHE/go/build GOPATH=$CACHE/go/path
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+GO=${GO:-}  # hack/go.sh below, only when something must be built
 
 if [ "${1:-}" = "--regen" ]; then
+  GO=${GO:-$(bash hack/go.sh)}
   staging=${K8S_VERSION/v1./v0.}
   mod=$(cd hack/k8s/kube && "$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
         | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
@@ -59,11 +60,9 @@ link_bins() {
 }
 missing() { for b in "$@"; do [ -x "$BIN/$b" ] || return 0; done; return 1; }
 # Go is needed only when something must be built; say so in one line instead of a failing `go build`.
-if missing kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok \
-    && ! "$GO" version >/dev/null 2>&1; then
-  echo "build-k8s: Go >= 1.26 is needed to build the control plane and none was found at $GO (fix: install Go" \
-       "into /usr/local/go or set GO=/path/to/go; or point KUBEBUILDER_ASSETS at prebuilt binaries)" >&2
-  exit 2
+# Go is needed only when something must be built: a new enough one here, else fetched (hack/go.sh).
+if missing kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok; then
+  GO=${GO:-$(bash hack/go.sh)}
 fi
 start=$(date +%s)
 built=0

@@ -3,7 +3,7 @@
 # clone ($POSTTRAIN_CACHE, default ~/.cache/posttrain), like hack/build-k8s.sh, and links it into bin/.
 # Kueue's go.mod has no replace directives, so a plain `go install module@version` works. Its CRDs come from
 # the same module download (config/components/crd/bases) and are copied next to the binary, so the dev
-# cluster (operator/posttrain/dev/kueue.py) needs no network. A binary that exists is not rebuilt.
+# cluster (hack/posttrain_dev/kueue.py) needs no network. A binary that exists is not rebuilt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -14,7 +14,7 @@ CACHE=${POSTTRAIN_CACHE:-$HOME/.cache/posttrain}
 OUT=$CACHE/kueue/$KUEUE_VERSION
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 export GOMODCACHE=$CACHE/go/mod GOCACHE=$CACHE/go/build GOPATH=$CACHE/go/path
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+GO=${GO:-$(bash hack/go.sh)}  # a new enough Go; fetched from the Go module proxy if none is here
 
 mkdir -p "$OUT/bin" "$LINK_BIN"
 if [ ! -x "$OUT/bin/kueue" ]; then

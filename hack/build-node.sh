@@ -21,23 +21,12 @@ bin_of() {
 }
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 export GOMODCACHE=$CACHE/go/mod GOCACHE=$CACHE/go/build GOPATH=$CACHE/go/path
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+GO=${GO:-$(bash hack/go.sh)}  # a new enough Go; fetched from the Go module proxy if none is here
 
 # Debian packages: runc (the OCI runtime containerd's shim calls), the CNI plugins (bridge, host-local,
 # loopback, portmap in /usr/lib/cni), iptables (kube-proxy's iptables mode, portmap) and conntrack.
-need=()
-command -v runc >/dev/null || need+=(runc)
-[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
-command -v iptables >/dev/null || need+=(iptables)
-command -v conntrack >/dev/null || need+=(conntrack)
-if [ ${#need[@]} -gt 0 ]; then
-  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-    echo "missing Debian packages: ${need[*]} (install them as root: apt-get install ${need[*]})" >&2
-    exit 2
-  fi
-  echo "installing ${need[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >/dev/null
-fi
+bash hack/debian-deps.sh runc:runc /usr/lib/cni/bridge:containernetworking-plugins iptables:iptables \
+  conntrack:conntrack
 
 mkdir -p "$LINK_BIN"
 start=$(date +%s)

@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a make target needs when their commands are missing, so each target works on
 # a fresh machine (as root, like the rest of the dev set-up):
-#   hack/debian-deps.sh redis-server:redis-server git:git    # COMMAND:PACKAGE pairs
+#   hack/debian-deps.sh redis-server:redis-server git:git    # CHECK:PACKAGE pairs
 #   hack/debian-deps.sh --check redis-server:redis-server    # only list what is missing (exit 1 if any)
+# CHECK: a command on PATH, an absolute path that must exist (/usr/lib/cni/bridge), or import.MODULE for a
+# module of the system python3 (import.ensurepip: python3-venv). Idempotent: nothing to do, nothing runs.
 set -euo pipefail
 check=0
 if [ "${1:-}" = "--check" ]; then check=1; shift; fi
+have() {
+  case "$1" in
+    /*) [ -e "$1" ] ;;
+    import.*) python3 -c "import ${1#import.}" >/dev/null 2>&1 ;;
+    *) command -v "$1" >/dev/null 2>&1 ;;
+  esac
+}
 need=()
 for pair in "$@"; do
-  command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
+  have "${pair%%:*}" || need+=("${pair#*:}")
 done
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$check" = 1 ]; then

@@ -1,10 +1,14 @@
 """`make e2e`: the product's cluster path end to end on the dev control plane with a real kubelet node, the
 way a user runs it. Needs root, `make k8s-bins node-bins images` (make e2e builds them first).
 
- 1. the control plane + the real node (posttrain.dev.devcluster, real_node=True) in .cluster-e2e/; the images
-    `make images` built are imported into the node's containerd (k8s.io namespace);
- 2. `kubectl apply --server-side -k manifests/overlays/dev-node`: CRDs, RBAC, the operator Deployment,
-    MinIO, the jobs namespace and the math TaskApp by image; waits for all of them and the TaskApp verified;
+ 1. the control plane + the real node (posttrain_dev.devcluster, real_node=True) in .cluster-e2e/; the images
+    `make images` built go through a registry, as a user's cluster gets them: Debian's docker-registry on
+    127.0.0.1 (hack/registry.sh start), `buildah push` to it (hack/registry.sh push), and the node's
+    containerd told to pull from it over plain HTTP (hosts.toml in its registry config_path);
+ 2. `kubectl apply --server-side -k` an overlay of manifests/overlays/dev-node whose `images:` names that
+    registry (the install guide's override; every pod pulls, imagePullPolicy Always): CRDs, RBAC, the
+    operator Deployment, MinIO, the jobs namespace and the math TaskApp by image; waits for all of them and
+    the TaskApp verified;
  3. the tiny test model is uploaded to s3://posttrain/models/<base id>/ (POSTTRAIN_BASE_MODEL_URI);
  4. hack/e2e/rl.toml -> `posttrain convert` -> `kubectl apply`; follows `kubectl get rljobs` through
     Verifying -> Provisioning -> Running -> Succeeded; after the first checkpoint it SIGKILLs the trainer's
@@ -32,8 +36,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
 
-from posttrain.dev import devnode  # noqa: E402
-from posttrain.dev.devcluster import DevCluster, kubectl_path  # noqa: E402
+from posttrain.localhost import free_port  # noqa: E402
+from posttrain_dev import devnode  # noqa: E402
+from posttrain_dev.devcluster import DevCluster, kubectl_path  # noqa: E402
 
 NS = "posttrain-jobs"
 RL_NAME = "e2e-rl"
@@ -42,7 +47,7 @@ SFT_NAME = "e2e-sft"
 BUCKET = "posttrain"
 S3_KEYS = ("posttrain-dev", "posttrain-dev-only")  # MinIO's root pair (dev overlay, throwaway): the admin's
 TINY_BASE = "posttrain/tiny-random-qwen2"
-IMAGES = ("operator", "taskapp-math", "rollout", "trainer", "minio")
+IMAGE_TAG = os.environ.get("POSTTRAIN_IMAGE_TAG", "dev")  # what `make images` built (hack/build-images.sh)
 T0 = time.monotonic()
 
 
@@ -95,15 +100,69 @@ def posttrain(*args: str, env: dict | None = None) -> str:
 # ------------------------------------------------------------------------------------------------ steps
 
 
-def import_images() -> None:
+def serve_images(registry_dir: Path) -> str:
+    """Starts the e2e's registry on 127.0.0.1, pushes the images `make images` built to it and points the
+    node's containerd at it; returns the registry's host:port/posttrain."""
     t = time.monotonic()
-    sock = devnode.STATE_DIR / "containerd.sock"
-    subprocess.run(["bash", str(REPO / "hack" / "build-images.sh"), "--import", str(sock)], check=True)
-    say(f"images imported into containerd (k8s.io) in {time.monotonic() - t:.0f} s")
+    script = str(REPO / "hack" / "registry.sh")
+    started = subprocess.run(
+        ["bash", script, "start", str(registry_dir), str(free_port())], check=True, capture_output=True, text=True
+    )  # fmt: skip
+    address = started.stdout.strip().splitlines()[-1]
+    say(f"docker-registry on {address} ({registry_dir}) in {time.monotonic() - t:.0f} s")
+    t = time.monotonic()
+    registry = f"{address}/posttrain"
+    subprocess.run(["bash", script, "push", registry, IMAGE_TAG], check=True)
+    say(f"images pushed to {registry} in {time.monotonic() - t:.0f} s")
+    hosts = devnode.registry_hosts_dir() / address / "hosts.toml"
+    hosts.parent.mkdir(parents=True, exist_ok=True)
+    hosts.write_text(devnode.registry_hosts_toml(address))
+    say(f"the node's containerd pulls {address} over HTTP ({hosts})")
+    return registry
 
 
-def install(kube: Kube) -> None:
-    overlay = str(REPO / "manifests" / "overlays" / "dev-node")
+def registry_overlay(workdir: Path, registry: str) -> Path:
+    """An overlay of dev-node that takes every image from the registry, as docs/how-to/cluster-install.md
+    shows a user: its `images:` only (base/kustomizeconfig/images.yaml carries them into the operator's
+    trainer/rollout settings and the TaskApp), and every pull asks the registry (imagePullPolicy Always:
+    the node's containerd keeps images between runs, and the tag `dev` moves with each build)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    base = os.path.relpath(REPO / "manifests" / "overlays" / "dev-node", workdir)  # kustomize: no absolute
+    images = [
+        (f"posttrain/{n}", f"{registry}/{n}") for n in ("operator", "trainer", "rollout", "taskapp-math")
+    ]
+    images.append(("localhost/posttrain/minio", f"{registry}/minio"))
+    always = [
+        {"op": "replace", "path": "/spec/template/spec/containers/0/imagePullPolicy", "value": "Always"}
+    ]
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [base],
+        "images": [{"name": name, "newName": new, "newTag": IMAGE_TAG} for name, new in images],
+        "patches": [
+            {"target": {"kind": kind, "name": name}, "patch": json.dumps(always)}
+            for kind, name in (("StatefulSet", "minio"), ("Job", "minio-tenants"))
+        ]
+        + [
+            {
+                "patch": json.dumps({
+                    "apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": "posttrain-operator", "namespace": "posttrain-system"},
+                    "spec": {"template": {"spec": {"containers": [{
+                        "name": "operator", "imagePullPolicy": "Always",
+                        "env": [{"name": "POSTTRAIN_IMAGE_PULL_POLICY", "value": "Always"}],
+                    }]}}},
+                })
+            }
+        ],
+    }  # fmt: skip
+    (workdir / "kustomization.yaml").write_text(json.dumps(kustomization, indent=2))
+    return workdir
+
+
+def install(kube: Kube, overlay_dir: Path) -> None:
+    overlay = str(overlay_dir)
     for attempt in range(3):  # the ClusterKopfPeering object waits for its CRD, applied in the same call
         out = subprocess.run(
             [kubectl_path(), f"--kubeconfig={kube.kubeconfig}", "apply", "--server-side", "-k", overlay],
@@ -114,7 +173,7 @@ def install(kube: Kube) -> None:
         if attempt == 2:
             raise E2EError(f"kubectl apply -k {overlay} failed: {out.stderr[-2000:]}")
         time.sleep(3)
-    say("kubectl apply --server-side -k manifests/overlays/dev-node")
+    say(f"kubectl apply --server-side -k {overlay} (manifests/overlays/dev-node, images from the registry)")
     kube.run(
         "-n", "posttrain-system", "rollout", "status", "statefulset/minio", "--timeout=600s", timeout=620
     )
@@ -402,8 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         runtime = kube.run(
             "get", "node", devnode.NODE_NAME, "-o", "jsonpath={.status.nodeInfo.containerRuntimeVersion}"
         )
-        import_images()
-        install(kube)
+        registry = serve_images(Path(args.dir).resolve() / "registry")
+        install(kube, registry_overlay(Path(args.dir).resolve() / "overlay", registry))
         for kind, name in (
             ("rljob", RL_NAME),
             ("rljob", WRONG_NAME),
@@ -445,11 +504,14 @@ def main(argv: list[str] | None = None) -> int:
     except (E2EError, devnode.NodeError, subprocess.SubprocessError, OSError) as err:
         print(f"e2e FAILED: {err}", file=sys.stderr, flush=True)
     finally:
+        subprocess.run(
+            ["bash", str(REPO / "hack" / "registry.sh"), "stop", str(Path(args.dir).resolve() / "registry")]
+        )
         if cluster is None:
             pass
         elif args.keep and not ok:
             say(f"cluster kept: export KUBECONFIG={cluster.kubeconfig}; stop it with "
-                f"`python -m posttrain.dev.devcluster down --dir {args.dir}`")  # fmt: skip
+                f"`PYTHONPATH=hack python -m posttrain_dev.devcluster down --dir {args.dir}`")  # fmt: skip
         else:
             cluster.stop()
             left = devnode.leftovers(Path(args.dir).resolve() / "node")

@@ -58,7 +58,7 @@ def upload(path: Path, *, field: str, file: str | None = None, namespace: str | 
                 "s3:// URI (posttrain train also puts small files in a ConfigMap)",
             )
         )
-    from posttrain_trainer import storage
+    from posttrain import storage
 
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     bucket = os.environ.get("S3_BUCKET", "posttrain")

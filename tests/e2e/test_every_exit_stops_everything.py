@@ -165,7 +165,8 @@ def test_pytest_session_killed_leaves_no_fixture_behind(tmp_path, mark, sig):
     plugins = ["fixtures.models", "fixtures.taskapp", "fixtures.s3", "fixtures.cluster", "fixtures.signals"]
     argv = [sys.executable, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
             *(arg for plugin in plugins for arg in ("-p", plugin)), str(tmp_path / "test_hold.py")]  # fmt: skip
-    python_path = os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+    # the fixtures, and hack/ for the control plane they start (hack/posttrain_dev): --rootdir is not ours
+    python_path = os.pathsep.join([str(REPO / "tests"), str(REPO / "hack"), os.environ.get("PYTHONPATH", "")])
     proc = start_in_own_group(argv, mark, cwd=tmp_path, env={"PYTHONPATH": python_path})
     read_until(proc, "FIXTURES-READY", timeout=600)
     names = " ".join(marked_processes(mark))

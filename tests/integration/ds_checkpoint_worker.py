@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import torch
+from posttrain import storage as s3
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
-from posttrain_trainer import storage as s3
 from rl_update_worker import tiny_model
 
 

@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from posttrain.api.resources import GROUP, VERSION
 from posttrain.cli import main
-from posttrain.dev.devcluster import KWOK_EXIT_ANNOTATION
+from posttrain_dev.devcluster import KWOK_EXIT_ANNOTATION
 
 pytestmark = [pytest.mark.cluster]
 

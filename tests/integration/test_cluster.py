@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from kubernetes import client
-from posttrain.dev.devcluster import GPU_RESOURCE, KWOK_EXIT_ANNOTATION
+from posttrain_dev.devcluster import GPU_RESOURCE, KWOK_EXIT_ANNOTATION
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 60, what: str = "condition") -> object:

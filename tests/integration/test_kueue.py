@@ -18,7 +18,7 @@ from fixtures.operator_process import api_client_of, complete_trainer
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from posttrain.api.resources import GROUP, VERSION
-from posttrain.dev.devcluster import DevCluster
+from posttrain_dev.devcluster import DevCluster
 
 pytestmark = [pytest.mark.cluster]
 REPO = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def kenv(kueue_cluster: ClusterHandle, tmp_path: Path) -> Iterator[Env]:
         data={"train.jsonl": '{"messages": [{"role": "user", "content": "hi"}, '
                              '{"role": "assistant", "content": "hello"}]}\n'}))  # fmt: skip
     with operator_env(kueue_cluster, ns, tmp_path / "operator.log",
-                      settings={"POSTTRAIN_QUEUE_POLL_SECONDS": "0.5",
+                      settings={"POSTTRAIN_QUEUE_POLL_SECONDS": "0.5", "POSTTRAIN_ADMITTED_POLL_SECONDS": "0.5",
                                 "POSTTRAIN_STATUS_MESSAGE_SECONDS": "1"}) as handle:  # fmt: skip
         yield handle
 
@@ -130,6 +130,66 @@ def test_a_job_is_admitted_whole_or_waits_queued_with_no_pods(kenv: Env) -> None
              30, "the first job's Workload deleted")  # fmt: skip
     env.wait_phase("sftjobs", "second", "Running", timeout=90)
     assert len([p for p in pods_of(env, "second") if p.spec.node_name]) == 2
+
+
+def _condition(env: Env, job: str, ctype: str) -> dict[str, Any]:
+    return next((c for c in env.status("sftjobs", job).get("conditions") or [] if c["type"] == ctype), {})
+
+
+def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_when_admitted_again(kenv: Env) -> None:
+    """A ClusterQueue of 8 GPUs that preempts by priority (withinClusterQueue: LowerPriority, as
+    manifests/overlays/kueue). The low-priority job runs; a high-priority job of 8 GPUs comes: Kueue evicts
+    the low one, whose pods go (trainer Job suspended) while the job stays, Queued with reason Preempted and
+    naming the checkpoint it resumes from; the high one runs. Once the high one is gone the low one is
+    admitted again and new trainer pods run (they resume from that checkpoint: tests/integration/
+    test_trainer_preemption.py)."""
+    env = kenv
+    co = client.CustomObjectsApi(env.api)
+    co.patch_cluster_custom_object(*KUEUE, "clusterqueues", env.ns,
+                                   {"spec": {"preemption": {"withinClusterQueue": "LowerPriority"}}})  # fmt: skip
+    for name, value in (("posttrain-test-low", 10), ("posttrain-test-high", 1000)):
+        try:
+            co.create_cluster_custom_object(*KUEUE, "workloadpriorityclasses", {
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+                "metadata": {"name": name}, "value": value})  # fmt: skip
+        except ApiException as err:
+            if err.status != 409:
+                raise
+    low, high = sftjob("low"), sftjob("high")
+    low["spec"]["scheduling"]["workloadPriorityClassName"] = "posttrain-test-low"
+    high["spec"]["scheduling"]["workloadPriorityClassName"] = "posttrain-test-high"
+    env.create("sftjobs", low)
+    env.wait_phase("sftjobs", "low", "Running", timeout=90)
+    wl = co.get_namespaced_custom_object(*KUEUE, env.ns, "workloads", "low-workload")
+    assert wl["spec"]["priority"] == 10 and wl["spec"]["priorityClassRef"]["name"] == "posttrain-test-low"
+    first_pods = {p.metadata.uid for p in pods_of(env, "low")}
+    assert len(first_pods) == 2
+    # what the trainer reports after a checkpoint (here, where no trainer runs, written as it would)
+    ckpt = f"s3://posttrain/jobs/{env.ns}/low/checkpoints/step-7/"
+    co.patch_namespaced_custom_object_status(GROUP, VERSION, env.ns, "sftjobs", "low",
+                                             {"status": {"progress": {"step": 7, "lastCheckpoint": ckpt}}})  # fmt: skip
+
+    env.create("sftjobs", high)
+    status = env.wait_phase("sftjobs", "low", "Queued", timeout=60)
+    assert status["reason"] == "Preempted", status
+    assert ckpt in status["message"]
+    preempted = _condition(env, "low", "Preempted")
+    assert preempted["status"] == "True" and "InClusterQueue" in preempted["message"]
+    env.wait_phase("sftjobs", "high", "Running", timeout=60)
+    assert env.batch.read_namespaced_job("low-trainer", env.ns).spec.suspend is True
+    wait_for(lambda: not pods_of(env, "low"), 60, "the preempted job's pods gone")
+    # the job is kept, not failed, and still says why it waits
+    assert env.status("sftjobs", "low")["reason"] == "Preempted"
+    events = env.core.list_namespaced_event(env.ns, field_selector="involvedObject.name=low").items
+    assert any(e.reason == "Preempted" for e in events)
+
+    env.co.delete_namespaced_custom_object(GROUP, VERSION, env.ns, "sftjobs", "high")
+    env.wait_phase("sftjobs", "low", "Running", timeout=90)
+    readmitted = _condition(env, "low", "Preempted")
+    assert (readmitted["status"], readmitted["reason"]) == ("False", "Readmitted") and ckpt in readmitted["message"]
+    again = wait_for(lambda: [p for p in pods_of(env, "low") if p.spec.node_name and p.metadata.uid not in first_pods],
+                     60, "new trainer pods of the re-admitted job")  # fmt: skip
+    assert len(again) == 2 and all(p.spec.termination_grace_period_seconds == 300 for p in again)
 
 
 def test_the_kueue_overlay_is_accepted_and_its_queues_become_active(kueue_cluster: ClusterHandle) -> None:

@@ -4,7 +4,7 @@ test's namespace. The task app is the real math task app (examples/taskapps/math
 from the `math_taskapp` fixture; the outage test starts its own instance so it can stop it.
 
 kwok makes pods Running/Ready; the trainer's success is driven through the control plane's kwok stages
-(posttrain.dev.devcluster: an annotation ends a running pod with an exit code), and status.result is written the way the trainer writes it (a merge patch of the
+(posttrain_dev.devcluster: an annotation ends a running pod with an exit code), and status.result is written the way the trainer writes it (a merge patch of the
 job's status subresource)."""
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ names the problem, a job that survives what it should survive, and an operator t
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import json
 import subprocess
@@ -27,8 +26,8 @@ from fixtures.operator_process import (
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from posttrain.api.resources import GROUP, VERSION
-from posttrain.dev.devcluster import KWOK_EXIT_ANNOTATION, kubectl_path
 from posttrain.localhost import free_port
+from posttrain_dev.devcluster import KWOK_EXIT_ANNOTATION, kubectl_path
 
 pytestmark = [pytest.mark.cluster]
 
@@ -358,63 +357,6 @@ def test_the_operator_killed_in_every_phase_picks_every_job_up(
             assert children <= uids(name), name  # nothing made twice
 
 
-def test_an_upgraded_operator_keeps_the_rollout_token_of_a_job_it_finds_running(
-    env: Env, math_taskapp: Any
-) -> None:
-    """Operators before the job's Secret carried the rollout token kept it in <job>-rollout-token, owned by
-    the job, and the servers they started read it there. An upgraded operator that finds such a job running
-    makes the job's Secret with that token, so the trainer it makes again is let in by those servers; a
-    Secret of that name the job does not own is not taken for its token."""
-    env.secret("task-key", math_taskapp.api_key)
-    for name in ("upgraded", "planted"):
-        env.create("rljobs", rljob(name, math_taskapp.url))
-    for name in ("upgraded", "planted"):
-        env.wait_phase("rljobs", name, "Running", timeout=60)
-    env.operator.kill()
-    # What the older operator leaves: the token in a Secret of its own, no <job>-config Secret; the trainer
-    # Jobs are gone too (a lost node), so the new operator makes them again.
-    older = "older-operators-token-" + "k" * 21
-    for name in ("upgraded", "planted"):
-        env.core.delete_namespaced_secret(f"{name}-config", env.ns)
-        owner = client.V1OwnerReference(api_version=f"{GROUP}/{VERSION}", kind="RLJob", name=name,
-                                        uid=env.get("rljobs", name)["metadata"]["uid"], controller=True)  # fmt: skip
-        owners = [owner] if name == "upgraded" else None  # "planted": made by someone else, not the job's
-        meta = client.V1ObjectMeta(name=f"{name}-rollout-token", owner_references=owners)
-        env.core.create_namespaced_secret(env.ns, client.V1Secret(metadata=meta, string_data={"token": older}))
-        env.batch.delete_namespaced_job(f"{name}-trainer", env.ns, propagation_policy="Background")
-
-    def jobs_gone() -> bool:
-        names = {j.metadata.name for j in env.batch.list_namespaced_job(env.ns).items}
-        return not names & {"upgraded-trainer", "planted-trainer"}
-
-    wait_for(jobs_gone, 30, "the trainer Jobs deleted")
-    env.operator.start()
-
-    def secret_token(name: str) -> str | None:
-        try:
-            data = env.core.read_namespaced_secret(name, env.ns).data or {}
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return base64.b64decode(data["token"]).decode() if "token" in data else None
-
-    assert wait_for(lambda: secret_token("upgraded-config"), 60, "the job's Secret made again") == older
-    planted = wait_for(lambda: secret_token("planted-config"), 60, "the other job's Secret made again")
-    assert planted != older and len(planted) >= 32
-    for name in ("upgraded", "planted"):
-        trainer = wait_for(lambda n=name: running_trainer_pod(env, n), 60, f"{name}'s trainer made again")
-        env_refs = [e.value_from.secret_key_ref for e in trainer.spec.containers[0].env
-                    if e.name == "POSTTRAIN_ROLLOUT_TOKEN"]  # fmt: skip
-        assert [(r.name, r.key) for r in env_refs] == [(f"{name}-config", "token")]
-        env.wait_phase("rljobs", name, "Running", timeout=30)
-    # A job the new operator starts gets a token of its own.
-    env.create("rljobs", rljob("fresh", math_taskapp.url))
-    env.wait_phase("rljobs", "fresh", "Running", timeout=60)
-    fresh = secret_token("fresh-config")
-    assert fresh and fresh not in (older, planted) and len(fresh) >= 32
-
-
 # ------------------------------------------------------------------------------------ RBAC
 def token_kubeconfig(kubeconfig: str, token: str, out: Path) -> str:
     cfg = yaml.safe_load(Path(kubeconfig).read_text())
@@ -509,7 +451,7 @@ def test_a_status_the_api_server_refuses_ends_the_job_invalid(cluster: Any, name
     import kopf._core.engines.posting as posting
     from posttrain.controller.kube import Kube
     from posttrain.controller.objects import owner_of
-    from posttrain.controller.reconcile import LoopState, patch_status
+    from posttrain.controller.reconcile_job import JobState, patch_status
     from posttrain.controller.runtime import Runtime
     from posttrain.controller.settings import OperatorSettings
 
@@ -534,7 +476,7 @@ def test_a_status_the_api_server_refuses_ends_the_job_invalid(cluster: Any, name
                 "message": "fine",
                 "conditions": [{"type": "Running", "status": "Maybe", "reason": "x", "message": "y"}],
             }
-            await patch_status(rt, owner_of(job), {}, desired, LoopState())
+            await patch_status(rt, owner_of(job), {}, desired, JobState())
         finally:
             await kube.close()
         return [queue.get_nowait() for _ in range(queue.qsize())]

@@ -40,7 +40,7 @@ from posttrain.controller.render.identity import render_trainer_identity
 from posttrain.controller.render.taskapp import TaskAppTarget, render_task_app
 from posttrain.controller.render.token import with_token
 from posttrain.controller.settings import OperatorSettings
-from posttrain.dev.devcluster import kubectl_path
+from posttrain_dev.devcluster import kubectl_path
 
 pytestmark = pytest.mark.cluster
 

@@ -21,10 +21,10 @@ import pytest
 import torch
 import uvicorn
 from fastapi import FastAPI, Request
+from posttrain import storage as s3
 from posttrain.api.jobfile import JobFile
 from posttrain_rollout.server import Proxy, create_app
 from posttrain_trainer import checkpoint as ckpt
-from posttrain_trainer import storage as s3
 from posttrain_trainer.distributed import ParallelConfig, build_engine
 from posttrain_trainer.modeling import load_model_and_tokenizer
 from posttrain_trainer.optim import build_optimizer, build_scheduler

@@ -32,9 +32,9 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
+from posttrain import storage as s3
 from posttrain_rollout.server import Proxy, create_app
 from posttrain_trainer import checkpoint as ckpt
-from posttrain_trainer import storage as s3
 
 REPO = Path(__file__).resolve().parents[2]
 QUESTION = re.compile(r"What is (-?\d+) ([-+*]) (-?\d+)\?")

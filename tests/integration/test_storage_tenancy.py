@@ -10,8 +10,8 @@ import torch
 from fixtures.s3 import TENANTS
 from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
+from posttrain import storage as s3
 from posttrain_trainer import checkpoint as ckpt
-from posttrain_trainer import storage as s3
 from posttrain_trainer.distributed import ParallelConfig, build_engine
 
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 import torch
+from posttrain import storage as s3
 from posttrain_trainer import checkpoint as ckpt
-from posttrain_trainer import storage as s3
 from posttrain_trainer.distributed import ParallelConfig, build_engine
 from posttrain_trainer.modeling import (
     load_model_and_tokenizer,

@@ -16,7 +16,7 @@ from fixtures.operator_env import Env, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from posttrain.api.resources import GROUP, VERSION
-from posttrain.dev.devcluster import kubectl_path
+from posttrain_dev.devcluster import kubectl_path
 
 pytestmark = [pytest.mark.cluster]
 

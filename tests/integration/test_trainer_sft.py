@@ -152,7 +152,7 @@ def step_losses(lines: list[dict]) -> dict[int, float]:
 
 
 def test_sft_lowers_heldout_loss_and_uploads_artifacts(s3_env, tiny_model_dir, tmp_path):
-    from posttrain_trainer import storage as s3
+    from posttrain import storage as s3
 
     train, val = make_dataset(tmp_path / "data")
     hp = {"n_epochs": 2, "batch_size": 8, "learning_rate": 3e-3, "warmup_ratio": 0.1, "sequence_length": 128}
@@ -350,7 +350,7 @@ def test_killed_run_resumes_from_checkpoint(s3_env, tiny_model_dir, tmp_path):
         got = resumed_losses.get(step, before.get(step))
         assert got == pytest.approx(reference[step], abs=1e-5), step
     # LoRA final artifacts: adapter + base reference
-    from posttrain_trainer import storage as s3
+    from posttrain import storage as s3
 
     keys = set(s3.list_prefix(s3.client_from_env(s3_env.storage()), s3_env.bucket, job["storage"]["prefix"]))
     assert job["storage"]["prefix"] + "final/adapter_config.json" in keys

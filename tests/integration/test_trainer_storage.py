@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from minio.error import S3Error
-from posttrain_trainer import storage as s3
+from posttrain import storage as s3
 
 
 def test_upload_download_dir_roundtrip_and_cache(s3_env, tmp_path):

@@ -149,3 +149,12 @@ def test_the_base_install_converts_and_validates(wheel: Path, tmp_path: Path):
     crds = subprocess.run([posttrain, "crds"], cwd=work, capture_output=True, text=True, timeout=120)
     assert crds.returncode == 0, crds.stderr
     assert crds.stdout.count("kind: CustomResourceDefinition") == 3
+
+
+def test_the_wheel_ships_no_developer_tooling(wheel: Path):
+    """The local control plane and real node (hack/posttrain_dev) are in no package, hence in no image;
+    the S3 helpers every side uses are posttrain's own (posttrain.storage)."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    assert not [n for n in names if n.startswith(("posttrain/dev/", "posttrain_dev/"))]
+    assert "posttrain/storage.py" in names and "posttrain_trainer/storage.py" not in names

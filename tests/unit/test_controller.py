@@ -14,8 +14,9 @@ import pytest
 from fixtures.jobs import job_object, rl_spec
 from posttrain.api.resources import Verification
 from posttrain.controller import render
+from posttrain.controller.apply import ensure_children, observe
 from posttrain.controller.objects import parse_job
-from posttrain.controller.reconcile import LoopState, ensure_children, expected_of, observe
+from posttrain.controller.reconcile_job import JobState, expected_of
 from posttrain.controller.settings import OperatorSettings
 from posttrain.controller.status import DeploymentObs, Observed, TrainerObs
 from posttrain.controller.verify import (
@@ -196,11 +197,11 @@ def _rendered() -> render.Rendered:
 def test_ensure_children_applies_only_missing_or_drifted() -> None:
     rendered = _rendered()
     rt = FakeRuntime()
-    state = LoopState()
-    n = asyncio.run(ensure_children(rt, rendered.children, Observed(), state))  # type: ignore[arg-type]
+    state = JobState()
+    n = asyncio.run(ensure_children(rt, rendered.children, Observed(), state.applied))  # type: ignore[arg-type]
     assert n == len(rendered.children)
     # Same pass again before the watch caught up: nothing re-applied.
-    assert asyncio.run(ensure_children(rt, rendered.children, Observed(), state)) == 0  # type: ignore[arg-type]
+    assert asyncio.run(ensure_children(rt, rendered.children, Observed(), state.applied)) == 0  # type: ignore[arg-type]
     # A restarted operator (empty state) that sees every child: nothing applied, no duplicates.
     full = Observed(
         deployments={"j-rollout": DeploymentObs("j-rollout", "rollout", 1, 1)},
@@ -209,14 +210,14 @@ def test_ensure_children_applies_only_missing_or_drifted() -> None:
         | {f"{kind}/j-trainer" for kind in render.IDENTITY_KINDS},
     )
     rt2 = FakeRuntime()
-    assert asyncio.run(ensure_children(rt2, rendered.children, full, LoopState())) == 0  # type: ignore[arg-type]
+    assert asyncio.run(ensure_children(rt2, rendered.children, full, {})) == 0  # type: ignore[arg-type]
     # Drift (replicas changed behind our back) -> re-applied.
     drift = Observed(
         deployments={"j-rollout": DeploymentObs("j-rollout", "rollout", 3, 3)},
         trainer=full.trainer,
         others=full.others,
     )
-    assert asyncio.run(ensure_children(rt2, rendered.children, drift, LoopState())) == 1  # type: ignore[arg-type]
+    assert asyncio.run(ensure_children(rt2, rendered.children, drift, {})) == 1  # type: ignore[arg-type]
     assert rt2.kube.applied == [("Deployment", "j-rollout")]
     # Someone deleted the trainer's Role and the rollout Service: both are made again.
     repaired = Observed(
@@ -225,7 +226,7 @@ def test_ensure_children_applies_only_missing_or_drifted() -> None:
         others=full.others - {"Role/j-trainer", "Service/j-rollout"},
     )
     rt3 = FakeRuntime()
-    assert asyncio.run(ensure_children(rt3, rendered.children, repaired, LoopState())) == 2  # type: ignore[arg-type]
+    assert asyncio.run(ensure_children(rt3, rendered.children, repaired, {})) == 2  # type: ignore[arg-type]
     assert sorted(rt3.kube.applied) == [("Role", "j-trainer"), ("Service", "j-rollout")]
 
 
@@ -266,23 +267,23 @@ def test_observe_sees_the_supporting_children_so_they_are_not_applied_again() ->
     }
     observed = observe(key, indexes)
     rt = FakeRuntime()
-    assert asyncio.run(ensure_children(rt, rendered.children, observed, LoopState())) == 0  # type: ignore[arg-type]
+    assert asyncio.run(ensure_children(rt, rendered.children, observed, {})) == 0  # type: ignore[arg-type]
     assert rt.kube.applied == []
 
 
 def test_an_object_of_someone_elses_under_a_childs_name_is_never_adopted() -> None:
-    from posttrain.controller.reconcile import NotOwned
+    from posttrain.controller.apply import NotOwned
 
     rendered = _rendered()
     uid = rendered.children[0]["metadata"]["ownerReferences"][0]["uid"]
     rt = FakeRuntime()
     rt.kube.existing = {"j-rollout": [uid]}  # the job's own (e.g. the watch lost it): applied again
-    assert asyncio.run(ensure_children(rt, rendered.children, Observed(), LoopState())) == len(rendered.children)  # type: ignore[arg-type]
+    assert asyncio.run(ensure_children(rt, rendered.children, Observed(), {})) == len(rendered.children)  # type: ignore[arg-type]
     for owners in ([], ["someone-else"]):
         rt = FakeRuntime()
         rt.kube.existing = {"j-rollout": owners}
         with pytest.raises(NotOwned) as err:
-            asyncio.run(ensure_children(rt, rendered.children, Observed(), LoopState()))  # type: ignore[arg-type]
+            asyncio.run(ensure_children(rt, rendered.children, Observed(), {}))  # type: ignore[arg-type]
         assert "Deployment j-rollout exists and is not this job's" in err.value.message
         assert ("Deployment", "j-rollout") not in rt.kube.applied
 
@@ -296,7 +297,7 @@ def test_observe_sees_only_the_children_the_job_owns() -> None:
 
 
 def test_the_jobs_secret_is_posted_once_and_again_only_when_a_stuck_job_finds_it_gone() -> None:
-    from posttrain.controller.reconcile import ensure_job_secret
+    from posttrain.controller.reconcile_job import ensure_job_secret
     from posttrain.controller.status import PodObs
 
     class SecretKube:
@@ -323,7 +324,7 @@ def test_the_jobs_secret_is_posted_once_and_again_only_when_a_stuck_job_finds_it
     job = parse_job(job_object("RLJob", rl_spec(model={"base": "m"})))
     rt = FakeRuntime()
     rt.kube = SecretKube()  # type: ignore[assignment]
-    state = LoopState()
+    state = JobState()
 
     def ensure(stuck: bool, pods: list[PodObs] | None = None) -> list[str]:
         before = len(rt.kube.calls)  # type: ignore[attr-defined]

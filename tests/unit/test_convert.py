@@ -289,3 +289,13 @@ def test_validate_names_bad_overlong_and_retention_keys(tmp_path, capsys, line, 
     err = capsys.readouterr().err
     row = text.splitlines().index(line) + 1
     assert f"{path}:{row}: {field}:" in err, err
+
+
+def test_priority_class_sets_the_workload_priority_and_needs_a_queue(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    base = ["convert", "--config", "examples/rl_kueue.toml", "--task-app", "math"]
+    assert main([*base, "--priority-class", "posttrain-high"]) == 2
+    assert "--priority-class" in capsys.readouterr().err
+    assert main([*base, "--queue", "gpus", "--priority-class", "posttrain-high"]) == 0
+    scheduling = yaml.safe_load(capsys.readouterr().out)["spec"]["scheduling"]
+    assert scheduling == {"queueName": "gpus", "workloadPriorityClassName": "posttrain-high"}

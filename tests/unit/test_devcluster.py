@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from posttrain.dev import devcluster, kueue
-from posttrain.dev.devcluster import (
+from posttrain_dev import devcluster, kueue
+from posttrain_dev.devcluster import (
     DISABLED_CONTROLLERS,
     GPU_RESOURCE,
     KWOK_NODE_ANNOTATION,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from posttrain.dev import devnode
-from posttrain.dev.devcluster import (
+from posttrain_dev import devnode
+from posttrain_dev.devcluster import (
     GPU_RESOURCE,
     GPU_TAINT,
     DevCluster,
@@ -78,6 +78,30 @@ def test_containerd_config_points_the_cri_at_runc_cni_and_the_local_pause_image(
     assert runtime["cni"]["conf_dir"] == str(tmp_path)
     images = config["plugins"]["io.containerd.cri.v1.images"]
     assert images["pinned_images"]["sandbox"] == devnode.PAUSE_IMAGE
+
+
+def test_containerd_reads_registry_hosts_from_the_nodes_state_and_trusts_a_loopback_registry(tmp_path: Path):
+    """make e2e pulls the images from a registry on 127.0.0.1 (hack/registry.sh): containerd reads
+    <config_path>/<host:port>/hosts.toml, which sends pulls there over plain HTTP."""
+    import tomllib
+
+    hosts = devnode.registry_hosts_dir(tmp_path)
+    assert hosts == tmp_path / "certs.d" and devnode.registry_hosts_dir() == devnode.STATE_DIR / "certs.d"
+    config = tomllib.loads(
+        devnode.containerd_config(
+            root=tmp_path,
+            state=tmp_path,
+            socket_path=tmp_path / "s",
+            cni_conf_dir=tmp_path,
+            registry_hosts_dir=hosts,
+        )
+    )
+    images = config["plugins"]["io.containerd.cri.v1.images"]
+    assert images["registry"]["config_path"] == str(hosts)
+    assert images["discard_unpacked_layers"] is True  # the snapshots are what pods run from
+    toml = tomllib.loads(devnode.registry_hosts_toml("127.0.0.1:5077"))
+    assert toml["server"] == "http://127.0.0.1:5077"
+    assert toml["host"]["http://127.0.0.1:5077"]["capabilities"] == ["pull", "resolve"]
 
 
 def test_cni_network_is_one_bridge_with_host_local_ips_and_portmap(tmp_path: Path):

@@ -105,7 +105,7 @@ def test_the_install_guides_registry_overlay_renders(tmp_path: Path):
     deploy = next(d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "Deployment"
                   and d["metadata"]["name"] == "posttrain-operator")  # fmt: skip
     container = deploy["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == "registry.example.com/posttrain/operator:0.1.0"
+    assert container["image"] == "mirror.internal:5000/posttrain/operator:0.2.0"
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["POSTTRAIN_TRAINER_IMAGE"] == "registry.example.com/posttrain/trainer:0.1.0"
-    assert env["POSTTRAIN_ROLLOUT_IMAGE"] == "registry.example.com/posttrain/rollout:0.1.0"
+    assert env["POSTTRAIN_TRAINER_IMAGE"] == "mirror.internal:5000/posttrain/trainer:0.2.0"
+    assert env["POSTTRAIN_ROLLOUT_IMAGE"] == "mirror.internal:5000/posttrain/rollout:0.2.0"

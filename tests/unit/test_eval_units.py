@@ -7,10 +7,10 @@ import json
 import sqlite3
 
 import pytest
+from posttrain.api.restem import FilterSpec, filter_rollouts
 from posttrain.evaluation.cluster import eval_job_name, job_phase, render_eval_job
 from posttrain.evaluation.summary import format_table, parse_seeds, pass_at_k, summarize
 from posttrain.evaluation.traces import TraceWriter, error_row, rows_from_response
-from posttrain_trainer.restem import FilterSpec, filter_rollouts
 
 
 def test_parse_seeds():

@@ -84,6 +84,11 @@ def test_the_kueue_example_queues_on_a_local_queue_that_exists():
     assert workload["spec"]["queueName"] == "team-a-gpus"
     assert {s["name"] for s in workload["spec"]["podSets"]} >= {"trainer", "rollout"}
     assert not any("kueue.x-k8s.io/queue-name" in c["metadata"].get("labels", {}) for c in out.children)
+    # its priority class is one the queues file defines, and that ClusterQueue preempts by priority
+    classes = {q["metadata"]["name"] for q in queues if q["kind"] == "WorkloadPriorityClass"}
+    assert job.spec.scheduling.workload_priority_class_name in classes
+    (cq,) = [q for q in queues if q["kind"] == "ClusterQueue"]
+    assert cq["spec"]["preemption"]["withinClusterQueue"] == "LowerPriority"
 
 
 def test_names_agree_across_examples_and_manifests():

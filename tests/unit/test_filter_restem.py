@@ -1,12 +1,12 @@
-"""ReST-EM filter: pure logic (posttrain_trainer.restem) and the `posttrain filter` command."""
+"""ReST-EM filter: pure logic (posttrain.api.restem) and the `posttrain filter` command."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from posttrain.api.restem import NO_RESPONSE, FilterSpec, filter_rollouts, row_reward, to_sft_records
 from posttrain.cli import main
-from posttrain_trainer.restem import NO_RESPONSE, FilterSpec, filter_rollouts, row_reward, to_sft_records
 
 IMG = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
 

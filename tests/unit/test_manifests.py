@@ -27,6 +27,8 @@ CLUSTER_SCOPED = {
     ("kopf.dev", "clusterkopfpeerings"),
     ("admissionregistration.k8s.io", "validatingadmissionpolicies"),
     ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"),
+    ("kueue.x-k8s.io", "workloadpriorityclasses"),
+    ("scheduling.k8s.io", "priorityclasses"),
 }
 
 needs_kubectl = pytest.mark.skipif(
@@ -158,6 +160,8 @@ def test_namespaced_install_has_no_cluster_wide_secret_read():
     assert cluster == {
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("", "namespaces"): {"list", "watch"},
+        ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"},
+        ("scheduling.k8s.io", "priorityclasses"): {"get"},
     }
     bound = {
         d["roleRef"]["name"]

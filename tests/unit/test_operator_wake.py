@@ -8,9 +8,10 @@ import asyncio
 from typing import Any
 
 from fixtures.jobs import job_object, rl_spec
+from posttrain.controller.apply import with_applied
 from posttrain.controller.job_loops import JobLoops
 from posttrain.controller.objects import parse_job
-from posttrain.controller.reconcile import LoopState, planned, with_applied
+from posttrain.controller.reconcile_job import JobState, planned
 from posttrain.controller.render.taskapp import TaskAppTarget
 from posttrain.controller.settings import OperatorSettings
 from posttrain.controller.status import DeploymentObs, Observed, PodObs, TrainerObs, status_write_needed
@@ -92,7 +93,7 @@ def rljob(generation: int = 1) -> Any:
 def test_the_plan_is_rendered_once_per_uid_generation_and_task_app() -> None:
     settings = OperatorSettings()
     rt: Any = type("Rt", (), {"settings": settings})()
-    state = LoopState()
+    state = JobState()
     target = TaskAppTarget("http://t", "s")
     first = planned(rt, rljob(), target, state)
     assert first is not None and planned(rt, rljob(), target, state) is first
@@ -104,7 +105,7 @@ def test_the_plan_is_rendered_once_per_uid_generation_and_task_app() -> None:
 
 def test_children_applied_in_a_pass_count_as_present_not_ready() -> None:
     rt: Any = type("Rt", (), {"settings": OperatorSettings()})()
-    plan = planned(rt, rljob(), TaskAppTarget("http://t", "s"), LoopState())
+    plan = planned(rt, rljob(), TaskAppTarget("http://t", "s"), JobState())
     assert plan is not None
     seen = with_applied(Observed(), plan.rendered.children)
     assert {n: d.ready for n, d in seen.deployments.items()} == {n: 0 for n in plan.expected.deployments}
@@ -153,9 +154,9 @@ def test_loops_start_once_wake_on_triggers_and_stop_on_deletion() -> None:
 
 
 def test_a_job_is_stuck_after_provisioning_for_a_while_and_not_before() -> None:
-    from posttrain.controller.reconcile import stuck_for
+    from posttrain.controller.reconcile_job import stuck_for
 
-    state = LoopState()
+    state = JobState()
     assert stuck_for(state, "Provisioning", 100.0, {}) == 0.0
     assert stuck_for(state, "Provisioning", 116.0, {}) == 16.0
     assert stuck_for(state, "Running", 117.0, {}) == 0.0 and state.provisioning_since is None
@@ -163,7 +164,7 @@ def test_a_job_is_stuck_after_provisioning_for_a_while_and_not_before() -> None:
     # a restarted operator: the status says since when the job has been Provisioning
     since = {"phase": "Provisioning", "conditions": [
         {"type": "Ready", "status": "False", "lastTransitionTime": "1970-01-01T00:01:40Z"}]}  # fmt: skip
-    assert stuck_for(LoopState(), "Provisioning", 130.0, since) == 30.0
+    assert stuck_for(JobState(), "Provisioning", 130.0, since) == 30.0
 
 
 def test_a_trainer_pod_counted_in_two_steps_is_finished_at_the_first() -> None:

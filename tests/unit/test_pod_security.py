@@ -186,7 +186,22 @@ def test_trainer_job_survives_disruptions_and_fails_fast_on_config_errors() -> N
         "action": "FailJob",
         "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2, 65, 78]},
     }
+    # stopped by SIGTERM after a checkpoint (preempted, drained): not a failure, the next pod resumes
+    assert rules[2] == {
+        "action": "Ignore",
+        "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]},
+    }
     assert spec["template"]["spec"]["restartPolicy"] == "Never"  # podFailurePolicy needs it
+    # the grace period a SIGTERM leaves for the step and its checkpoint; torchrun waits a little less
+    pod = spec["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == SETTINGS.trainer_termination_grace_seconds == 300
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "270"
+    short = SETTINGS.model_copy(update={"trainer_termination_grace_seconds": 30})
+    (job,) = [c for c in render.render_rljob(rljob(), short, TARGET).children if c["kind"] == "Job"]
+    assert job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "25"
     two_nodes = rljob(compute={"gpuType": "H100", "gpuCount": 5, "nodes": 2,
                                "topology": {"gpusForVllm": 1, "gpusForTraining": 4}})  # fmt: skip
     (job,) = [c for c in render.render_rljob(two_nodes, SETTINGS, TARGET).children if c["kind"] == "Job"]
@@ -209,6 +224,10 @@ def test_the_launcher_exits_with_a_workers_config_error_code() -> None:
     assert exitcodes.launcher_exit_code([1, 78, 1]) == 78
     assert exitcodes.launcher_exit_code([143, 65]) == 65
     assert exitcodes.launcher_exit_code([1, -9]) == 1
+    assert exitcodes.launcher_exit_code([75, 75]) == exitcodes.EXIT_PREEMPTED == 75  # every worker checkpointed
+    assert exitcodes.launcher_exit_code([75, 0]) == 75
+    assert exitcodes.launcher_exit_code([75, 1]) == 1  # one crashed: an ordinary retry
+    assert exitcodes.launcher_exit_code([75, 78]) == 78
 
 
 def test_unrenderable_specs_name_the_field() -> None:

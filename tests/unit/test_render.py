@@ -448,31 +448,6 @@ def test_a_verified_taskapp_speaks_only_for_jobs_that_use_its_own_key() -> None:
     assert not trusts_the_apps_check(same, parse_task_app(ta))
 
 
-def test_the_rollout_token_of_an_older_operators_secret_is_carried_over_when_usable() -> None:
-    from posttrain.controller.render.names import legacy_token_name
-    from posttrain.controller.render.token import carried_over_token, with_token
-
-    def legacy(value: bytes | str, owner_uid: str = UID) -> dict[str, Any]:
-        encoded = base64.b64encode(value).decode() if isinstance(value, bytes) else value
-        owners = [{"kind": "RLJob", "name": "job1", "uid": owner_uid}]
-        return {"metadata": {"name": legacy_token_name("job1"), "ownerReferences": owners}, "data": {"token": encoded}}
-
-    assert legacy_token_name("job1") == "job1-rollout-token"  # the name older operators gave it
-    token = "Zx3_abcdefghijklmnopqrstuvwxyz0123456789-AB"
-    assert carried_over_token(legacy(token.encode()), UID) == token
-    secret = with_token({"data": {"job.json": "e30="}}, carried_over_token(legacy(token.encode()), UID))
-    assert base64.b64decode(secret["data"]["token"]).decode() == token
-    # not the job's own Secret (another owner, none), or absent, empty, not base64, not text, with spaces or
-    # control characters, or too long: a fresh token
-    unowned = legacy(token.encode())
-    unowned["metadata"].pop("ownerReferences")
-    for unusable in (legacy(token.encode(), owner_uid="someone-else"), unowned, None, {}, {"data": {}},
-                     legacy(b""), legacy("%%%not base64"), legacy(b"\xff\xfe"), legacy(b"two words"),
-                     legacy(b"line\nbreak"), legacy(b"a" * 513), {"data": {"token": 7}}):  # fmt: skip
-        assert carried_over_token(unusable, UID) is None, unusable
-    assert carried_over_token(legacy(token.encode()), "") is None
-
-
 def test_a_judge_key_comes_only_from_the_secret_the_job_names() -> None:
     """The hostile case of issue 27: a judge at a URL of the tenant's choice, told to read the trainer's S3
     secret as its key. Without a Secret named for the judge the job is refused; with one, the trainer's

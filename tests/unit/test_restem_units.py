@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from posttrain.api.convert import toml_to_cr
 from posttrain.api.resources import parse_spec
+from posttrain.api.restem import is_restem, to_sft_records
 from posttrain.api.topology import rl_topology
-from posttrain_trainer.restem import is_restem, to_sft_records
 from posttrain_trainer.restem_config import RestemConfigError, RestemTrainerConfig, parse_restem_config
 from posttrain_trainer.restem_job import keep_samples, micro_batch_for, to_encoded
 from posttrain_trainer.rollouts import EpisodeSequence, RolloutResult, RolloutSpec

@@ -301,6 +301,41 @@ def test_a_job_kueue_has_not_admitted_is_queued_with_kueues_reason() -> None:
     assert not [c for c in no_queue["conditions"] if c["type"] == "Admitted"]
 
 
+def test_a_preempted_job_is_queued_preempted_until_admitted_again_then_resumes() -> None:
+    """Kueue preempts a running job: Queued with reason Preempted and condition Preempted True, through the
+    passes where its fresh Workload waits (Kueue's own reason then is only Queued), naming the checkpoint
+    it resumes from; admitted again, it runs, and the condition turns False (Readmitted)."""
+    ckpt = "s3://posttrain/jobs/ns/j-1/checkpoints/step-7/"
+    admitted = Admission(admitted=True, reason="Admitted", message="admitted")
+    running = derive_status(job(status={"progress": {"step": 7, "lastCheckpoint": ckpt}}), observed=all_children(),
+                            expected=EXPECTED, verification=OK, now=NOW, admission=admitted)  # fmt: skip
+    assert running["phase"] == "Running" and not [c for c in running["conditions"] if c["type"] == "Preempted"]
+    why = "preempted by Kueue (InClusterQueue): Preempted to accommodate a workload (UID: 1)"
+    preempted = Admission(admitted=False, reason="Preempted", message=why)
+    status = {**running, "progress": {"step": 7, "lastCheckpoint": ckpt}}
+    out = derive_status(job(status=status), observed=all_children(), expected=EXPECTED, verification=OK,
+                        now=NOW, admission=preempted)  # fmt: skip
+    assert (out["phase"], out["reason"]) == ("Queued", "Preempted")
+    assert out["message"].startswith(why) and ckpt in out["message"]
+    cond = next(c for c in out["conditions"] if c["type"] == "Preempted")
+    assert (cond["status"], cond["reason"], cond["message"]) == ("True", "Preempted", why)
+    waiting = Admission(admitted=False, reason="Queued", message="insufficient quota for nvidia.com/gpu")
+    later = NOW + timedelta(seconds=30)
+    out = derive_status(job(status={**out, "progress": status["progress"]}), observed=Observed(), expected=EXPECTED,
+                        verification=OK, now=later, admission=waiting)  # fmt: skip
+    assert (out["phase"], out["reason"]) == ("Queued", "Preempted")
+    assert "insufficient quota for nvidia.com/gpu" in out["message"] and ckpt in out["message"]
+    assert next(c for c in out["conditions"] if c["type"] == "Preempted")["status"] == "True"
+    out = derive_status(job(status={**out, "progress": status["progress"]}), observed=all_children(),
+                        expected=EXPECTED, verification=OK, now=later, admission=admitted)  # fmt: skip
+    assert out["phase"] == "Running"
+    cond = next(c for c in out["conditions"] if c["type"] == "Preempted")
+    assert (cond["status"], cond["reason"]) == ("False", "Readmitted") and ckpt in cond["message"]
+    # a job queued for the first time is not called preempted
+    fresh = derive_status(job(), observed=Observed(), expected=EXPECTED, verification=OK, now=NOW, admission=waiting)
+    assert fresh["reason"] == "Queued" and not [c for c in fresh["conditions"] if c["type"] == "Preempted"]
+
+
 def test_replica_failure_and_config_errors_show_in_the_message() -> None:
     """A server Deployment whose pods cannot even be created (quota, Pod Security) has no pod to say why:
     the Deployment's ReplicaFailure condition is the message; a pod that cannot start its container

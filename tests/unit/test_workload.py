@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from posttrain.api.resources import JobScheduling
 from posttrain.controller import render
-from posttrain.controller.render.workload import admission, held, render_workload, workload_name
+from posttrain.controller.render.workload import (
+    admission,
+    held,
+    priority_class,
+    render_workload,
+    workload_name,
+)
 from test_render import SETTINGS, TARGET, by, rljob
 
 
@@ -53,6 +60,29 @@ def test_admission_in_kueues_words() -> None:
     admitted = {"status": {"conditions": [{"type": "QuotaReserved", "status": "True"},
                                           {"type": "Admitted", "status": "True", "message": "ok"}]}}  # fmt: skip
     assert admission(admitted) == (True, "Admitted", "ok")
-    evicted = {"status": {"conditions": [{"type": "Evicted", "status": "True", "reason": "Preempted",
-                                          "message": "preempted by team-b"}]}}  # fmt: skip
+    preempted = {"status": {"conditions": [
+        {"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"},  # until released
+        {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "Preempted to accommodate a workload"},
+        {"type": "Preempted", "status": "True", "reason": "InClusterQueue",
+         "message": "Preempted to accommodate a workload (UID: 1) due to prioritization in the ClusterQueue"}]}}  # fmt: skip
+    assert admission(preempted) == (False, "Preempted", "preempted by Kueue (InClusterQueue): Preempted to "
+                                    "accommodate a workload (UID: 1) due to prioritization in the ClusterQueue")  # fmt: skip
+    evicted = {"status": {"conditions": [{"type": "Evicted", "status": "True", "reason": "Deactivated",
+                                          "message": "stopped"}]}}  # fmt: skip
     assert admission(evicted)[:2] == (False, "Evicted")
+
+
+def test_the_workload_carries_the_jobs_priority_class_and_its_value() -> None:
+    out = render.render_rljob(rljob(scheduling={"queueName": "q"}), SETTINGS, TARGET)
+    plain = render_workload(rljob().owner, out.children, "q")
+    assert "priority" not in plain["spec"] and "priorityClassRef" not in plain["spec"]
+    cls = ("kueue.x-k8s.io", "WorkloadPriorityClass", "high")
+    wl = render_workload(rljob().owner, out.children, "q", (cls, 1000))
+    assert wl["spec"]["priorityClassRef"] == {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "high"}
+    assert wl["spec"]["priority"] == 1000  # Kueue's CEL rule: a class reference needs the value beside it
+    # Kueue's own choice: the WorkloadPriorityClass, else the pods' PriorityClass, else none (priority 0)
+    assert priority_class(None) is None and priority_class(JobScheduling()) is None
+    both = JobScheduling(workload_priority_class_name="high", priority_class_name="gpu-pods")
+    assert priority_class(both) == cls
+    assert priority_class(JobScheduling(priority_class_name="gpu-pods")) == (
+        "scheduling.k8s.io", "PriorityClass", "gpu-pods")  # fmt: skip

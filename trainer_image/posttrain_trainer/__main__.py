@@ -8,9 +8,11 @@ import os
 import sys
 
 from posttrain.api import trackers
-from posttrain.api.exitcodes import EXIT_CONFIG_ERROR
+from posttrain.api.exitcodes import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 from posttrain.api.jobfile import load_jobfile
 from pydantic import ValidationError
+
+from posttrain_trainer import preemption
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,9 +34,17 @@ def main(argv: list[str] | None = None) -> int:
         for message, fix in problems:
             print(f"error: {trackers.FIELD}: {message} (fix: {fix})", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
+    preemption.install()  # SIGTERM: checkpoint after the current step, then exit 75
     # the module that runs the job's algorithm (posttrain.api.settings: rl, restem_job or sft)
     run = importlib.import_module(f"posttrain_trainer.{job.settings.trainer}").main
-    return int(run(job) or 0)
+    try:
+        return int(run(job) or 0)
+    except preemption.Preempted as stopped:
+        print(f"[posttrain] {stopped}", file=sys.stderr, flush=True)
+        from posttrain_trainer import distributed as D
+
+        D.shutdown()
+        return EXIT_PREEMPTED
 
 
 if __name__ == "__main__":

@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from posttrain import storage as s3
 from posttrain.api.jobfile import JobFile
 from posttrain.api.model_ids import fine_tuned_model_id
-
-from posttrain_trainer import storage as s3
 
 # The artifacts a job reports in its status (the keys of the status' Artifacts); other uploads (a ReST-EM
 # iteration's kept samples, ...) are listed in manifest.json only.

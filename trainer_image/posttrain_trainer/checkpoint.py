@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from posttrain import storage as s3
 from safetensors.torch import load_file
 
 from posttrain_trainer import distributed as D
-from posttrain_trainer import storage as s3
 from posttrain_trainer.safe_state import (
     MANIFEST_FILE,
     CheckpointIntegrityError,

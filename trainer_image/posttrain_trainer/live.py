@@ -55,7 +55,7 @@ class LiveCurves:
         """The extra uploads (TensorBoard event files), now; failures are reported and skipped."""
         if not self.enabled or not self.extra_uploads:
             return
-        from posttrain_trainer import storage as s3
+        from posttrain import storage as s3
 
         try:
             if self.client is None:
@@ -67,9 +67,8 @@ class LiveCurves:
             print(f"[posttrain] live upload failed: {type(err).__name__}: {err}"[:300], file=sys.stderr, flush=True)
 
     def _upload(self, history: list[dict[str, Any]]) -> str:
+        from posttrain import storage as s3
         from posttrain.plotting import plot_curves
-
-        from posttrain_trainer import storage as s3
 
         assert self.job.storage is not None
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from posttrain import storage as s3
 from posttrain.api.jobfile import StorageRef
-
-from posttrain_trainer import storage as s3
 
 BASE_REF_FILE = "posttrain-base.json"  # next to a LoRA adapter: which base model it belongs to
 

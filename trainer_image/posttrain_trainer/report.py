@@ -175,6 +175,11 @@ class Reporter:
                 self._patch_status({"progress": progress})
         return progress
 
+    def progress_now(self, **fields: Any) -> dict[str, Any]:
+        """progress(), patched at once (the last report of a run that stops: no later step would send it)."""
+        self._last_patch = 0.0
+        return self.progress(**fields)
+
     def event(self, name: str, **fields: Any) -> None:
         if not self.enabled:
             return

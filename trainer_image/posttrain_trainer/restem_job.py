@@ -37,11 +37,12 @@ from typing import Any
 import torch
 from posttrain.api.exitcodes import EXIT_CONFIG_ERROR, EXIT_RETRYABLE
 from posttrain.api.jobfile import JobFile
+from posttrain.api.restem import VARIETY
 from posttrain.plotting import plot_curves
 
 from posttrain_trainer import distributed as D
+from posttrain_trainer import preemption
 from posttrain_trainer.report import Reporter
-from posttrain_trainer.restem import VARIETY
 from posttrain_trainer.restem_config import RestemConfigError, RestemTrainerConfig, restem_settings
 from posttrain_trainer.resume import CheckpointStore
 from posttrain_trainer.rl import iteration_seeds, require_rollout_endpoints, run_evaluation
@@ -289,12 +290,7 @@ class RestemRun:
         self.reporter.record(record, self.history)
         self.reporter.event(ITERATION_EVENT, **record)
         if self.store.due(self.iteration, cfg.iterations):
-            self.store.save(
-                self.engine,
-                self.iteration,
-                data_state={"iteration": self.iteration},
-                extra={"history": self.history},
-            )
+            self.save()
         self.reporter.progress(
             step=self.iteration,
             total=cfg.iterations,
@@ -302,6 +298,15 @@ class RestemRun:
             mean_return=stats["mean_return"],
             eval_score=eval_score if eval_score is not None else self.last_eval,
             last_checkpoint=self.store.last_uri,
+        )
+        preemption.stop_if_asked(self.store, self.iteration, self.save)
+
+    def save(self) -> None:
+        self.store.save(
+            self.engine,
+            self.iteration,
+            data_state={"iteration": self.iteration},
+            extra={"history": self.history},
         )
 
     def e_step(self, started: float) -> dict[str, Any]:

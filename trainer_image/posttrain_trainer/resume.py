@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from posttrain import storage as s3
 from posttrain.api.jobfile import JobFile
 
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
-from posttrain_trainer import storage as s3
 from posttrain_trainer.artifacts import reported_artifacts
 from posttrain_trainer.report import Reporter
 
@@ -31,6 +31,7 @@ class CheckpointStore:
         self.workdir = Path(job.workdir)
         self.keep = ckpt.keep_checkpoints(job.config)
         self.last_uri: str | None = None  # the newest checkpoint this run saved or resumed from
+        self.saved_step: int | None = None  # the step of the last checkpoint this run saved
 
     @property
     def bucket(self) -> str:
@@ -103,5 +104,6 @@ class CheckpointStore:
             extra=extra,
             keep=self.keep,
         )
+        self.saved_step = step
         self.reporter.event("checkpoint", step=step, uri=self.last_uri)
         return self.last_uri

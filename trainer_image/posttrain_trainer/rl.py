@@ -57,7 +57,7 @@ from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
 
 from posttrain_trainer import distributed as D
-from posttrain_trainer import gspo, offpolicy, rl_vision, step_rewards
+from posttrain_trainer import gspo, offpolicy, preemption, rl_vision, step_rewards
 from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.modeling import train_without_dropout
 from posttrain_trainer.report import Reporter
@@ -821,6 +821,7 @@ class RLRun:
             eval_score=eval_score if eval_score is not None else self.last_eval,
             last_checkpoint=self.store.last_uri,
         )
+        preemption.stop_if_asked(self.store, self.iteration, lambda: self.checkpoint(force=True))
 
     def collect(self, started: float) -> tuple[list[TrainSeq], dict[str, Any]]:
         """This iteration's training sequences and rollout statistics, collected and scored on rank 0 and
@@ -939,8 +940,8 @@ class RLRun:
             self.reporter.event("evaluation", **line)
         return D.broadcast_object(score)
 
-    def checkpoint(self) -> None:
-        if self.store.due(self.iteration, self.total):
+    def checkpoint(self, force: bool = False) -> None:
+        if force or self.store.due(self.iteration, self.total):
             self.store.save(
                 self.engine,
                 self.iteration,

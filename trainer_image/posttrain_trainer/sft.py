@@ -28,13 +28,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from posttrain import storage as s3
 from posttrain.api.exitcodes import EXIT_DATA_ERROR
 from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
 
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer import distributed as D
-from posttrain_trainer import storage as s3
+from posttrain_trainer import preemption
 from posttrain_trainer.optim import BatchPlan, build_optimizer, build_scheduler
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.resume import CheckpointStore
@@ -352,6 +353,7 @@ class SFTRun:
         )
         should_stop = self.validate(self.step) if self.eval_due(len(batches)) else False
         self.checkpoint()
+        preemption.stop_if_asked(self.store, self.step, lambda: self.checkpoint(force=True))
         if should_stop:
             self.stopped_early = True
             self.reporter.event(
@@ -399,8 +401,8 @@ class SFTRun:
         )
         return validation.patience is not None and best["bad_evals"] >= validation.patience
 
-    def checkpoint(self) -> None:
-        if self.store.due(self.step, self.total):
+    def checkpoint(self, force: bool = False) -> None:
+        if force or self.store.due(self.step, self.total):
             self.store.save(
                 self.engine,
                 self.step,

@@ -87,7 +87,7 @@ class Trackers:
         """The TensorBoard event files to the job's S3 folder; returns their prefix URI."""
         if "tensorboard" not in self.writers or self.job.storage is None or not self.tb_dir.is_dir():
             return None
-        from posttrain_trainer import storage as s3
+        from posttrain import storage as s3
 
         return s3.upload_dir(client, self.tb_dir, self.job.storage.bucket, self.job.storage.prefix + TB_DIR + "/")
 

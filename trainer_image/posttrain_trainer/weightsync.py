@@ -124,7 +124,7 @@ class WeightSyncer:
 
     def prune(self, served: int) -> list[int]:
         """Delete the versions versions_to_delete names, locally and in S3; returns them."""
-        from posttrain_trainer import storage as s3
+        from posttrain import storage as s3
 
         local = {}
         if self.shared_dir.is_dir():
@@ -150,7 +150,7 @@ class WeightSyncer:
     def upload(self, local: Path, version: int) -> str:
         if self.via != "s3":
             return str(local)
-        from posttrain_trainer import storage as s3
+        from posttrain import storage as s3
 
         if self.job.storage is None:
             raise WeightSyncError("weight_sync.via = s3 needs the job file's storage section")

@@ -294,11 +294,13 @@ def toml_to_cr(
     file: str | None = None,
     env: dict[str, str] | None = None,
     queue: str | None = None,
+    priority_class: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """`posttrain convert`: TOML text -> (custom resource dict, warnings). `dataset` / `validation_dataset`
     are s3:// URIs (the command uploads local files first) or dataset refs ({"configMapRef": ...}); a local
     path, given or in the TOML, is refused: the cluster cannot read it. `queue` names a Kueue LocalQueue
-    (spec.scheduling.queueName: the job's pods wait for Kueue's admission)."""
+    (spec.scheduling.queueName: the job's pods wait for Kueue's admission), `priority_class` its Kueue
+    WorkloadPriorityClass (spec.scheduling.workloadPriorityClassName)."""
     env = dict(os.environ) if env is None else env
     kind, config, warnings = load(text, kind=kind, file=file, model=model)
     judge = config.judge if isinstance(config, RLConfig) else None
@@ -360,6 +362,8 @@ def toml_to_cr(
         )
     if queue:
         spec["scheduling"] = {"queueName": queue}
+        if priority_class:
+            spec["scheduling"]["workloadPriorityClassName"] = priority_class
     spec["originalToml"] = text
     metadata: dict[str, Any] = {"name": name or content_name(kind, spec)}
     if namespace:

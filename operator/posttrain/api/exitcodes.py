@@ -12,10 +12,13 @@ node, an out-of-memory kill, a flaky network), and a replacement pod resumes fro
 | 1 | a failure worth retrying (rollout error budget exceeded, a crash, a lost peer) |
 | 2 | usage: the command line is wrong (argparse) |
 | 65 | EX_DATAERR: the dataset is malformed (the message names file:line) |
+| 75 | EX_TEMPFAIL: stopped by SIGTERM (Kueue preempted the job, a node drained): checkpointed first |
 | 78 | EX_CONFIG: the job file or the training config is invalid |
 
 `python -m posttrain_trainer.launch` (torchrun in process) exits with a worker's configuration-error code
-when any worker exited with one; torchrun alone would exit 1 for every worker failure."""
+when any worker exited with one; torchrun alone would exit 1 for every worker failure. A launcher that got
+SIGTERM (it forwards it to the workers, which checkpoint at the next step: posttrain_trainer/preemption.py)
+exits 75."""
 
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ TRAINER_EXIT_CODES: dict[int, str] = {
     1: "a failure worth retrying (rollout error budget exceeded, a crash, a lost peer); the pod is replaced",
     2: "usage: the command line is wrong (argparse); the Job fails at once",
     65: "EX_DATAERR: the dataset is malformed (the message names file:line); the Job fails at once",
+    75: "EX_TEMPFAIL: stopped by SIGTERM (Kueue preempted the job, its pod was deleted, a node drained) after "
+    "saving a checkpoint at the next step; the next pod resumes from it, and the pod does not count as a failure",
     78: "EX_CONFIG: the job file or the training config is invalid; the Job fails at once",
 }
 
@@ -54,15 +59,19 @@ EXIT_OK = 0
 EXIT_RETRYABLE = 1
 EXIT_USAGE = 2
 EXIT_DATA_ERROR = 65
+EXIT_PREEMPTED = 75
 EXIT_CONFIG_ERROR = 78
 CONFIG_ERROR_EXIT_CODES = (EXIT_USAGE, EXIT_DATA_ERROR, EXIT_CONFIG_ERROR)
 
 
 def launcher_exit_code(worker_codes: Iterable[int]) -> int:
     """The exit code of a launcher whose workers exited with `worker_codes` (at least one failed): the
-    first configuration-error code among them (the job cannot succeed), else 1 (worth retrying)."""
+    first configuration-error code among them (the job cannot succeed), 75 when the others stopped for a
+    SIGTERM (checkpointed, resumable), else 1 (worth retrying)."""
     codes = list(worker_codes)
     for code in CONFIG_ERROR_EXIT_CODES:
         if code in codes:
             return code
+    if EXIT_PREEMPTED in codes and all(code in (EXIT_OK, EXIT_PREEMPTED) for code in codes):
+        return EXIT_PREEMPTED
     return EXIT_RETRYABLE

@@ -120,6 +120,18 @@ class Scheduling(CRModel):
     resources: RoleResources | None = Field(None, description="CPU/memory (GPUs come from compute).")
 
 
+class JobScheduling(Scheduling):
+    """Where the job's pods run, and its place in a Kueue queue."""
+
+    workload_priority_class_name: str | None = Field(
+        None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="Kueue WorkloadPriorityClass of the job's Workload (with queueName): a higher one may "
+        "preempt a lower one; a preempted job checkpoints and resumes when admitted again.",
+    )
+
+
 class Storage(CRModel):
     """Object storage for datasets, checkpoints and the final model (operator defaults otherwise)."""
 
@@ -156,7 +168,7 @@ class JobSpecCommon(Section):
         None, max_length=262144, description="The TOML this object was converted from (reproducibility)."
     )
     images: Images | None = Field(None, description="Container images per role.")
-    scheduling: Scheduling | None = Field(None, description="Node selection, tolerations, priority, queue.")
+    scheduling: JobScheduling | None = Field(None, description="Node selection, tolerations, priority, queue.")
     active_deadline_seconds: int | None = Field(None, ge=1, description="Fail the job after this long.")
     storage: Storage | None = Field(None, description="Object storage (operator defaults otherwise).")
 

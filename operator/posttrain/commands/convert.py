@@ -13,7 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from posttrain.api.convert import _read, to_yaml, toml_to_cr
+from posttrain.api.convert import read_config, to_yaml, toml_to_cr
+from posttrain.api.exitcodes import CLI_USER_ERROR
 from posttrain.commands.argtypes import http_url, job_name, namespace, object_name
 from posttrain.commands.validate import strict_warnings
 
@@ -50,6 +51,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--queue", type=object_name, help="Kueue LocalQueue (spec.scheduling.queueName): the job waits for admission"
     )
+    parser.add_argument(
+        "--priority-class", type=object_name,
+        help="with --queue: Kueue WorkloadPriorityClass (spec.scheduling.workloadPriorityClassName); a higher one "
+        "may preempt a lower one, which resumes from its last checkpoint",
+    )  # fmt: skip
     parser.add_argument("--output", "-o", type=Path, help="write the YAML here (default: stdout)")
     parser.add_argument("--strict", action="store_true", help="treat warnings as errors: exit 2 when there are any (CI)")
     parser.set_defaults(func=run)
@@ -92,7 +98,11 @@ def local_datasets(args: argparse.Namespace, text: str) -> tuple[str | None, str
 def run(args: argparse.Namespace) -> int:
     from posttrain.inputs import check_output_path
 
-    text = _read(args.config)
+    if args.priority_class and not args.queue:
+        print("error: --priority-class: a priority orders jobs in a Kueue queue (fix: add --queue LOCALQUEUE)",
+              file=sys.stderr)  # fmt: skip
+        return CLI_USER_ERROR
+    text = read_config(args.config)
     if args.output is not None:
         check_output_path(args.output, flag="--output")
     dataset, validation = local_datasets(args, text)
@@ -109,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         validation_dataset=validation,
         file=str(args.config),
         queue=args.queue,
+        priority_class=args.priority_class,
     )
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)

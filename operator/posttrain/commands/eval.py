@@ -206,11 +206,11 @@ def run(args: argparse.Namespace) -> int:
 
 def run_local(args: argparse.Namespace, url: str, key: str) -> int:
     from posttrain.evaluation.collect import EvalPlan, collect
-    from posttrain.evaluation.serving import check_inference_url, model_server
     from posttrain.evaluation.summary import format_table, summarize
     from posttrain.evaluation.traces import TraceWriter
     from posttrain.inputs import check_output_path
     from posttrain.local.runner import RUNS_DIR
+    from posttrain.local.serving import check_inference_url, model_server
 
     runs_dir = Path(args.runs_dir or RUNS_DIR).resolve()
     name = default_name(args, url)
@@ -266,7 +266,7 @@ def upload_results(uri: str, files: list[Path]) -> None:
     if not s3_configured():
         raise UserError(Problem("cannot upload the results", field="--results-uri",
                                 fix=f"set {', '.join(S3_VARIABLES)}"))  # fmt: skip
-    from posttrain_trainer import storage
+    from posttrain import storage
 
     bucket, prefix = storage.parse_s3_uri(uri)
     prefix = prefix if prefix.endswith("/") else prefix + "/"
@@ -412,8 +412,7 @@ def print_remote_summary(results: str) -> None:
     if not s3_configured():
         print(f"results: {results} (set S3_ENDPOINT and keys here to print the summary)")
         return
-    from posttrain_trainer import storage
-
+    from posttrain import storage
     from posttrain.evaluation.summary import Summary, format_table
 
     bucket, prefix = storage.parse_s3_uri(results)

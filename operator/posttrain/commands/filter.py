@@ -2,7 +2,7 @@
 as SFT JSONL (one record per user turn, as `synth-ai filter` does, each with the conversation before it),
 ready for an SFTJob; `posttrain eval` writes such rollouts. (An RLJob with `variety = "restem"` runs the whole
 loop: sampling, filtering and fine-tuning, iterated.) Rows: {"messages": [...],
-"reward": x, "metadata": {...}} or {"prompt", "completion", "reward"}; see posttrain_trainer/restem.py.
+"reward": x, "metadata": {...}} or {"prompt", "completion", "reward"}; see posttrain/api/restem.py.
 
 A synth filter TOML works too (`--config filter.toml`, [filter] table: input, output, min_official_score,
 max_official_score, splits, task_ids, models, min_judge_scores, max_judge_scores, min_created_at,
@@ -132,7 +132,7 @@ def _toml_filter(path: Path) -> dict[str, Any]:
 
 
 def build_spec(args: argparse.Namespace):
-    from posttrain_trainer.restem import FilterSpec
+    from posttrain.api.restem import FilterSpec
 
     table = _toml_filter(args.config) if args.config else {}
     base = args.config.parent if args.config else Path.cwd()
@@ -176,9 +176,8 @@ def build_spec(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from posttrain_trainer.restem import FilterError, filter_rollouts, parse_rows, write_jsonl
-
     from posttrain.api.dataset import read_lines
+    from posttrain.api.restem import FilterError, filter_rollouts, parse_rows, write_jsonl
 
     spec, input_path, output_path = build_spec(args)
     lines = read_lines(input_path, what="rollouts file", field="--input")  # refuses binary, non-UTF-8, a BOM, a FIFO

@@ -58,7 +58,7 @@ def _s3_text(uri: str) -> str:
                                 fix=f"set {', '.join(S3_VARIABLES)} to read them"))  # fmt: skip
     import os
 
-    from posttrain_trainer import storage
+    from posttrain import storage
 
     bucket, key = storage.parse_s3_uri(uri)
     client = storage.client_from_env({"endpoint": os.environ["S3_ENDPOINT"], "bucket": bucket})

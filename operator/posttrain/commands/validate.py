@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.api.config import normalized_config
-from posttrain.api.convert import _read, load
+from posttrain.api.convert import load, read_config
 from posttrain.api.dataset import validate_jsonl
 from posttrain.errors import Problem, UserError
 
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     kind = "sft"
     warnings: list[str] = []
     if args.config is not None:
-        text = _read(args.config)
+        text = read_config(args.config)
         kind, model, warnings = load(text, kind=args.job_type, file=str(args.config))
         config = normalized_config(model)
     problems: list[Problem] = []

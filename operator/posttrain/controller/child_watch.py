@@ -33,7 +33,7 @@ WATCH_SECONDS = 240  # the API server ends a watch after this long; it is resume
 
 @dataclass(frozen=True)
 class ChildKind:
-    index: str  # the name observe() reads it by (controller/reconcile.py)
+    index: str  # the name observe() reads it by (controller/apply.py)
     api_version: str
     plural: str
     observe: Callable[[dict[str, Any]], Any]  # object -> what the index keeps

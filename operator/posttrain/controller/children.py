@@ -7,7 +7,7 @@ and the per-job trainer identity (settings.trainer_identity=job), keyed by (name
 name). Both kinds of index are filled before any other handler runs after a (re)start, so a restarted
 operator sees what it made before and never creates it twice, and a child someone deleted is made again
 (on the parent's next pass). The job's Secret (its job file and rollout token) is not watched: the
-operator may not list or watch Secrets (controller/reconcile.py makes it again when a pod shows it
+operator may not list or watch Secrets (controller/reconcile_job.py makes it again when a pod shows it
 missing).
 
 The API server does the filtering: every watch carries a label selector (kopf's

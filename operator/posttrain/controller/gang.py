@@ -1,7 +1,9 @@
 """All-or-nothing admission through Kueue, the I/O half (render/workload.py is the pure half): a job with
 spec.scheduling.queueName has one Workload, made here, read on each pass; its children stay held (no pods)
 until Kueue admits it. The Workload goes when the job ends or is suspended (Kueue releases its quota), and
-when Kueue evicts it (preemption): its pods are held again and a fresh Workload queues the job anew."""
+when Kueue evicts it (preemption): its pods are held again (the trainer checkpoints on SIGTERM) and a fresh
+Workload, of the same priority, queues the job anew; once admitted, its new trainer pods resume from the last
+checkpoint."""
 
 from __future__ import annotations
 
@@ -10,7 +12,13 @@ import logging
 from posttrain.controller.kube import KubeError, object_path
 from posttrain.controller.objects import Job, Owner
 from posttrain.controller.render import Rendered
-from posttrain.controller.render.workload import KUEUE_API, admission, render_workload, workload_name
+from posttrain.controller.render.workload import (
+    KUEUE_API,
+    admission,
+    priority_class,
+    render_workload,
+    workload_name,
+)
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.status import Admission
 
@@ -34,6 +42,14 @@ async def release(rt: Runtime, owner: Owner) -> None:
             raise
 
 
+async def _priority_value(rt: Runtime, cls: tuple[str, str, str]) -> int | None:
+    """The value of a (Workload)PriorityClass, None when there is no such class."""
+    group, kind, name = cls
+    found = await rt.kube.get(object_path(f"{group}/v1" if group == "scheduling.k8s.io" else KUEUE_API, kind,
+                                          None, name))  # fmt: skip
+    return None if found is None else int(found.get("value") or 0)
+
+
 async def admission_of(rt: Runtime, job: Job, rendered: Rendered) -> Admission | None:
     """Kueue's word on a job with a queue (None for one without, or suspended: its Workload goes)."""
     queue = queue_of(job)
@@ -44,8 +60,17 @@ async def admission_of(rt: Runtime, job: Job, rendered: Rendered) -> Admission |
         return None
     found = await rt.kube.get(_path(job.owner))
     if found is None:
+        priority = None
+        if (cls := priority_class(job.spec.scheduling)) is not None:
+            value = await _priority_value(rt, cls)
+            if value is None:
+                group, kind, name = cls
+                field = "workloadPriorityClassName" if kind == "WorkloadPriorityClass" else "priorityClassName"
+                return Admission(False, "PriorityClassNotFound", f"spec.scheduling.{field}: no {kind} "
+                                 f"{name!r} ({group}) in this cluster: create it, or name another")  # fmt: skip
+            priority = (cls, value)
         try:
-            await rt.kube.create(render_workload(job.owner, rendered.children, queue))
+            await rt.kube.create(render_workload(job.owner, rendered.children, queue, priority))
         except KubeError as err:
             if err.status == 404:
                 return Admission(False, "KueueMissing", f"spec.scheduling.queueName is {queue!r}, but this "
@@ -53,8 +78,8 @@ async def admission_of(rt: Runtime, job: Job, rendered: Rendered) -> Admission |
                                  "remove the queue name")  # fmt: skip
             raise
     admitted, reason, message = admission(found)
-    if reason == "Evicted":
-        logger.info("%s %s: Kueue evicted it; holding its pods and queueing it again", job.owner.kind,
-                    job.owner.name)  # fmt: skip
+    if reason in ("Evicted", "Preempted"):
+        logger.info("%s %s: Kueue evicted it (%s); holding its pods and queueing it again", job.owner.kind,
+                    job.owner.name, reason)  # fmt: skip
         await release(rt, job.owner)
     return Admission(admitted, reason, message)

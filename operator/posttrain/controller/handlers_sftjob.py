@@ -1,5 +1,5 @@
 """kopf glue for SFTJob: its watch events start and wake one reconcile loop per job (an asyncio task, no
-finalizer). The loop lives in controller/loop.py, the logic in controller/reconcile.py."""
+finalizer). The loop lives in controller/loop.py, the logic in controller/reconcile_job.py."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import kopf
 
 from posttrain.api.resources import GROUP, VERSION
 from posttrain.controller.loop import on_event
-from posttrain.controller.reconcile import reconcile_job
+from posttrain.controller.reconcile_job import JobState, reconcile_job
 
 
 @kopf.on.event(GROUP, VERSION, "sftjobs")
 async def sftjob_event(type: Any, body: Any, memo: Any, logger: Any, **kwargs: Any) -> None:
-    on_event(reconcile_job, type, body, memo, logger, kwargs)
+    on_event(reconcile_job, JobState, type, body, memo, logger, kwargs)

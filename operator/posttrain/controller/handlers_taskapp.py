@@ -11,9 +11,9 @@ import kopf
 
 from posttrain.api.resources import GROUP, VERSION
 from posttrain.controller.loop import on_event
-from posttrain.controller.reconcile_taskapp import reconcile_task_app
+from posttrain.controller.reconcile_taskapp import TaskAppState, reconcile_task_app
 
 
 @kopf.on.event(GROUP, VERSION, "taskapps")
 async def taskapp_event(type: Any, body: Any, memo: Any, logger: Any, **kwargs: Any) -> None:
-    on_event(reconcile_task_app, type, body, memo, logger, kwargs)
+    on_event(reconcile_task_app, TaskAppState, type, body, memo, logger, kwargs)

@@ -48,6 +48,8 @@ PLURALS = {
     "SFTJob": "sftjobs",
     "TaskApp": "taskapps",
     "Workload": "workloads",  # kueue.x-k8s.io (controller/gang.py)
+    "WorkloadPriorityClass": "workloadpriorityclasses",  # kueue.x-k8s.io, cluster-scoped
+    "PriorityClass": "priorityclasses",  # scheduling.k8s.io, cluster-scoped
 }
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
 WATCH_LINE_MAX = 2**24  # one watch event (one object) may be this long

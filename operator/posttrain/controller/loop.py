@@ -10,10 +10,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from posttrain.controller import metrics
-from posttrain.controller.reconcile import KIND_LABELS, LoopState
+from posttrain.controller.apply import KIND_LABELS
 from posttrain.controller.runtime import Key, Runtime, runtime_of
 
-Reconcile = Callable[[Runtime, Any, dict[str, Any], LoopState], Awaitable[float | None]]
+# One pass over (runtime, the object's latest body, the watch indexes, the loop's own state): the seconds to
+# the next pass, or None when the object is finished. Each kind's loop brings its own state
+# (reconcile_job.JobState, reconcile_taskapp.TaskAppState), made fresh when the loop starts.
+Reconcile = Callable[[Runtime, Any, dict[str, Any], Any], Awaitable[float | None]]
+NewState = Callable[[], Any]
 
 
 async def _sleep(wake: asyncio.Event, timeout: float) -> None:
@@ -32,6 +36,7 @@ def namespace_terminating(exc: BaseException) -> bool:
 
 async def run_loop(
     reconcile: Reconcile,
+    new_state: NewState,
     *,
     rt: Runtime,
     key: Key,
@@ -41,7 +46,7 @@ async def run_loop(
 ) -> None:
     """Passes over the object's latest body (rt.loops) until it is finished or gone."""
     wake = rt.waker(key)
-    state = LoopState()
+    state = new_state()
     failures = 0
     try:
         while (body := rt.loops.body(key, uid)) is not None:
@@ -72,7 +77,13 @@ async def run_loop(
 
 
 def on_event(
-    reconcile: Reconcile, event_type: str | None, body: Any, memo: Any, logger: Any, indexes: dict[str, Any]
+    reconcile: Reconcile,
+    new_state: NewState,
+    event_type: str | None,
+    body: Any,
+    memo: Any,
+    logger: Any,
+    indexes: dict[str, Any],
 ) -> None:
     """A watch event of an RLJob, SFTJob or TaskApp: start its loop, or wake it when the event changes a
     decision."""
@@ -84,7 +95,7 @@ def on_event(
     key: Key = (meta["namespace"], KIND_LABELS[raw["kind"]], meta["name"])
 
     def start() -> Any:
-        return run_loop(reconcile, rt=rt, key=key, uid=meta.get("uid") or "", logger=logger, indexes=indexes)
+        return run_loop(reconcile, new_state, rt=rt, key=key, uid=meta.get("uid") or "", logger=logger, indexes=indexes)
 
     if rt.loops.seen(key, event_type, raw, start):
         rt.wake(key)

@@ -6,26 +6,26 @@ and an outage of a task app that was verified flips the condition at once."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from posttrain.api.resources import DEFAULT_API_KEY_SECRET_KEY
-from posttrain.controller.bounds import bound_status, event_message
-from posttrain.controller.kube import KubeError, object_path
-from posttrain.controller.objects import Owner, TaskAppObject, owner_of, parse_task_app
-from posttrain.controller.reconcile import (
+from posttrain.controller.apply import (
+    Applied,
     ChildRefused,
-    LoopState,
     NotOwned,
-    check_task_app,
     ensure_children,
     key_of,
     observe,
     snapshot,
-    unlabelled_secret,
     utcnow,
 )
+from posttrain.controller.bounds import bound_status, event_message
+from posttrain.controller.kube import KubeError, object_path
+from posttrain.controller.objects import Owner, TaskAppObject, owner_of, parse_task_app
 from posttrain.controller.render.taskapp import render_task_app, secrets_of, task_app_service_url
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.spec_errors import SpecError, render_failure_message
@@ -39,11 +39,22 @@ from posttrain.controller.status import (
     status_patch,
     taskapp_status,
 )
+from posttrain.controller.taskapp_resolve import check_task_app, unlabelled_secret
 from posttrain.controller.tenancy import reach_refusal
 from posttrain.controller.verify import Attempt, VerifyPolicy, as_verification
 
 
-async def _check(rt: Runtime, app: TaskAppObject, state: LoopState, observed: Any) -> tuple[str, Attempt]:
+@dataclass
+class TaskAppState:
+    """Per-TaskApp memory of its loop (lost on restart: the condition's lastTransitionTime carries over)."""
+
+    applied: Applied = field(default_factory=dict)
+    verify_started: float | None = None  # wall-clock time the current run of failed checks began
+    verified_before: bool = False  # a check passed since: an outage flips the condition at once
+    delays: Iterator[float] | None = None  # the backoff of the current run of failed checks
+
+
+async def _check(rt: Runtime, app: TaskAppObject, state: TaskAppState, observed: Any) -> tuple[str, Attempt]:
     """(URL, the check's outcome): its children applied first; a child the API server refuses is the
     outcome (its spec holds a value it cannot take: no check). A deployed task app gets no Secret that is
     not labelled for task apps: then nothing is applied."""
@@ -52,7 +63,7 @@ async def _check(rt: Runtime, app: TaskAppObject, state: LoopState, observed: An
         if refused is not None:
             return task_app_service_url(app), refused
     try:
-        await ensure_children(rt, render_task_app(app, rt.settings), observed, state)
+        await ensure_children(rt, render_task_app(app, rt.settings), observed, state.applied)
     except ChildRefused as refused:
         return task_app_service_url(app), Attempt(False, INVALID_SPEC, refused.message)
     except NotOwned as conflict:  # an object of someone else's under its Deployment's or Service's name
@@ -70,7 +81,7 @@ async def _check(rt: Runtime, app: TaskAppObject, state: LoopState, observed: An
 
 
 def _outcome(
-    attempt: Attempt, owner: Owner, policy: VerifyPolicy, state: LoopState, current: dict[str, Any]
+    attempt: Attempt, owner: Owner, policy: VerifyPolicy, state: TaskAppState, current: dict[str, Any]
 ) -> tuple[Verification, float]:
     """(what the status says, seconds to the next check) after one check."""
     now_s = time.time()
@@ -99,7 +110,7 @@ def _outcome(
     return verification, wait
 
 
-async def reconcile_task_app(rt: Runtime, body: Any, indexes: dict[str, Any], state: LoopState) -> float:
+async def reconcile_task_app(rt: Runtime, body: Any, indexes: dict[str, Any], state: TaskAppState) -> float:
     """One pass. Returns the seconds until the next check (periodSeconds when healthy, backoff otherwise)."""
     rt.reconciles += 1
     obj = snapshot(body)
@@ -117,8 +128,6 @@ async def reconcile_task_app(rt: Runtime, body: Any, indexes: dict[str, Any], st
     desired = taskapp_status(owner, current, url, verification, utcnow())
     old = (get_condition(current, TASKAPP_VERIFIED) or {}).get("status")
     new_cond = get_condition(desired, TASKAPP_VERIFIED) or {}
-    if new_cond.get("status") != old:
-        state.last_phase = None
     await _patch(rt, owner, current, desired, old, new_cond)
     return wait
 

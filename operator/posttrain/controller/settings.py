@@ -117,6 +117,9 @@ class OperatorSettings(BaseSettings):
     resync_seconds: float = 60.0  # re-reconcile every job at least this often even without events
     # A job waiting in a Kueue queue reads its Workload this often (Kueue's admission is not watched).
     queue_poll_seconds: float = 2.0
+    # An admitted job in a Kueue queue reads its Workload this often: Kueue's preemption of it is acted on
+    # within that (its pods stop; the preempting job waits for the quota until then).
+    admitted_poll_seconds: float = 10.0
     # A status change that only rewords messages (pods ready so far) is written at most this often; the
     # phase, reasons and conditions' states are written at once. 30 s: a job that provisions within half a
     # minute (nearly all, on a cluster with room) is written twice, Provisioning and Running.
@@ -137,6 +140,10 @@ class OperatorSettings(BaseSettings):
     # A replacement trainer pod resumes from the latest one.
     checkpoint_every_rl: int = 10
     checkpoint_every_sft: int = 200
+    # A trainer pod that is deleted (Kueue preempts its job, a node drains) gets SIGTERM and this long to
+    # finish its step and save a checkpoint before SIGKILL (posttrain_trainer/preemption.py): its
+    # terminationGracePeriodSeconds. Set it above a step plus a checkpoint save of your largest model.
+    trainer_termination_grace_seconds: int = Field(300, ge=10)
     # Status messages say why pods are not running (unschedulable, image pull, crash, OOMKilled): the pods of
     # a job still Provisioning after stuck_seconds are listed on each of its passes. watch_pods keeps an
     # index of every job's pods instead (a watch event per pod change, for every job, stuck or not).

@@ -35,6 +35,10 @@ COND_COMPLETE = "Complete"
 COND_FAILED = "Failed"
 COND_READY = "Ready"
 COND_ADMITTED = "Admitted"  # Kueue admitted the job's Workload (only for a job with a queue)
+# Kueue preempted the job: True from its eviction until it is admitted again (reason Readmitted, False)
+COND_PREEMPTED = "Preempted"
+PREEMPTED = "Preempted"
+READMITTED = "Readmitted"
 TASKAPP_VERIFIED = "Verified"
 INVALID_SPEC = "InvalidSpec"
 CHILD_NOT_OWNED = "ChildNotOwned"  # an object under a child's name that the job does not own
@@ -87,7 +91,7 @@ class DeploymentObs:
     replicas: int = 0  # spec.replicas
     ready: int = 0  # status.readyReplicas
     problem: str = ""  # why pods are not being made: ReplicaFailure (quota, Pod Security), no progress
-    owner: str = ""  # the uid of the job that owns it (controller/reconcile.py observes only its own)
+    owner: str = ""  # the uid of the job that owns it (controller/apply.py observes only its own)
 
     @staticmethod
     def from_object(obj: dict[str, Any], role: str = "") -> DeploymentObs:
@@ -387,7 +391,7 @@ def derive_status(
         or _cannot_run(job, verification, invalid, start, now, conds)
         or (_Outcome(PENDING, *blocked) if blocked else None)
         or _finishing(job, status)
-        or _queued(admission, conds)
+        or _queued(admission, conds, status)
         or _from_children(expected, observed, conds)
     )
     _phase_conditions(conds, outcome)
@@ -472,14 +476,32 @@ def _finishing(job: Job, status: dict[str, Any]) -> _Outcome | None:
     return None
 
 
-def _queued(admission: Admission | None, conds: _Conditions) -> _Outcome | None:
-    """Queued (with Kueue's reason) until Kueue admits the job's Workload; the Admitted condition."""
+def _resumes_from(status: dict[str, Any]) -> str:
+    checkpoint = (status.get("progress") or {}).get("lastCheckpoint")
+    return f"the last checkpoint ({checkpoint})" if checkpoint else "the last checkpoint (none yet: from the start)"
+
+
+def _queued(admission: Admission | None, conds: _Conditions, status: dict[str, Any]) -> _Outcome | None:
+    """Queued (with Kueue's reason) until Kueue admits the job's Workload; the Admitted condition. A job
+    Kueue preempted is Queued with reason Preempted (condition Preempted True) until it is admitted again; its
+    trainer pods, made anew then, resume from the last checkpoint (the trainer saved one on SIGTERM)."""
     if admission is None:
         return None
     conds.set(COND_ADMITTED, "True" if admission.admitted else "False", admission.reason, admission.message)
+    was_preempted = (get_condition({"conditions": conds.items}, COND_PREEMPTED) or {}).get("status") == "True"
     if admission.admitted:
+        if was_preempted:
+            conds.set(COND_PREEMPTED, "False", READMITTED,
+                      f"admitted again by Kueue: the trainer resumes from {_resumes_from(status)}")  # fmt: skip
         return None
-    return _Outcome(QUEUED, admission.reason, admission.message)
+    if admission.reason == PREEMPTED:
+        conds.set(COND_PREEMPTED, "True", PREEMPTED, admission.message)
+        return _Outcome(QUEUED, PREEMPTED, f"{admission.message}; its pods stop (the trainer checkpoints "
+                        f"first) and, admitted again, it resumes from {_resumes_from(status)}")  # fmt: skip
+    if not was_preempted:
+        return _Outcome(QUEUED, admission.reason, admission.message)
+    return _Outcome(QUEUED, PREEMPTED, f"preempted by Kueue, waiting to be admitted again ({admission.message}); "
+                    f"then the trainer resumes from {_resumes_from(status)}")  # fmt: skip
 
 
 def _from_children(expected: Expected | None, observed: Observed, conds: _Conditions) -> _Outcome:

@@ -2,5 +2,6 @@
 
 traces.py (pure): a rollout response -> trace rows (prompt, completion, reward, per-step info), JSONL and
 SQLite writers. summary.py (pure): mean reward, pass@k, the table. collect.py: the concurrent /rollout calls
-with a progress bar. serving.py: the model behind an OpenAI-compatible URL (a local vLLM rollout server, or
---inference-url). cluster.py: the same evaluation as a Kubernetes Job."""
+with a progress bar. cluster.py: the same evaluation as a Kubernetes Job. The model behind an
+OpenAI-compatible URL (a vLLM rollout server started on this machine, or --inference-url) is the local
+backend's (posttrain/local/serving.py): this package imports no other engine (docs/architecture.md)."""

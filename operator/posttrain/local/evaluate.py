@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posttrain.evaluation.serving import materialize
-from posttrain.evaluation.serving import server_argv as _eval_server_argv
 from posttrain.local.models import resolve_model
 from posttrain.local.processes import ProcessSet, sigterm_as_keyboard_interrupt, wait_http
 from posttrain.local.runner import RUNS_DIR, _vllm_env
+from posttrain.local.serving import materialize
+from posttrain.local.serving import server_argv as _eval_server_argv
 from posttrain.local.taskapp import start_taskapp
 from posttrain.localhost import free_port
 from posttrain.taskapp_client import TaskAppClient, TaskAppError, rollout_request

@@ -603,7 +603,7 @@ def run_local(opts: LocalOptions) -> LocalResult:
 
 
 def _prefetch(s3: Any, model_path: str, cache: Path) -> None:
-    from posttrain_trainer import storage
+    from posttrain import storage
 
     previous = os.environ.get("POSTTRAIN_S3_CACHE")
     os.environ["POSTTRAIN_S3_CACHE"] = str(cache)
@@ -624,7 +624,7 @@ def _prefetch(s3: Any, model_path: str, cache: Path) -> None:
 
 
 def _check_source_exists(s3: Any, resolved: ResolvedModel) -> None:
-    from posttrain_trainer.storage import parse_s3_uri
+    from posttrain.storage import parse_s3_uri
 
     bucket, key = parse_s3_uri(resolved.model_path)
     found = any(True for _ in s3.client().list_objects(bucket, prefix=key, recursive=True))

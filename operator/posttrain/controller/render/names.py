@@ -14,8 +14,6 @@ ROLE_JUDGE = "judge"
 ROLE_CONFIG = "config"
 ROLE_TASK_APP = "task-app"
 ROLE_NETWORK = "network"
-# Operators before the job's Secret carried the rollout token kept it in a Secret of its own.
-ROLE_LEGACY_TOKEN = "rollout-token"
 SERVER_ROLES = (ROLE_ROLLOUT, ROLE_REFERENCE, ROLE_JUDGE)
 NAME_MAX = 63
 # Indexed Job pods are named (and hostnamed) <job>-<index>: keep room for the index.
@@ -52,11 +50,6 @@ def judge_name(job_name: str) -> str:
 def config_name(job_name: str) -> str:
     """The job's Secret: its job file, its TOML and (RLJob) its rollout token (render/jobfile.py)."""
     return child_name(job_name, ROLE_CONFIG)
-
-
-def legacy_token_name(job_name: str) -> str:
-    """Where an older operator kept an RLJob's rollout token (its own Secret, <job>-rollout-token)."""
-    return child_name(job_name, ROLE_LEGACY_TOKEN)
 
 
 def task_app_name(task_app_name: str) -> str:

@@ -6,16 +6,11 @@ drawn: an HMAC of the job's namespace, kind, name and uid under the operator's k
 so a Secret deleted or made again while the job runs holds the very token its running servers started
 with, and a trainer made again still matches them. Only the job's trainer can therefore swap the policy's weights
 or read its rollouts, also against other posttrain pods of the same namespace, which the namespace's
-NetworkPolicy lets in (render/network.py); a task app still calls the open /v1/chat/completions.
-
-An operator upgraded while an RLJob runs finds servers started by the older operator, which kept the token
-in a Secret of its own (<job>-rollout-token); the job's new Secret carries that token over
-(`carried_over_token`), so that a trainer or server made again by the new operator still matches them."""
+NetworkPolicy lets in (render/network.py); a task app still calls the open /v1/chat/completions."""
 
 from __future__ import annotations
 
 import base64
-import binascii
 import copy
 import hashlib
 import hmac
@@ -26,25 +21,6 @@ from posttrain.controller.render.names import config_name
 
 TOKEN_ENV = "POSTTRAIN_ROLLOUT_TOKEN"
 TOKEN_KEY = "token"
-TOKEN_MAX_BYTES = 512  # ours are 43 characters; a Secret's value is otherwise untrusted
-
-
-def carried_over_token(legacy_secret: dict[str, Any] | None, owner_uid: str) -> str | None:
-    """The token an older operator's <job>-rollout-token Secret holds, when that Secret is the job's own (the
-    older operator made it owned by the job: a Secret of that name planted by anyone else, or left by an
-    earlier job of the same name, is not used) and holds a usable token."""
-    legacy = legacy_secret or {}
-    owners = (legacy.get("metadata") or {}).get("ownerReferences") or []
-    if not owner_uid or not any(isinstance(ref, dict) and ref.get("uid") == owner_uid for ref in owners):
-        return None
-    encoded = (legacy.get("data") or {}).get(TOKEN_KEY)
-    if not isinstance(encoded, str) or len(encoded) > TOKEN_MAX_BYTES * 2:
-        return None
-    try:
-        token = base64.b64decode(encoded, validate=True).decode("ascii")
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-    return token if 0 < len(token) <= TOKEN_MAX_BYTES and token.isprintable() and " " not in token else None
 
 
 def derived_token(key: bytes, owner: Owner) -> str:

@@ -65,6 +65,13 @@ def task_app_key_env(task_app: TaskAppTarget | None) -> list[dict[str, Any]]:
     return [{"name": TASK_APP_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}]
 
 
+def shutdown_timeout_env(settings: OperatorSettings) -> dict[str, Any]:
+    """How long torchrun waits for its workers after SIGTERM (they checkpoint first: posttrain_trainer/
+    preemption.py): the pod's grace period less a margin, so the launcher still exits 75 itself."""
+    grace = settings.trainer_termination_grace_seconds
+    return {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(max(5, grace - max(5, grace // 10)))}
+
+
 def trainer_command(kind: str) -> list[str]:
     # torchrun, run in process by a launcher that turns a worker's configuration-error exit code into the
     # pod's exit code (torchrun alone exits 1 for every worker failure)
@@ -182,6 +189,7 @@ def trainer_pod(
     env += tracker_env(job, settings)
     if settings.trainer_metrics_port:
         env.append({"name": "POSTTRAIN_METRICS_PORT", "value": str(settings.trainer_metrics_port)})
+    env.append(shutdown_timeout_env(settings))
     vols, mounts = volumes(job, settings, dataset_volume)
     container = {
         "name": ROLE_TRAINER,
@@ -194,7 +202,10 @@ def trainer_pod(
         "volumeMounts": mounts,
         "workingDir": WORKDIR,
     }
-    pod: dict[str, Any] = {"restartPolicy": "Never"}
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": settings.trainer_termination_grace_seconds,
+    }
     if topo.nodes > 1:
         pod["subdomain"] = trainer_name(job.owner.name)  # pod 0's DNS name under the headless Service
     pod["serviceAccountName"] = trainer_service_account(job.owner, settings)

@@ -4,6 +4,8 @@
   it does not count against the backoff limit, and the replacement pod resumes from the last checkpoint.
 - A pod that exits with one of the trainer's configuration-error codes fails the Job at once: retrying the
   same job file cannot help.
+- A pod that exits 75 stopped for a SIGTERM after saving a checkpoint (its pod was deleted: preemption, a
+  drain): ignored too, its replacement resumes.
 - Any other failure is retried, `retries` times per node (a multi-node failure usually takes every node's
   pod down together).
 - A replacement pod is made only once the old one has fully terminated (podReplacementPolicy: Failed), so
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain.api.exitcodes import CONFIG_ERROR_EXIT_CODES
+from posttrain.api.exitcodes import CONFIG_ERROR_EXIT_CODES, EXIT_PREEMPTED
 
 
 def pod_failure_policy(container: str) -> dict[str, Any]:
@@ -29,6 +31,10 @@ def pod_failure_policy(container: str) -> dict[str, Any]:
                     "operator": "In",
                     "values": list(CONFIG_ERROR_EXIT_CODES),
                 },
+            },
+            {
+                "action": "Ignore",
+                "onExitCodes": {"containerName": container, "operator": "In", "values": [EXIT_PREEMPTED]},
             },
         ]
     }

@@ -8,8 +8,16 @@ together or not at all, and two half-admitted jobs can never wait for each other
 
 The children themselves carry no queue label (Kueue would make a second, partial Workload of the trainer
 Job). posttrain writes the Workload whole (Kueue's admission webhooks, which would default it, are not
-required: see posttrain.dev.kueue), and deletes it when the job ends or is suspended, which releases the
-quota. docs/how-to/gpu-scheduling.md."""
+required: see posttrain_dev.kueue), and deletes it when the job ends or is suspended, which releases the
+quota.
+
+Priority: the job's spec.scheduling.workloadPriorityClassName (a Kueue WorkloadPriorityClass), else its
+priorityClassName (a pod PriorityClass), as Kueue's own job integrations choose; the Workload carries the
+class and its value (Kueue's webhook, which would fill the value in, does not run: controller/gang.py reads
+the class). A ClusterQueue with preemption.withinClusterQueue LowerPriority then preempts a lower-priority
+job for a higher one: Kueue marks its Workload Evicted (reason Preempted), the job's pods are held again
+(the trainer checkpoints on SIGTERM) and it waits, Queued with reason Preempted, to be admitted anew.
+docs/how-to/gpu-scheduling.md."""
 
 from __future__ import annotations
 
@@ -61,13 +69,34 @@ def pod_sets(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def render_workload(owner: Owner, children: list[dict[str, Any]], queue: str) -> dict[str, Any]:
-    """The job's Workload in LocalQueue `queue`, owned by the job."""
+def priority_class(scheduling: Any) -> tuple[str, str, str] | None:
+    """(group, kind, name) of the class that sets the job's priority in Kueue, or None (priority 0)."""
+    if scheduling is None:
+        return None
+    if getattr(scheduling, "workload_priority_class_name", None):
+        return "kueue.x-k8s.io", "WorkloadPriorityClass", scheduling.workload_priority_class_name
+    if scheduling.priority_class_name:
+        return "scheduling.k8s.io", "PriorityClass", scheduling.priority_class_name
+    return None
+
+
+def render_workload(
+    owner: Owner,
+    children: list[dict[str, Any]],
+    queue: str,
+    priority: tuple[tuple[str, str, str], int] | None = None,
+) -> dict[str, Any]:
+    """The job's Workload in LocalQueue `queue`, owned by the job; `priority` is (its class, the value)."""
+    spec: dict[str, Any] = {"queueName": queue, "podSets": pod_sets(children)}
+    if priority is not None:
+        (group, kind, name), value = priority
+        spec["priorityClassRef"] = {"group": group, "kind": kind, "name": name}
+        spec["priority"] = int(value)
     return {
         "apiVersion": KUEUE_API,
         "kind": "Workload",
         "metadata": pods.child_meta(owner, workload_name(owner.name), ROLE_WORKLOAD),
-        "spec": {"queueName": queue, "podSets": pod_sets(children)},
+        "spec": spec,
     }
 
 
@@ -89,11 +118,16 @@ def admission(workload: dict[str, Any] | None) -> tuple[bool, str, str]:
     if workload is None:
         return False, "Queued", "waiting for the job's Kueue Workload to be created"
     conds = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
+    evicted = conds.get("Evicted") or {}
+    # An evicted Workload stays Admitted until its quota is released (posttrain deletes it): eviction first.
+    if evicted.get("status") == "True":
+        if evicted.get("reason") == "Preempted":  # Kueue's Preempted condition says by whom and why
+            preempted = conds.get("Preempted") or {}
+            why = preempted.get("message") or evicted.get("message") or "for a higher-priority workload"
+            return False, "Preempted", f"preempted by Kueue ({preempted.get('reason') or 'Preempted'}): {why}"
+        return False, "Evicted", f"evicted by Kueue ({evicted.get('reason')}): {evicted.get('message', '')}"
     if (conds.get("Admitted") or {}).get("status") == "True":
         return True, "Admitted", (conds["Admitted"].get("message") or "admitted by Kueue")
-    evicted = conds.get("Evicted") or {}
-    if evicted.get("status") == "True":
-        return False, "Evicted", f"evicted by Kueue ({evicted.get('reason')}): {evicted.get('message', '')}"
     reserved = conds.get("QuotaReserved") or {}
     queue = (workload.get("spec") or {}).get("queueName", "")
     message = reserved.get("message") or f"waiting in Kueue LocalQueue {queue}"

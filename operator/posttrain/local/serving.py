@@ -1,4 +1,4 @@
-"""The model an evaluation talks to: `--inference-url` (any OpenAI-compatible server: its model name is
+"""The model an evaluation (`posttrain eval`, the demo's) talks to: `--inference-url` (any OpenAI-compatible server: its model name is
 --model), or a vLLM rollout server started here on the model's weights (`python -m posttrain_rollout serve
 --role policy`, stopped at the end). --model is then
 

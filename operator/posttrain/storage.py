@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 
 from minio import Minio
 from minio.error import S3Error
+
 from posttrain.api.jobfile import StorageRef
 
 ACCESS_KEY_ENV = "S3_ACCESS_KEY_ID"

@@ -1,36 +1,48 @@
-"""The reconcile loop of one job: observe (the in-memory indexes of controller/child_watch.py and kopf),
-parse the job (controller.objects), verify its task app (RLJob), render (pure), apply what is missing or
-drifted (server-side apply), derive status (pure), patch what changed, post an Event per phase
-transition, and clean up when the job ends. Idempotent: running it twice, or after a restart, changes
-nothing that is already right.
+"""The reconcile loop of one RLJob or SFTJob: observe (the in-memory indexes of controller/child_watch.py
+and kopf, through controller/apply.py), parse the job (controller.objects), verify its task app (RLJob,
+controller/taskapp_resolve.py), render (pure), apply what is missing or drifted (server-side apply), derive
+status (pure), patch what changed, post an Event per phase transition, and clean up when the job ends.
+Idempotent: running it twice, or after a restart, changes nothing that is already right.
 
 A job always ends with a truthful status: a spec posttrain's models refuse, a spec that cannot be
 rendered, a child the API server refuses with 422, or a status the API server refuses with 422 ends the
 job Failed with reason InvalidSpec and a message naming the field, instead of a retry loop that never
-writes a phase. The task apps' loop is in controller/reconcile_taskapp.py; both share the helpers here."""
+writes a phase. The TaskApp's loop is controller/reconcile_taskapp.py."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import kopf
 
-from posttrain.api.resources import API_VERSION, LABEL_USE, USE_TASK_APP_KEY
 from posttrain.controller import gang, render
+from posttrain.controller.apply import (
+    KIND_LABELS,
+    Applied,
+    ChildRefused,
+    NotOwned,
+    create_owned,
+    ensure_children,
+    key_of,
+    namespace_objects_seen,
+    observe,
+    snapshot,
+    utcnow,
+    with_applied,
+)
 from posttrain.controller.bounds import bound_status, event_message
-from posttrain.controller.kube import KubeError, collection_path, object_path, path_of
-from posttrain.controller.objects import Job, Owner, TaskAppObject, owner_of, parse_job
+from posttrain.controller.kube import KubeError, collection_path, object_path
+from posttrain.controller.objects import Job, Owner, owner_of, parse_job
 from posttrain.controller.render.model import bucket, check_model_access
-from posttrain.controller.render.names import SERVER_ROLES, child_name, legacy_token_name
-from posttrain.controller.render.taskapp import TaskAppTarget, task_app_target
-from posttrain.controller.render.token import carried_over_token, derived_token, with_token
+from posttrain.controller.render.names import SERVER_ROLES, child_name
+from posttrain.controller.render.taskapp import TaskAppTarget
+from posttrain.controller.render.token import derived_token, with_token
 from posttrain.controller.render.workload import held
-from posttrain.controller.runtime import Key, Runtime, namespace_objects_key
+from posttrain.controller.runtime import Runtime
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
 from posttrain.controller.spec_errors import SpecError, render_failure_message, unprocessable_message
 from posttrain.controller.status import (
@@ -39,16 +51,15 @@ from posttrain.controller.status import (
     FAILED,
     INVALID_SPEC,
     PENDING,
+    PREEMPTED,
     PROVISIONING,
     SUCCEEDED,
     SUSPENDED,
     TERMINAL,
     VERIFYING,
-    DeploymentObs,
     Expected,
     Observed,
     PodObs,
-    TrainerObs,
     Verification,
     derive_status,
     get_condition,
@@ -57,56 +68,38 @@ from posttrain.controller.status import (
     status_patch,
     status_write_needed,
 )
-from posttrain.controller.taskapp_index import TASKAPP_INDEX, TaskAppView, trusts_the_apps_check
+from posttrain.controller.taskapp_resolve import check_job_task_app, resolve_task_app
 from posttrain.controller.tenancy import reach_refusal
-from posttrain.controller.verify import (
-    INVALID_SPEC as TASKAPP_INVALID,
-)
-from posttrain.controller.verify import (
-    SECRET_MISSING,
-    SECRET_NOT_LABELLED,
-    TASKAPP_MISSING,
-    Attempt,
-    VerifyPolicy,
-    verify_with_retries,
-)
+from posttrain.controller.verify import verify_with_retries
 
 logger = logging.getLogger(__name__)
-KIND_LABELS = {"RLJob": "rljob", "SFTJob": "sftjob", "TaskApp": "taskapp"}
 # Events are for people to look at: a job paused or ended. The way there (Pending, Verifying,
 # Provisioning, Running) is in its status; a Running job is the normal case, not news.
 EVENT_PHASES = {SUSPENDED, SUCCEEDED, FAILED}
-APPLY_GRACE = 15.0  # seconds to wait for our own apply to show up in the watch before re-applying
 SECRET_CHECK_SECONDS = 60.0  # how often a job stuck Provisioning looks whether its Secret is still there
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 @dataclass
-class LoopState:
-    """Per-object memory of one reconcile loop (lost on restart, which is fine: it only saves API calls)."""
+class JobState:
+    """Per-job memory of one reconcile loop (lost on restart, which is fine: it only saves API calls)."""
 
-    applied: dict[tuple[str, str], tuple[dict[str, Any], float]] = field(default_factory=dict)
+    applied: Applied = field(default_factory=dict)
+    spec: tuple[tuple[str, Any], Any] | None = None  # ((uid, generation), the parsed spec)
+    # the task app, verified once
+    verification: Verification | None = None
+    target: TaskAppTarget | None = None
+    plan: Plan | None = None  # the children rendered for one (uid, generation, task app)
+    invalid: str | None = None  # why the spec cannot be acted on (sticky: a spec does not change)
+    conflict: str | None = None  # an object under a child's name the job does not own (NotOwned)
+    secret_ensured: bool = False  # the job's Secret was created (or found) by this loop
+    secret_checked: float = 0.0  # monotonic time a stuck job last looked for its Secret
+    provisioning_since: float | None = None  # wall-clock time the job was first seen Provisioning
+    # its status writes
     written: dict[str, Any] = field(default_factory=dict)  # status fields this loop wrote (newer than a lagging watch)
     last_write: float = 0.0  # monotonic time of the last status write
     deferred: bool = False  # a message-only status change waits for the next pass
     last_phase: str | None = None
-    verification: Verification | None = None
-    verify_started: float | None = None
-    verified_before: bool = False
-    delays: Any = None
-    target: Any = None
-    generation: Any = None
-    pruned: set[str] = field(default_factory=set)
-    invalid: str | None = None  # why the spec cannot be acted on (sticky: a spec does not change)
-    secret_ensured: bool = False  # the job's Secret was created (or found) by this loop
-    secret_checked: float = 0.0  # monotonic time a stuck job last looked for its Secret
-    spec: tuple[tuple[str, Any], Any] | None = None  # ((uid, generation), the parsed spec)
-    provisioning_since: float | None = None  # monotonic time the job was first seen Provisioning
-    plan: Plan | None = None  # the children rendered for one (uid, generation, task app)
-    conflict: str | None = None  # an object under a child's name the job does not own (NotOwned)
+    pruned: set[str] = field(default_factory=set)  # status fields the CRD's schema prunes: never written again
 
 
 @dataclass(frozen=True)
@@ -117,84 +110,6 @@ class Plan:
     key: tuple[str, Any, Any]
     rendered: render.Rendered
     expected: Expected
-
-
-class ChildRefused(Exception):
-    """The API server refused a rendered child with 422: the spec holds a value it cannot take."""
-
-    def __init__(self, kind: str, name: str, error: KubeError):
-        super().__init__(f"{kind} {name}: {error}")
-        self.message = unprocessable_message(f"{kind} {name}", error.details, str(error)[:200])
-
-
-class NotOwned(Exception):
-    """An object under a child's name that the job does not own (made before the job by someone else, or
-    left by an earlier job of the same name): the operator never adopts it; the job fails naming it."""
-
-    def __init__(self, kind: str, name: str, owners: list[str]):
-        held = "owned by another object" if owners else "owned by nothing"
-        self.message = (
-            f"{kind} {name} exists and is not this job's ({held}); the operator does not take over objects "
-            f"it did not make: delete {kind} {name} or give the job another name"
-        )
-        super().__init__(self.message)
-
-
-async def create_owned(rt: Runtime, child: dict[str, Any]) -> bool:
-    """Create `child`; when an object of that name exists (409), it must be owned by the child's job
-    (ownerReferences' uid), else NotOwned. True when this call made it."""
-    if await rt.kube.create(child):
-        return True
-    path = path_of(child)
-    owners = await rt.kube.owners(path)
-    uid = child["metadata"]["ownerReferences"][0]["uid"]
-    if owners is not None and uid not in owners:
-        raise NotOwned(child["kind"], child["metadata"]["name"], owners)
-    return False
-
-
-def snapshot(body: Any) -> dict[str, Any]:
-    """The object as one pass reads it: the watch's body is replaced, never changed, by the next event,
-    so only the parts a pass changes (its status) are copied."""
-    obj = dict(body)
-    obj["status"] = copy.deepcopy(obj.get("status") or {})
-    obj.setdefault("apiVersion", API_VERSION)
-    return obj
-
-
-def key_of(owner: Owner) -> Key:
-    return (owner.namespace, KIND_LABELS[owner.kind], owner.name)
-
-
-IDENTITY_INDEXES = ("posttrain_serviceaccounts", "posttrain_roles", "posttrain_rolebindings")
-NAMESPACE_INDEXES = ("posttrain_networkpolicies", *IDENTITY_INDEXES)
-
-
-def namespace_objects_seen(owner: Owner, indexes: dict[str, Any]) -> set[str]:
-    """The namespace's own objects (NetworkPolicy, trainer identity) as the operator's watches hold them
-    ("Kind/name")."""
-    key = namespace_objects_key(owner.namespace)
-    return {name for index in NAMESPACE_INDEXES for name in indexes.get(index, {}).get(key, [])}
-
-
-def observe(key: Key, indexes: dict[str, Any], uid: str = "") -> Observed:
-    """The job's children as the indexes hold them; with `uid`, only those the job itself owns (an
-    earlier job of the same name, or anyone else, may have left objects under the same names)."""
-    observed = Observed()
-    for obs in indexes.get("posttrain_deployments", {}).get(key, []):
-        if isinstance(obs, DeploymentObs) and not (uid and obs.owner and obs.owner != uid):
-            observed.deployments[obs.name] = obs
-    for obs in indexes.get("posttrain_jobs", {}).get(key, []):
-        if isinstance(obs, TrainerObs) and not (uid and obs.owner and obs.owner != uid):
-            observed.trainer = obs
-    for name in indexes.get("posttrain_services", {}).get(key, []):
-        observed.others.add(f"Service/{name}")
-    # The per-job trainer identity gates nothing, but must be seen: a child that is never observed would be
-    # applied again on every pass.
-    for index in IDENTITY_INDEXES:
-        observed.others.update(indexes.get(index, {}).get(key, []))
-    observed.pods = [p for p in indexes.get("posttrain_pods", {}).get(key, []) if isinstance(p, PodObs)]
-    return observed
 
 
 def expected_of(rendered: render.Rendered) -> Expected:
@@ -224,69 +139,8 @@ def expected_of(rendered: render.Rendered) -> Expected:
     )
 
 
-def _observed_state(child: dict[str, Any], observed: Observed) -> dict[str, Any] | None:
-    name = child["metadata"]["name"]
-    kind = child["kind"]
-    if kind == "Deployment":
-        dep = observed.deployments.get(name)
-        return None if dep is None else {"replicas": dep.replicas}
-    if kind == "Job":
-        tr = observed.trainer
-        if tr is None or tr.name != name:
-            return None
-        return {"suspend": tr.suspended} if "suspend" in child["spec"] else {}
-    return {} if f"{kind}/{name}" in observed.others else None
-
-
-def with_applied(observed: Observed, children: list[dict[str, Any]]) -> Observed:
-    """What the watches will show once they catch up: the children this pass applied exist (none of their
-    pods is ready yet). Counting them at once saves a status write that would say they are missing."""
-    out = Observed(dict(observed.deployments), observed.trainer, set(observed.others), list(observed.pods))
-    for child in children:
-        name, kind = child["metadata"]["name"], child["kind"]
-        if kind == "Deployment" and name not in out.deployments:
-            role = child["metadata"]["labels"].get(LABEL_ROLE, "")
-            out.deployments[name] = DeploymentObs(name, role, replicas=child["spec"]["replicas"])
-        elif kind == "Job" and (out.trainer is None or out.trainer.name != name):
-            spec = child["spec"]
-            out.trainer = TrainerObs(name, completions=spec.get("completions") or 1, suspended=bool(spec.get("suspend")))
-        elif kind not in ("Deployment", "Job"):
-            out.others.add(f"{kind}/{name}")
-    return out
-
-
-async def ensure_children(
-    rt: Runtime, children: list[dict[str, Any]], observed: Observed, state: LoopState
-) -> int:
-    """Server-side apply each child that is absent (made again when someone deleted it) or whose
-    replicas/suspend drifted. Returns how many. A 422 on a child raises ChildRefused."""
-    now = time.monotonic()
-    applied = 0
-    for child in children:
-        ident = (child["kind"], child["metadata"]["name"])
-        want = render.desired_state(child)
-        have = _observed_state(child, observed)
-        recent = state.applied.get(ident)
-        if have == want:
-            continue
-        if recent and recent[0] == want and now - recent[1] < APPLY_GRACE:
-            continue  # we applied it a moment ago; the watch has not caught up yet
-        try:
-            # An absent child is created, not applied: a server-side apply would take over an object of
-            # the same name that someone else made (create_owned refuses it).
-            if have is not None or not await create_owned(rt, child):
-                await rt.kube.apply(child)
-        except KubeError as err:
-            if err.status == 422:
-                raise ChildRefused(*ident, err) from err
-            raise
-        state.applied[ident] = (want, now)
-        applied += 1
-    return applied
-
-
 async def ensure_job_secret(
-    rt: Runtime, owner: Owner, rendered: render.Rendered, observed: Observed, state: LoopState, stuck: bool
+    rt: Runtime, owner: Owner, rendered: render.Rendered, observed: Observed, state: JobState, stuck: bool
 ) -> None:
     """The job's Secret (job file, TOML, an RLJob's rollout token): created once per loop (a 409 means it
     exists; the operator never reads it back: it may not list or watch Secrets), and again when a pod
@@ -304,29 +158,13 @@ async def ensure_job_secret(
             return
     secret = rendered.secret
     if rendered.rollout_token:
-        token = await older_operators_token(rt, rendered, observed)
-        secret = with_token(secret, token or derived_token(rt.token_key, owner))
+        secret = with_token(secret, derived_token(rt.token_key, owner))
     await create_owned(rt, secret)
     state.secret_ensured = True
 
 
-async def older_operators_token(rt: Runtime, rendered: render.Rendered, observed: Observed) -> str | None:
-    """The rollout token of a job an older operator started (render/token.py: only from a Secret owned by
-    this job), read only when the job already has children: a new job costs no extra request."""
-    if not observed.deployments and observed.trainer is None:
-        return None
-    meta = rendered.secret["metadata"]
-    owner_name = meta["labels"][LABEL_JOB]
-    try:
-        legacy = await rt.kube.get(object_path("v1", "Secret", meta["namespace"], legacy_token_name(owner_name)))
-    except KubeError as err:  # no `get` on Secrets here: a fresh token, as before
-        logger.warning("rollout token of %s from an older operator not read: HTTP %s", owner_name, err.status)
-        return None
-    return carried_over_token(legacy, meta["ownerReferences"][0]["uid"])
-
-
 async def patch_status(
-    rt: Runtime, owner: Owner, current: dict[str, Any], desired: dict[str, Any], state: LoopState
+    rt: Runtime, owner: Owner, current: dict[str, Any], desired: dict[str, Any], state: JobState
 ) -> bool:
     """Merge-patch the owned status fields that changed, every string within the CRD's limits; `current`
     (the status this pass started from) is updated to what was written. A 422 (a value the status schema
@@ -359,12 +197,15 @@ async def patch_status(
                 state.pruned.add(key)
                 logger.warning("status.%s is pruned by the CRD schema of %s; not writing it again", key, owner.kind)
     old = state.last_phase or current.get("phase") or PENDING
+    old_reason = current.get("reason")
     # Keep the snapshot in line so a second derivation in the same pass starts from what we wrote.
     current.update(patch)
     new = desired.get("phase")
     if new and new != old and new in EVENT_PHASES:
         etype = "Warning" if new == FAILED else "Normal"
         kopf.event(owner.reference(), type=etype, reason=new, message=event_message(desired.get("message")))
+    if desired.get("reason") == PREEMPTED and old_reason != PREEMPTED:  # Kueue preempted it (gang.py)
+        kopf.event(owner.reference(), type="Warning", reason=PREEMPTED, message=event_message(desired.get("message")))
     if new:
         state.last_phase = new
     return True
@@ -398,101 +239,8 @@ def invalid_spec_status(owner: Owner, current: dict[str, Any], message: str) -> 
     }
 
 
-# ------------------------------------------------------------------------------------------- task apps
-def not_labelled(secret: str) -> Attempt:
-    return Attempt(False, SECRET_NOT_LABELLED, f"Secret {secret} is not labelled {LABEL_USE}={USE_TASK_APP_KEY}: "
-                   "label it to let the operator give its key to the task app")  # fmt: skip
-
-
-async def unlabelled_secret(rt: Runtime, namespace: str, names: list[str]) -> Attempt | None:
-    """The first of these Secrets that exists without the task-app label, as a failed check (from their
-    metadata alone): a TaskApp's pod gets no Secret its owner did not mark for task apps."""
-    for name in names:
-        labels = await rt.kube.secret_labels(namespace, name)
-        if labels is not None and labels.get(LABEL_USE) != USE_TASK_APP_KEY:
-            return not_labelled(name)
-    return None
-
-
-async def check_task_app(
-    rt: Runtime, namespace: str, url: str, secret_name: str | None, secret_key: str, policy: VerifyPolicy
-) -> Attempt:
-    """One check of a task app with the key from its Secret, through the shared check cache."""
-    key = version = None
-    secret = None
-    if secret_name:
-        found = await rt.secret_key(namespace, secret_name, secret_key)
-        if found.labels is not None and found.labels.get(LABEL_USE) != USE_TASK_APP_KEY:
-            return not_labelled(secret_name)  # its data was never read: it never leaves the cluster
-        if found.value is None:
-            return Attempt(False, SECRET_MISSING, f"Secret {secret_name} (key {secret_key}) not found")
-        key, version, secret = found.value, found.version, (namespace, secret_name, secret_key)
-    ttl = min(rt.settings.verify_cache_seconds, policy.period_seconds)
-    return await rt.check_task_app(
-        url,
-        key,
-        namespace=namespace,
-        secret=secret,
-        secret_version=version,
-        deadline=policy.request_timeout,
-        ttl=ttl,
-        failure_ttl=min(ttl, policy.backoff_initial),
-    )
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """An RLJob's task app: where it is (None when it cannot be found: `problem` says why), how to check
-    it, and how status messages name it."""
-
-    target: TaskAppTarget | None
-    policy: VerifyPolicy
-    display: str
-    problem: Attempt | None = None
-    trusted: bool = False  # a TaskApp the operator has verified itself: its jobs need no check of their own
-
-
-def indexed_task_app(indexes: dict[str, Any], namespace: str, name: str) -> TaskAppView | None:
-    """A TaskApp as the operator's index holds it (controller/handlers_taskapp.py); None when absent."""
-    index = indexes.get(TASKAPP_INDEX)
-    if index is None or (namespace, name) not in index:
-        return None
-    return next(iter(index[namespace, name]), None)
-
-
-async def resolve_task_app(rt: Runtime, job: Job, indexes: dict[str, Any]) -> Resolved:
-    ref = job.rl.task_app
-    policy = VerifyPolicy.from_settings(rt.settings)
-    app: TaskAppObject | None = None
-    if ref.name:
-        display = f"TaskApp {ref.name}"
-        view = indexed_task_app(indexes, job.owner.namespace, ref.name)
-        if view is None:
-            return Resolved(None, policy, display, Attempt(False, TASKAPP_MISSING, f"{display} not found"))
-        if view.app is None:
-            return Resolved(None, policy, display, Attempt(False, TASKAPP_INVALID, f"{display}: {view.error}"))
-        app = view.app
-        policy = VerifyPolicy.from_settings(rt.settings, app.spec.verification)
-    target = task_app_target(job.rl, app)
-    if target is None:
-        display = f"TaskApp {ref.name}" if ref.name else "task app"
-        return Resolved(
-            None, policy, display, Attempt(False, TASKAPP_MISSING, "no task app URL (spec.taskApp)")
-        )
-    return Resolved(target, policy, target.display, trusted=app is not None and trusts_the_apps_check(target, app))
-
-
-
-async def _attempt(rt: Runtime, job: Job, policy: VerifyPolicy, indexes: dict[str, Any]) -> Attempt:
-    resolved = await resolve_task_app(rt, job, indexes)
-    if resolved.target is None:
-        return resolved.problem or Attempt(False, TASKAPP_MISSING, "no task app")
-    target = resolved.target
-    return await check_task_app(rt, job.owner.namespace, target.url, target.secret_name, target.secret_key, policy)
-
-
 async def verify_job_task_app(
-    rt: Runtime, job: Job, state: LoopState, observed: Observed, indexes: dict[str, Any]
+    rt: Runtime, job: Job, state: JobState, observed: Observed, indexes: dict[str, Any]
 ) -> Verification:
     """Verified once per job: a True TaskAppVerified condition (e.g. after a restart) is trusted, and so is
     a TaskApp's own Verified condition (the TaskApp's loop checks it every periodSeconds). Otherwise the
@@ -522,7 +270,7 @@ async def verify_job_task_app(
         await patch_status(rt, job.owner, job.status, desired, state)
 
     result = await verify_with_retries(
-        lambda: _attempt(rt, job, resolved.policy, indexes),
+        lambda: check_job_task_app(rt, job, resolved.policy, indexes),
         resolved.policy,
         resolved.display,
         started=started,
@@ -560,7 +308,7 @@ async def finish_job(rt: Runtime, owner: Owner, observed: Observed, phase: str, 
 
 
 async def verified_target(
-    rt: Runtime, job: Job, state: LoopState, observed: Observed, indexes: dict[str, Any]
+    rt: Runtime, job: Job, state: JobState, observed: Observed, indexes: dict[str, Any]
 ) -> tuple[Verification | None, TaskAppTarget | None]:
     """An RLJob's task app, verified (once per loop; a suspended job is not checked until it resumes)."""
     if state.target is not None and state.verification is not None:
@@ -581,7 +329,7 @@ async def verified_target(
     return verification, target
 
 
-def planned(rt: Runtime, job: Job, target: TaskAppTarget | None, state: LoopState) -> Plan | None:
+def planned(rt: Runtime, job: Job, target: TaskAppTarget | None, state: JobState) -> Plan | None:
     """The job's children and what its status expects of them, rendered once per (uid, generation, task
     app); None (with state.invalid saying why, when the spec is to blame) when there is nothing to render."""
     if state.invalid is not None or (job.is_rl and target is None):
@@ -599,7 +347,7 @@ def planned(rt: Runtime, job: Job, target: TaskAppTarget | None, state: LoopStat
     return state.plan
 
 
-def stuck_for(state: LoopState, phase: str, now: float, status: dict[str, Any]) -> float:
+def stuck_for(state: JobState, phase: str, now: float, status: dict[str, Any]) -> float:
     """Seconds (wall clock) the job has been Provisioning, 0 when it is not. A job that was Provisioning
     before this loop started (a restarted operator) counts from its Ready condition's last transition."""
     if phase != PROVISIONING:
@@ -636,7 +384,7 @@ async def read_result(rt: Runtime, job: Job, observed: Observed) -> None:
         job.status["result"] = fresh["status"]["result"]
 
 
-def next_pass(rt: Runtime, job: Job, desired: dict[str, Any], now: datetime, state: LoopState) -> float:
+def next_pass(rt: Runtime, job: Job, desired: dict[str, Any], now: datetime, state: JobState) -> float:
     """Seconds to the next pass: the resync interval, sooner when activeDeadlineSeconds runs out or a
     message-only status change is waiting to be written."""
     wait = rt.settings.resync_seconds
@@ -654,7 +402,7 @@ def next_pass(rt: Runtime, job: Job, desired: dict[str, Any], now: datetime, sta
     return wait
 
 
-async def reconcile_invalid(rt: Runtime, obj: dict[str, Any], observed: Observed, state: LoopState, err: SpecError) -> None:
+async def reconcile_invalid(rt: Runtime, obj: dict[str, Any], observed: Observed, state: JobState, err: SpecError) -> None:
     """A job whose spec posttrain's models refuse: Failed with reason InvalidSpec, its servers freed."""
     owner = owner_of(obj)
     state.invalid = render_failure_message(err)
@@ -664,7 +412,7 @@ async def reconcile_invalid(rt: Runtime, obj: dict[str, Any], observed: Observed
     await finish_job(rt, owner, observed, FAILED)
 
 
-def parse_cached(obj: dict[str, Any], state: LoopState) -> Job:
+def parse_cached(obj: dict[str, Any], state: JobState) -> Job:
     """The job with its spec parsed once per (uid, generation): a spec does not change otherwise."""
     owner = owner_of(obj)
     key = (owner.uid, owner.generation)
@@ -675,7 +423,7 @@ def parse_cached(obj: dict[str, Any], state: LoopState) -> Job:
     return Job(owner=owner, spec=state.spec[1], status=status)
 
 
-async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: LoopState) -> float | None:
+async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: JobState) -> float | None:
     """One pass. Returns the seconds until the next pass is due, or None when the job is finished."""
     rt.reconciles += 1
     obj = snapshot(body)
@@ -722,7 +470,7 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
             children = plan.rendered.children
             if admission is not None and not admission.admitted:
                 children = held(children)  # not admitted (yet, or any more): no pods
-            if await ensure_children(rt, children, observed, state):
+            if await ensure_children(rt, children, observed, state.applied):
                 desired = derive(with_applied(observed, children))
         except ChildRefused as refused:
             state.invalid = refused.message
@@ -745,14 +493,9 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
         await finish_job(rt, owner, observed, phase, queued)
         return None
     wait = next_pass(rt, job, desired, now, state)
-    if admission is not None and not admission.admitted:
-        wait = min(wait, rt.settings.queue_poll_seconds)  # Kueue's admission sends no event here
+    if admission is not None:  # Kueue's admission (and preemption) sends no event here
+        wait = min(wait, rt.settings.admitted_poll_seconds if admission.admitted else rt.settings.queue_poll_seconds)
     return wait
 
 
-__all__ = [
-    "LoopState",
-    "reconcile_job",
-    "SUCCEEDED",
-    "VERIFYING",
-]
+__all__ = ["JobState", "reconcile_job", "SUCCEEDED", "VERIFYING"]

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-
 from posttrain.localhost import free_port, signalable, stop_group, stop_pids
 
 NODE_NAME = "posttrain-node"
@@ -128,10 +127,20 @@ def missing_prerequisites(bin_dir: Path) -> list[str]:
 
 
 def containerd_config(
-    *, root: Path, state: Path, socket_path: Path, cni_conf_dir: Path, restrict_oom_score_adj: bool = False
+    *,
+    root: Path,
+    state: Path,
+    socket_path: Path,
+    cni_conf_dir: Path,
+    registry_hosts_dir: Path = STATE_DIR / "certs.d",
+    restrict_oom_score_adj: bool = False,
 ) -> str:
     """containerd 2.x configuration (version 3): the CRI plugin with runc (cgroupfs driver, as the kubelet),
     the CNI plugins from the Debian package, the locally built pause image as the pinned sandbox image.
+    registry_hosts_dir: containerd's per-registry hosts.toml folders (`make e2e` trusts its loopback
+    registry there, as a cluster admin does in /etc/containerd/certs.d); read at each pull, so a registry
+    may be added while the node runs. Unpacked layers leave the content store: the snapshots are what pods
+    run from, and the torch closure is then on disk once.
     restrict_oom_score_adj: where no process may lower its oom_score_adj (no CAP_SYS_RESOURCE), runc
     fails to start every pod sandbox (the kubelet asks -998 for it); containerd then clamps the value to its
     own instead."""
@@ -149,8 +158,11 @@ state = "{state}"
 
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
+  discard_unpacked_layers = true
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{PAUSE_IMAGE}"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{registry_hosts_dir}"
 
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = {restrict}
@@ -165,6 +177,21 @@ state = "{state}"
     bin_dirs = ["{CNI_BIN_DIR}"]
     conf_dir = "{cni_conf_dir}"
     max_conf_num = 1
+"""
+
+
+def registry_hosts_dir(state: Path = STATE_DIR) -> Path:
+    """containerd's config_path: <dir>/<host:port>/hosts.toml per registry (removed with the node's state)."""
+    return state / "certs.d"
+
+
+def registry_hosts_toml(address: str) -> str:
+    """hosts.toml for a registry on loopback without TLS (host:port), like Debian's docker-registry that
+    `make e2e` starts: pulls and resolves go to it over plain HTTP."""
+    return f"""server = "http://{address}"
+
+[host."http://{address}"]
+  capabilities = ["pull", "resolve"]
 """
 
 
@@ -507,6 +534,10 @@ class RealNode:
         return self.state / "containerd.sock"
 
     @property
+    def registry_hosts_dir(self) -> Path:
+        return registry_hosts_dir(self.state)
+
+    @property
     def kubelet_root(self) -> Path:
         return self.workdir / "kubelet"
 
@@ -612,6 +643,7 @@ class RealNode:
                 state=self.state / "state",
                 socket_path=self.socket,
                 cni_conf_dir=self.workdir / "cni",
+                registry_hosts_dir=self.registry_hosts_dir,
                 restrict_oom_score_adj=not can_lower_oom_score(),
             )
         )

@@ -1,13 +1,13 @@
 """A real local Kubernetes control plane for tests and people: etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler and kwok with simulated GPU nodes, all on 127.0.0.1, built by hack/build-k8s.sh; with
-`real_node=True` (`up --real-node`) also a real kubelet node beside them (posttrain.dev.devnode), for which the
+`real_node=True` (`up --real-node`) also a real kubelet node beside them (posttrain_dev.devnode), for which the
 API server listens on the host's address instead, so that pods reach it.
 
     with DevCluster(Path(".cluster")) as cluster:      # tests
         cluster.kubeconfig                             # admin kubeconfig (system:masters)
 
-    python -m posttrain.dev.devcluster up --dir .cluster   # people: background, prints `export KUBECONFIG=...`
-    python -m posttrain.dev.devcluster down --dir .cluster
+    PYTHONPATH=hack python -m posttrain_dev.devcluster up --dir .cluster  # people (make cluster-up): background,
+    PYTHONPATH=hack python -m posttrain_dev.devcluster down --dir .cluster  # prints `export KUBECONFIG=...`
 
 Flags follow controller-runtime's envtest (certificates, service-account keys, RBAC) plus what envtest lacks
 and a job controller needs: garbage collection, the Job controller, the scheduler, and nodes (kwok).
@@ -38,13 +38,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
-
 from posttrain import reaper
 from posttrain.controller.gpu_types import DEFAULT_GPU_PRODUCTS, GFD_PRODUCT_LABEL
-from posttrain.dev import devnode, kueue
 from posttrain.localhost import free_port, signalable, stop_group, stop_pids
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+from posttrain_dev import devnode, kueue
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HACK = REPO_ROOT / "hack"  # this package's parent: a child process imports it from there too
 STAGES_FILE = REPO_ROOT / "hack" / "k8s" / "kwok-stages.yaml"
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -272,7 +273,7 @@ class DevCluster:
     log_to_files: bool = True
     admission_plugins: tuple[str, ...] = ADMISSION_PLUGINS
     real_node: bool = False
-    kueue: bool = False  # also run Kueue's manager (hack/build-kueue.sh; posttrain.dev.kueue)
+    kueue: bool = False  # also run Kueue's manager (hack/build-kueue.sh; posttrain_dev.kueue)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     ready_seconds: float = 0.0
@@ -751,16 +752,19 @@ def _up(args: argparse.Namespace) -> int:
     (workdir / READY_FILE).unlink(missing_ok=True)
     log_path = workdir.parent / f"{workdir.name}-harness.log"
     command = [
-        sys.executable, "-m", "posttrain.dev.devcluster", "serve", "--dir", str(workdir),
+        sys.executable, "-m", "posttrain_dev.devcluster", "serve", "--dir", str(workdir),
         "--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node),
     ]  # fmt: skip
     if args.real_node:
         command.append("--real-node")
     if args.kueue:
         command.append("--kueue")
+    # the harness imports this package as we do: hack/ on its import path (not installed anywhere)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HACK), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             command,
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -819,7 +823,7 @@ def _down(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m posttrain.dev.devcluster", description=__doc__.split("\n")[0]
+        prog="python -m posttrain_dev.devcluster", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="action", required=True)
     for name in ("up", "serve", "down"):
@@ -834,7 +838,7 @@ def main(argv: list[str] | None = None) -> int:
             "and `make node-bins`",
         )
         p.add_argument("--kueue", action="store_true",
-                       help="also run Kueue's manager (`make kueue-bins`); see posttrain.dev.kueue")  # fmt: skip
+                       help="also run Kueue's manager (`make kueue-bins`); see posttrain_dev.kueue")  # fmt: skip
     args = parser.parse_args(argv)
     return {"up": _up, "serve": _serve, "down": _down}[args.action](args)
 
