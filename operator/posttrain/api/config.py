@@ -378,7 +378,8 @@ def load_rl(raw: dict[str, Any]) -> tuple[RLConfig, list[str]]:
             problems.append(
                 Problem(
                     f"unsupported RL algorithm (type, method, variety) = {got}; posttrain runs "
-                    + " and ".join(m.title for m in settings.RL_ALGORITHMS.values()),
+                    + ", ".join(m.title for m in list(settings.RL_ALGORITHMS.values())[:-1])
+                    + f" and {list(settings.RL_ALGORITHMS.values())[-1].title}",
                     field="algorithm",
                     fix='use type = "online", method = "policy_gradient", variety = "gspo" (or variety = '
                     + ", ".join(f'"{v}" for {m.title}' for v, m in settings.RL_ALGORITHMS.items() if v != "gspo")
