@@ -147,7 +147,7 @@ def test_restem_is_an_rl_variety_and_converts_to_an_rljob():
     assert load(short)[1].algorithm.method == "restem"
     with pytest.raises(UserError) as err:
         load(text.replace('method = "restem"', 'method = "policy_gradient"'))
-    assert "GSPO and ReST-EM" in str(err.value)
+    assert "GSPO, ReST-EM and DAPO" in str(err.value)
 
 
 def test_model_override_follows_synth(tmp_path):
