@@ -306,7 +306,6 @@ def test_demo_reward_png_shows_the_held_out_points(tmp_path):
     curve, in their own colour: the PNG has that colour's pixels only when there are evaluations."""
     import numpy as np
     from matplotlib import colors, image
-
     from posttrain.local import demo_report
 
     detail, evaluations = _demo_job_rows()
