@@ -86,8 +86,9 @@ class VLLMServer:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # served as ours is (eager on a CPU backend: vllm_args.cpu_eager), so that decoding costs the same
         argv = vllm_args.vllm_argv(str(model), self.port, served_model_name="policy", max_model_len=512,
-                                   dtype=dtype)  # fmt: skip
+                                   dtype=dtype, eager=vllm_args.cpu_eager(vllm_args.is_cpu_backend()))  # fmt: skip
         workdir.mkdir(parents=True, exist_ok=True)
         shared = {**os.environ, "VLLM_CACHE_ROOT": str(REPO / ".runs" / "cache" / "vllm")}  # the demo's too
         env = vllm_args.vllm_env(shared, workdir, cpu=vllm_args.is_cpu_backend())
