@@ -324,3 +324,11 @@ def test_demo_reward_png_shows_the_held_out_points(tmp_path):
     without = demo_report.plot(progress, tmp_path / "b.png", "t")
     assert with_points.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert red_pixels(with_points) > 100 and red_pixels(without) == 0
+
+
+def test_demo_phase_table_of_a_run_that_stopped_after_the_base_evaluation():
+    from posttrain.local import demo_report
+
+    rows = dict(demo_report.phase_rows({}, {}, [], [{"event": "evaluation", "step": 0, "eval_seconds": 7.0}]))
+    assert rows["held-out evaluation, base model"] == 7.0
+    assert rows["held-out evaluation, final model"] is None

@@ -57,9 +57,12 @@ def phase_rows(
         rows.append(("SFT warm-up job", timings["sft_s"]))
     begin, ready = marks.get("vllm_begin"), marks.get("vllm_ready")
     first_seen, last_seen = marks.get("first_eval_seen"), marks.get("last_eval_seen")
-    evals = [_f(e.get("eval_seconds")) for e in evaluations]
-    before = evals[0] if len(evaluations) >= 2 else None
-    after = evals[-1] if evaluations else None
+    # by step: the base model's evaluation is at step 0, the final model's after the last iteration (a run
+    # that stopped early has only the first)
+    base = [e for e in evaluations if e.get("step") == 0]
+    final = [e for e in evaluations if e.get("step") != 0]
+    before = _f(base[0].get("eval_seconds")) if base else None
+    after = _f(final[-1].get("eval_seconds")) if final else None
     rows.append(("start-up: job (embedded S3, task app)", begin))
     rows.append(
         ("start-up: vLLM (policy rollout server)", ready - begin if None not in (begin, ready) else None)
@@ -163,6 +166,9 @@ def plot(
         for x, y in series["held_out"]:
             ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 8), ha="center",
                         color=HELD_OUT_COLOR, fontsize=8)  # fmt: skip
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration (0: the base model)")
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.1)
