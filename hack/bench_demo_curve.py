@@ -19,8 +19,14 @@ mean reward >= --target (training seconds: from the first rollout of iteration 1
 and evaluation), and held-out accuracy before and after. `uptime` is printed beside the timings (a shared
 machine inflates them).
 
+--runs N (default 3) repeats both, interleaved (reference, ours, reference, ours, ...), and prints the medians
+of iterations and training seconds to the target over the runs, and whether ours reaches it in fewer
+seconds and no more iterations (a run that never reaches the target counts as infinitely slow: the median
+is then "-" when most runs missed). One run each takes about 10-15 min on a quiet 2-core machine;
+--runs 1 for a quick look.
+
 Not a test: `make bench-demo` (or part of `make bench`);
-`.venv/bin/python hack/bench_demo_curve.py [--which both|reference|ours] [--iterations 20]`."""
+`.venv/bin/python hack/bench_demo_curve.py [--which both|reference|ours] [--iterations 20] [--runs 3]`."""
 
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,8 +86,9 @@ class VLLMServer:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # served as ours is (eager on a CPU backend: vllm_args.cpu_eager), so that decoding costs the same
         argv = vllm_args.vllm_argv(str(model), self.port, served_model_name="policy", max_model_len=512,
-                                   dtype=dtype)  # fmt: skip
+                                   dtype=dtype, eager=vllm_args.cpu_eager(vllm_args.is_cpu_backend()))  # fmt: skip
         workdir.mkdir(parents=True, exist_ok=True)
         shared = {**os.environ, "VLLM_CACHE_ROOT": str(REPO / ".runs" / "cache" / "vllm")}  # the demo's too
         env = vllm_args.vllm_env(shared, workdir, cpu=vllm_args.is_cpu_backend())
@@ -351,6 +359,47 @@ def summarize(name: str, result: dict[str, Any], target: float) -> dict[str, Any
     }
 
 
+def median_or_none(values: list[float | None]) -> float | None:
+    """The median over runs where a run that missed the target (None) ranks above every number; None when
+    the median itself falls on a miss."""
+    ranked = sorted(values, key=lambda v: (v is None, v if v is not None else 0.0))
+    if not ranked:
+        return None
+    n = len(ranked)
+    middle = ranked[(n - 1) // 2 : n // 2 + 1]
+    if any(v is None for v in middle):
+        return None
+    return statistics.fmean(middle)
+
+
+def verdict(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians per side over the runs, and whether ours reaches the target in fewer seconds and in no more
+    iterations than the reference."""
+    sides: dict[str, dict[str, Any]] = {}
+    for r in results:
+        side = sides.setdefault(r["name"], {"iterations": [], "seconds": [], "eval_after": []})
+        side["iterations"].append(r["iterations_to_target"])
+        side["seconds"].append(r["seconds_to_target"])
+        side["eval_after"].append(r["eval_after"])
+    out: dict[str, Any] = {}
+    for name, side in sides.items():
+        out[name] = {
+            "runs": len(side["iterations"]),
+            "median_iterations_to_target": median_or_none(side["iterations"]),
+            "median_seconds_to_target": median_or_none(side["seconds"]),
+            "median_eval_after": median_or_none(side["eval_after"]),
+            "iterations_to_target": side["iterations"],
+            "seconds_to_target": side["seconds"],
+        }
+    ref, ours_ = out.get("reference"), out.get("ours (posttrain)")
+    if ref and ours_:
+        ri, rs = ref["median_iterations_to_target"], ref["median_seconds_to_target"]
+        oi, os_ = ours_["median_iterations_to_target"], ours_["median_seconds_to_target"]
+        out["ours_fewer_seconds"] = os_ is not None and (rs is None or os_ < rs)
+        out["ours_no_more_iterations"] = oi is not None and (ri is None or oi <= ri)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -359,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=20,
                         help="iterations at most, for both (ours runs them all; the reference can stop at target)")
     parser.add_argument("--target", type=float, default=0.8)
+    parser.add_argument("--runs", type=int, default=3, help="runs of each side, interleaved (medians over them)")
     parser.add_argument("--stop-at-target", action="store_true", help="end the reference once it reaches it")
     parser.add_argument("--config", type=Path, default=DEMO_RL, help="our RL config (default: the demo's)")
     parser.add_argument("--runs-dir", type=Path, default=REPO / ".runs",
@@ -370,11 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     args.model_dir = modelzoo.convert_smollm2(REPO / ".models" / "smollm2-135m-instruct")
     print(f"machine: {hardware.probe().describe()}; {os.cpu_count()} cores; {uptime()}", flush=True)
     results = []
-    with tempfile.TemporaryDirectory(prefix="bench-demo-curve-") as tmp:
-        if args.which in ("both", "reference"):
-            results.append(summarize("reference", reference(args, Path(tmp) / "reference"), args.target))
-        if args.which in ("both", "ours"):
-            results.append(summarize("ours (posttrain)", ours(args), args.target))
+    for run in range(args.runs):
+        print(f"== run {run + 1} of {args.runs} ({uptime()})", flush=True)
+        with tempfile.TemporaryDirectory(prefix="bench-demo-curve-") as tmp:
+            if args.which in ("both", "reference"):
+                results.append(summarize("reference", reference(args, Path(tmp) / "reference"), args.target))
+            if args.which in ("both", "ours"):
+                results.append(summarize("ours (posttrain)", ours(args), args.target))
     print(f"\n== side by side ({hardware.probe().describe()}; {uptime()})")
     print(f"{'':18} {'iters to ' + str(args.target):>14} {'train s to it':>14} {'held-out before':>16} "
           f"{'after':>7} {'vLLM start s':>13} {'wall s':>8}")  # fmt: skip
@@ -389,9 +441,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'':18} mean_return: {', '.join(f'{v:.2f}' for v in r['mean_return'])}")
         if r["run_dir"]:
             print(f"{'':18} run folder: {r['run_dir']}")
+    medians = verdict(results)
+    print(f"\n== medians over {args.runs} run(s) each, target mean_return >= {args.target}")
+    for name, side in medians.items():
+        if isinstance(side, dict):
+            print(f"{name:18} iterations {side['median_iterations_to_target']} (runs: {side['iterations_to_target']}), "
+                  f"training s {side['median_seconds_to_target']} (runs: "
+                  f"{[round(s) if s is not None else None for s in side['seconds_to_target']]}), "
+                  f"held-out after {side['median_eval_after']}")  # fmt: skip
+    if "ours_fewer_seconds" in medians:
+        print(f"ours in fewer seconds: {medians['ours_fewer_seconds']}; "
+              f"in no more iterations: {medians['ours_no_more_iterations']}")
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps({"machine": hardware.probe().describe(), "uptime": uptime(),
-                                         "results": results}, indent=2))  # fmt: skip
+                                         "results": results, "medians": medians}, indent=2))  # fmt: skip
     print(f"written: {args.json_out}")
     return 0
 

@@ -48,7 +48,10 @@ def vllm_argv(
     max_loras: int | None = None,
     extra: list[str] | None = None,
     python: str = sys.executable,
+    eager: bool = False,
 ) -> list[str]:
+    """vLLM's command line. eager: --enforce-eager (no torch.compile) unless `extra` already says how to
+    compile (see cpu_eager)."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     argv += ["--host", "127.0.0.1", "--port", str(port)]
     if served_model_name:
@@ -80,8 +83,28 @@ def vllm_argv(
     if not any(arg.split("=")[0] == "--load-format" for arg in extra):
         # weights only from safetensors: vLLM's "auto" falls back to *.bin / *.pt, which are pickle
         argv += ["--load-format", "safetensors"]
+    if eager and not any(_is_compile_flag(arg) for arg in extra):
+        argv.append("--enforce-eager")
     argv += extra
     return argv
+
+
+# Flags by which a caller says how vLLM compiles (then vllm_argv adds no --enforce-eager of its own).
+COMPILE_FLAGS = ("--enforce-eager", "--no-enforce-eager", "--compilation-config", "-cc", "-O")
+
+
+def _is_compile_flag(arg: str) -> bool:
+    name = arg.split("=", 1)[0]
+    return name in COMPILE_FLAGS or name.startswith(("-O", "-cc."))
+
+
+def cpu_eager(cpu: bool) -> bool:
+    """Serve eagerly (--enforce-eager) on a CPU backend. vLLM's CPU default traces the model with dynamo and
+    compiles it with inductor (C++ through gcc) at start: on 2 cores that was 1.5-4.5 min of a cold start
+    (13.6 min under heavy load; 6.2 min eagerly beside it), while decoding eagerly costs ~15 % more CPU per
+    sampled token (docs/benchmarks.md, issue 29): a first run gains minutes, a warm-cache run loses ~40 s. On a GPU vLLM keeps its compile + CUDA graphs.
+    `--vllm-arg=--no-enforce-eager` (or a -O / --compilation-config flag) brings compilation back."""
+    return cpu
 
 
 def vllm_env(

@@ -1,6 +1,8 @@
 """vLLM's compile cache loads back: the rollout server started twice on the tiny model with one fresh
 VLLM_CACHE_ROOT compiles on the first start and, on the second, loads the compiled model from the cache
-(posttrain_rollout.vllm_plugins) instead of compiling again, and answers exactly as the first did."""
+(posttrain_rollout.vllm_plugins) instead of compiling again, and answers exactly as the first did. The
+rollout server serves eagerly on a CPU (vllm_args.cpu_eager): the test asks for compilation back
+(`--vllm-arg=--no-enforce-eager`), as a user who wants it would."""
 
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ def test_second_start_loads_the_compiled_model_from_the_cache(vllm_model_dir, tm
     answers, logs, startup = [], [], []
     for start in ("first", "second"):
         began = time.monotonic()
-        proc, server = start_rollout_server(vllm_model_dir, tmp_path / start)
+        proc, server = start_rollout_server(
+            vllm_model_dir, tmp_path / start, extra=["--vllm-arg=--no-enforce-eager"]
+        )
         startup.append(time.monotonic() - began)
         try:
             answers.append(greedy_token_ids(server))

@@ -187,7 +187,7 @@ def test_demo_task_and_held_out_seeds_are_fixed():
 
     config = tomllib.loads((demo.DEMO_DIR / "rl.toml").read_text())
     assert config["rollout"]["env_config"] == {"difficulty": "medium"}
-    assert config["rollout"]["policy_config"]["max_tokens"] == 48
+    assert config["rollout"]["policy_config"]["max_tokens"] == 32
     assert config["evaluation"]["seeds"] == list(range(1_000_000, 1_000_128))
     assert config["evaluation"].get("temperature", 0.0) == 0.0
     assert config["evaluation"]["every_n_iters"] > config["training"]["iterations_per_epoch"]
@@ -244,3 +244,91 @@ def test_a_lora_rl_policy_is_served_and_synced_in_float32_on_a_bf16_cpu(monkeypa
     line = _precision_line(lora)
     assert "compute bf16 autocast" in line and "weight sync float32, vLLM --dtype float32" in line
     assert "weight sync bfloat16, vLLM --dtype bfloat16" in _precision_line({"model": {"trainer_mode": "full"}})
+
+
+def _demo_job_rows() -> tuple[list[dict], list[dict]]:
+    detail = [{"step": 1, "rollout_seconds": 10.0, "update_seconds": 6.0, "weight_sync_seconds": 1.0,
+               "iteration_seconds": 17.5, "mean_return": 0.05, "mixed_groups": 3, "groups": 8},
+              {"step": 2, "rollout_seconds": 8.0, "update_seconds": 4.0, "weight_sync_seconds": 1.0,
+               "iteration_seconds": 13.5, "mean_return": 0.5, "mixed_groups": 6, "groups": 8}]  # fmt: skip
+    evaluations = [{"event": "evaluation", "step": 0, "eval_score": 0.086, "eval_seconds": 5.0},
+                   {"event": "evaluation", "step": 2, "eval_score": 0.891, "eval_seconds": 4.0}]  # fmt: skip
+    return detail, evaluations
+
+
+def test_demo_phase_table_splits_start_up_iterations_and_evaluations():
+    from posttrain.local import demo_report
+
+    marks: dict[str, float] = {}
+    lines = [(2.0, "  starting policy rollout server on 127.0.0.1:1 (log x)"),
+             (62.0, "  ready    policy rollout server http://127.0.0.1:1 (62 s)"),
+             (80.0, '  event {"event": "evaluation", "step": 0, "eval_score": 0.086}'),
+             (90.0, "  step 1/2"),
+             (115.0, '  event {"event": "evaluation", "step": 2, "eval_score": 0.891}')]  # fmt: skip
+    for at, line in lines:
+        demo_report.note_line(marks, line, at)
+    assert marks == {"vllm_begin": 2.0, "vllm_ready": 62.0, "first_eval_seen": 80.0, "last_eval_seen": 115.0}
+    detail, evaluations = _demo_job_rows()
+    timings = {"model_s": 30.0, "rl_s": 120.0}
+    rows = dict(demo_report.phase_rows(timings, marks, detail, evaluations))
+    assert rows == {
+        "start-up: model conversion (once per machine)": 30.0,
+        "start-up: job (embedded S3, task app)": 2.0,
+        "start-up: vLLM (policy rollout server)": 60.0,
+        "start-up: trainer (model load)": 13.0,  # the first evaluation line came 18 s after vLLM, 5 s of it eval
+        "held-out evaluation, base model": 5.0,
+        "iteration 1": 17.5,
+        "iteration 2": 13.5,
+        "held-out evaluation, final model": 4.0,
+        "final save and stop": 5.0,
+    }
+    table = demo_report.phase_table(timings, marks, detail, evaluations, total_s=152.0)
+    by_name = {line[2:50].strip(): line[50:].split() for line in table.splitlines()}
+    assert by_name["iteration 1"] == ["17.5", "10.0", "6.0", "1.0", "0.050", "3/8"]
+    assert by_name["start-up, in all"] == ["105.0"]  # 30 + 2 + 60 + 13
+    assert by_name["iterations (2), in all"] == ["31.0", "18.0", "10.0", "2.0"]
+    assert by_name["held-out evaluations, in all"] == ["9.0"]
+    assert by_name["total"] == ["152.0"]
+
+
+def test_demo_phase_table_marks_phases_it_did_not_see():
+    from posttrain.local import demo_report
+
+    table = demo_report.phase_table({"rl_s": 50.0}, {}, [], [], total_s=50.0)
+    by_name = {line[2:50].strip(): line[50:].split() for line in table.splitlines()}
+    assert by_name["start-up: vLLM (policy rollout server)"] == ["-"]
+    assert by_name["held-out evaluation, final model"] == ["-"]
+    assert by_name["total"] == ["50.0"]
+
+
+def test_demo_reward_png_shows_the_held_out_points(tmp_path):
+    """The held-out greedy points (base at iteration 0, final after the last) are drawn beside the training
+    curve, in their own colour: the PNG has that colour's pixels only when there are evaluations."""
+    import numpy as np
+    from matplotlib import colors, image
+    from posttrain.local import demo_report
+
+    detail, evaluations = _demo_job_rows()
+    progress = [{"step": 1, "meanReturn": 0.05}, {"step": 2, "meanReturn": 0.5}]
+    assert demo_report.curve_series(progress, evaluations) == {
+        "train": [(1.0, 0.05), (2.0, 0.5)],
+        "held_out": [(0.0, 0.086), (2.0, 0.891)],
+    }
+    red = np.array(colors.to_rgb(demo_report.HELD_OUT_COLOR))
+
+    def red_pixels(path):
+        pixels = image.imread(path)[..., :3]
+        return int((np.abs(pixels - red).max(axis=-1) < 0.02).sum())
+
+    with_points = demo_report.plot(progress, tmp_path / "a.png", "t", evaluations)
+    without = demo_report.plot(progress, tmp_path / "b.png", "t")
+    assert with_points.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert red_pixels(with_points) > 100 and red_pixels(without) == 0
+
+
+def test_demo_phase_table_of_a_run_that_stopped_after_the_base_evaluation():
+    from posttrain.local import demo_report
+
+    rows = dict(demo_report.phase_rows({}, {}, [], [{"event": "evaluation", "step": 0, "eval_seconds": 7.0}]))
+    assert rows["held-out evaluation, base model"] == 7.0
+    assert rows["held-out evaluation, final model"] is None

@@ -145,6 +145,18 @@ def test_thinking_mode_and_budget():
     assert apply_thinking({"max_tokens": 5}) == {"max_tokens": 5}
 
 
+def test_vllm_serves_eagerly_on_a_cpu_unless_told_how_to_compile():
+    """A cold torch.compile on a 2-core CPU costs minutes of start-up, decoding eagerly costs about nothing
+    (issue 29): eager on a CPU backend, vLLM's own compile on a GPU, and a caller's compile flag wins."""
+    assert vllm_args.cpu_eager(True) and not vllm_args.cpu_eager(False)
+    assert "--enforce-eager" in vllm_args.vllm_argv("/m", 1, eager=True)
+    assert "--enforce-eager" not in vllm_args.vllm_argv("/m", 1)
+    for flag in (["--no-enforce-eager"], ["-O3"], ["--compilation-config", "{}"], ["-cc.mode=3"]):
+        argv = vllm_args.vllm_argv("/m", 1, eager=True, extra=flag)
+        assert "--enforce-eager" not in argv and argv[-len(flag) :] == flag
+    assert vllm_args.vllm_argv("/m", 1, eager=True, extra=["--enforce-eager"]).count("--enforce-eager") == 1
+
+
 def test_vllm_argv_and_env(tmp_path):
     argv = vllm_args.vllm_argv(
         "/m",

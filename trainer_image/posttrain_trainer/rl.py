@@ -558,15 +558,19 @@ def _std(values: list[float]) -> float | None:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if mean is not None else None
 
 
-def evaluation_record(at: int, results: list[RolloutResult]) -> dict[str, Any]:
-    """The "evaluation" event and metrics line of one evaluation: mean reward of the rollouts that ran."""
+def evaluation_record(at: int, results: list[RolloutResult], seconds: float | None = None) -> dict[str, Any]:
+    """The "evaluation" event and metrics line of one evaluation: mean reward of the rollouts that ran, and
+    how long they took (the demo's phase table reads it)."""
     ok = [r.reward for r in results if r.ok]
-    return {
+    record = {
         "step": at,
         "eval_score": _mean(ok),
         "eval_rollouts": len(results),
         "eval_failed": len(results) - len(ok),
     }
+    if seconds is not None:
+        record["eval_seconds"] = round(seconds, 3)
+    return record
 
 
 def require_rollout_endpoints(job: JobFile, error: type[Exception], article_and_kind: str) -> None:
@@ -581,10 +585,11 @@ def run_evaluation(
     loop: RolloutLoop, client: RolloutClient, specs: list[Any], at: int, temperature: float
 ) -> dict[str, Any]:
     """Evaluation rollouts (mode eval, no tokens captured, the evaluation's temperature) -> their record."""
+    started = time.perf_counter()
     results = loop.collect(
         client, specs, mode="eval", want_tokens=False, policy_overrides={"temperature": temperature}
     )
-    return evaluation_record(at, results)
+    return evaluation_record(at, results, time.perf_counter() - started)
 
 
 def build_policy(

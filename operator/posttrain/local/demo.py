@@ -29,13 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from posttrain.local.demo_report import phase_table, plot
 from posttrain.local.models import REPO_ROOT
 
 DEMO_DIR = REPO_ROOT / "examples" / "demo"
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # What the summary keeps of each iteration's detail event.
-DETAIL_FIELDS = ("step", "mixed_groups", "train_sequences", "rollout_seconds", "update_seconds",
-                 "weight_sync_seconds", "iteration_seconds")  # fmt: skip
+DETAIL_FIELDS = ("step", "mean_return", "mixed_groups", "train_sequences", "truncated", "rollout_seconds",
+                 "update_seconds", "weight_sync_seconds", "iteration_seconds")  # fmt: skip
 
 
 def chained_config(rl_toml: Path, source: str, out: Path) -> Path:
@@ -49,13 +50,21 @@ def chained_config(rl_toml: Path, source: str, out: Path) -> Path:
     return out
 
 
-def train(kind: str, config: Path, runs_dir: Path, name: str, nproc: int, extra: list[str]) -> dict[str, Any]:
-    """Run `posttrain train --local` as a child (what a user types), streaming its lines; returns result.json."""
+def train(
+    kind: str, config: Path, runs_dir: Path, name: str, nproc: int, extra: list[str],
+    marks: dict[str, float] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Run `posttrain train --local` as a child (what a user types), streaming its lines; returns result.json.
+    marks: filled with when some of its lines arrived (demo_report.note_line), for the phase table."""
     argv = [sys.executable, "-m", "posttrain.cli", "train", "--local", "--type", kind, "--config", str(config),
             "--runs-dir", str(runs_dir), "--name", name, "--nproc-per-node", str(nproc), *extra]  # fmt: skip
     print(f"$ posttrain {' '.join(argv[3:])}", flush=True)
     fine_tuned = None
+    from posttrain.local.demo_report import note_line
     from posttrain.local.processes import die_with_parent, forwarding_signals
+
+    started = time.monotonic()
+    marks = {} if marks is None else marks
 
     # The job stops everything it started on SIGTERM; the parent-death signal delivers one when the demo
     # itself is killed outright (its own reaper covers the job being killed outright).
@@ -70,6 +79,7 @@ def train(kind: str, config: Path, runs_dir: Path, name: str, nproc: int, extra:
         with forwarding_signals(proc) as interrupted:
             for line in proc.stdout:
                 print(f"  | {line}", end="", flush=True)
+                note_line(marks, line, time.monotonic() - started)
                 if line.startswith("fine_tuned_model:"):
                     fine_tuned = line.split(":", 1)[1].strip()
                 match = re.search(r"run folder (\S+)", line)
@@ -113,27 +123,6 @@ def progress_of(run_dir: Path) -> list[dict[str, Any]]:
     return list(by_step.values())
 
 
-def plot(progress: list[dict[str, Any]], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [p.get("step", i + 1) for i, p in enumerate(progress)]
-    values = [p["meanReturn"] for p in progress]
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
-    ax.plot(steps, values, marker="o")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("mean_return (train rollouts)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m posttrain.local.demo", description=__doc__,
@@ -167,6 +156,7 @@ class Demo:
         self.nproc = args.nproc_per_node or trainer_processes()
         self.load_at_start = os.getloadavg()  # timings on a shared machine mean little without it
         self.timings: dict[str, float] = {}
+        self.marks: dict[str, float] = {}  # when the RL job's lines of interest arrived (demo_report)
         self.rl_toml: Path = args.config
         self.sft: dict[str, Any] | None = None
 
@@ -196,6 +186,11 @@ class Demo:
         summary = self.summary(rl, outcome, independent)
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print_summary(summary, independent, self.out_dir / "summary.json")
+        print(f"== where the time went ({summary['machine']}, {os.cpu_count()} cores; load average "
+              f"{summary['load_average']['start'][0]:.2f} at the start, {summary['load_average']['end'][0]:.2f} "
+              "at the end)", flush=True)  # fmt: skip
+        print(phase_table(self.timings, self.marks, outcome["detail"], outcome["evaluations"],
+                          summary["total_s"]), flush=True)  # fmt: skip
         eval_final = summary["eval_fine_tuned"]
         if eval_final is None or eval_final < self.args.min_accuracy:
             print(
@@ -231,7 +226,7 @@ class Demo:
               flush=True)  # fmt: skip
         extra = ["--model-path", str(self.args.model_path)] if self.args.model_path else []
         t0 = time.monotonic()
-        rl = train("rl", self.rl_toml, self.runs_dir, "demo-rl", self.nproc, extra)
+        rl = train("rl", self.rl_toml, self.runs_dir, "demo-rl", self.nproc, extra, self.marks)
         self.timed("rl_s", t0)
         return rl
 
@@ -253,16 +248,22 @@ class Demo:
         run_dir = Path(rl["run_dir"])
         progress = progress_of(run_dir)
         detail = iterations_of(run_dir)
+        returns_by_step = {p.get("step"): p.get("meanReturn") for p in progress}
+        for d in detail:
+            d.setdefault("mean_return", returns_by_step.get(d.get("step")))
         self.timings.update(_phase_seconds(run_dir, detail))
+        evaluations = evaluations_of(run_dir)
         curve = plot(
             progress,
             self.out_dir / "reward_curve.png",
             f"GSPO on the math task app\n{rl['fine_tuned_model']}",
+            evaluations,
+            f"held-out greedy accuracy ({_eval_seeds_text(self.rl_toml)})",
         )
         returns = [p["meanReturn"] for p in progress]
         print(f"reward curve: {curve}", flush=True)
         print("mean_return per iteration: " + ", ".join(f"{r:.2f}" for r in returns), flush=True)
-        return {"detail": detail, "returns": returns, "evaluations": evaluations_of(run_dir), "curve": curve}
+        return {"detail": detail, "returns": returns, "evaluations": evaluations, "curve": curve}
 
     def summary(
         self, rl: dict[str, Any], outcome: dict[str, Any], independent: dict[str, float]
@@ -284,6 +285,8 @@ class Demo:
             "mean_return_last": returns[-1] if returns else None,
             "mean_return": returns,
             "iterations": [{k: d.get(k) for k in DETAIL_FIELDS} for d in outcome["detail"]],
+            "marks": self.marks,
+            "eval_seconds": [e.get("eval_seconds") for e in evaluations],
             "eval_seeds": _eval_seeds_text(self.rl_toml),
             "eval_base": evaluations[0]["eval_score"] if len(evaluations) >= 2 else None,
             "eval_fine_tuned": evaluations[-1]["eval_score"] if evaluations else None,
