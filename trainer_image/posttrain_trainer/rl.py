@@ -57,7 +57,8 @@ from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
 
 from posttrain_trainer import distributed as D
-from posttrain_trainer import gspo, offpolicy, rl_vision, step_rewards
+from posttrain_trainer import gspo, offpolicy, rl_vision, step_rewards, traces
+from posttrain_trainer import storage as s3
 from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.modeling import train_without_dropout
 from posttrain_trainer.report import Reporter
@@ -532,12 +533,20 @@ def require_rollout_endpoints(job: JobFile, error: type[Exception], article_and_
 
 
 def run_evaluation(
-    loop: RolloutLoop, client: RolloutClient, specs: list[Any], at: int, temperature: float
+    loop: RolloutLoop,
+    client: RolloutClient,
+    specs: list[Any],
+    at: int,
+    temperature: float,
+    on_results: Any = None,
 ) -> dict[str, Any]:
-    """Evaluation rollouts (mode eval, no tokens captured, the evaluation's temperature) -> their record."""
+    """Evaluation rollouts (mode eval, no tokens trained, the evaluation's temperature) -> their record;
+    `on_results(results)` sees them first (the trace store)."""
     results = loop.collect(
         client, specs, mode="eval", want_tokens=False, policy_overrides={"temperature": temperature}
     )
+    if on_results is not None:
+        on_results(results)
     return evaluation_record(at, results)
 
 
@@ -651,6 +660,7 @@ class RLRun:
         self.synced_at = 0  # the policy servers hold the weights of this iteration
         self.last_eval: float | None = None
         self.run_tag = run_tag(job.job.name, job.job.uid)
+        self.trace_store: traces.TraceStore | None = None  # rank 0, opened by trace()
 
     @property
     def total(self) -> int:
@@ -760,6 +770,7 @@ class RLRun:
             "iteration", **{k: record.get(k) for k in ITERATION_EVENT_FIELDS}, groups=stats["groups"]
         )
         self.checkpoint()
+        self.upload_traces()
         self.reporter.progress(
             step=self.iteration,
             total=self.total,
@@ -786,6 +797,7 @@ class RLRun:
                 self.run_tag, self.iteration, seeds, self.cfg.group_size, self.job.endpoints.policy
             )
             results = self.loop.collect(self.rollouts, specs)
+            self.trace(results, "train", self.iteration)
             try:
                 payload = self.score(results, started)
             except RolloutBudgetExceeded as err:
@@ -834,6 +846,36 @@ class RLRun:
             stats.pop("judge_failed")
         return {"seqs": seqs, "stats": stats}
 
+    def trace(self, results: list[RolloutResult], kind: str, iteration: int) -> None:
+        """Rank 0: the rollouts into the job's trace store (traces.py), opened on first use; a restarted
+        trainer continues the store the job uploaded before."""
+        if not D.is_main():
+            return
+        if self.trace_store is None:
+            path = self.workdir / traces.FILE_NAME
+            if self.job.storage is not None and not path.exists():
+                key = self.job.storage.prefix + traces.FILE_NAME
+                client = self.store.client or s3.client_from_env(self.job.storage)
+                if s3.exists(client, self.job.storage.bucket, key):
+                    s3.download_file(client, s3.s3_uri(self.job.storage.bucket, key), path)
+            self.trace_store = traces.TraceStore(path)
+        name = f"{self.job.job.namespace}/{self.job.job.name}"
+        stamp = traces.now()
+        self.trace_store.add(
+            traces.episode_row(r, job=name, kind=kind, iteration=iteration, model=self.job.base_model,
+                               created_at=stamp)
+            for r in results
+        )  # fmt: skip
+
+    def upload_traces(self) -> None:
+        """Rank 0: the trace store to `<job prefix>traces.sqlite` (a job with storage), during the run."""
+        if not D.is_main() or self.trace_store is None or self.job.storage is None:
+            return
+        client = self.store.client or s3.client_from_env(self.job.storage)
+        s3.upload_file(
+            client, self.trace_store.path, self.job.storage.bucket, self.job.storage.prefix + traces.FILE_NAME
+        )
+
     def sync(self, version: int) -> dict[str, Any]:
         """Push the weights to the rollout servers (collective); returns rank 0's sync metrics."""
         out: dict[str, Any] = {}
@@ -866,7 +908,15 @@ class RLRun:
             if len(set(seeds)) < len(seeds):  # repeated seeds (sampled eval): keep the cids unique
                 for n, spec in enumerate(specs):
                     spec.cid = f"{spec.cid}-{n}"
-            line = run_evaluation(self.loop, self.rollouts, specs, at, cfg.eval_temperature)
+            line = run_evaluation(
+                self.loop,
+                self.rollouts,
+                specs,
+                at,
+                cfg.eval_temperature,
+                on_results=lambda results: self.trace(results, "eval", at),
+            )
+            self.upload_traces()
             score = line["eval_score"]
             self.history.append(line)
             self.reporter.record(line, self.history)
@@ -919,7 +969,10 @@ class RLRun:
                     metrics=metrics,
                     steps=self.iteration,
                     metrics_lines=self.history,
-                    extra_files={"reward_curve": curve} if curve else None,
+                    extra_files={
+                        **({"reward_curve": curve} if curve else {}),
+                        **({"traces": self.trace_store.path} if self.trace_store else {}),
+                    },
                     client=self.store.client,
                     state=state,
                 )

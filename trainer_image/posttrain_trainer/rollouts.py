@@ -48,6 +48,7 @@ from posttrain.api.model_ids import uid8
 from posttrain.api.reward import blend_reward
 from posttrain.api.urls import check_url, join_url
 
+from posttrain_trainer import traces
 from posttrain_trainer.server_auth import rollout_auth_headers
 from posttrain_trainer.step_rewards import (
     StepRewardSettings,
@@ -368,6 +369,7 @@ class RolloutResult:
     finish_reasons: list[str | None] = field(default_factory=list)  # per captured policy call
     turns: int = 0  # steps of the trajectory (decisions the environment applied)
     decision_rewards: list[float] = field(default_factory=list)  # per decision, when step rewards are on
+    trace: dict[str, Any] = field(default_factory=dict)  # bounded messages and steps for the trace store
 
     @property
     def truncated(self) -> bool:
@@ -547,6 +549,10 @@ class RolloutClient:
             result.turns = len(blocks)
             if self.step_rewards.active:
                 result.decision_rewards = decision_rewards(blocks, self.step_rewards)
+            result.trace = {
+                "steps": traces.trajectory_steps(data, result.decision_rewards),
+                "achievements_count": traces.achievements_count(data),
+            }
             if want_tokens:
                 captures = await self._captures(http, spec)
                 if not captures:
@@ -555,8 +561,17 @@ class RolloutClient:
                 # an empty response (no completion token) is still scored: it stays in its group's
                 # advantages and simply has no token to train
                 result.sequences = build_sequences(captures)
-            else:
-                await self._drop_captures(http, spec)
+            else:  # evaluation: the captures only for the trace's messages
+                try:
+                    captures = await self._captures(http, spec)
+                except Exception:
+                    captures = []
+            result.trace["messages"] = traces.conversation(captures)
+            result.trace["weight_versions"] = [entry.get("weight_version") for entry in captures][:1000]
+            result.trace["episode_tokens"] = sum(
+                len(entry.get("prompt_token_ids") or []) + len(entry.get("completion_token_ids") or [])
+                for entry in captures[-1:]
+            )
             result.ok = True
         except Exception as err:
             result.error = f"{type(err).__name__}: {err}"
