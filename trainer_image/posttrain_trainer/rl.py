@@ -58,7 +58,6 @@ from posttrain.plotting import plot_curves
 
 from posttrain_trainer import distributed as D
 from posttrain_trainer import gspo, offpolicy, rl_vision, step_rewards, traces
-from posttrain_trainer import storage as s3
 from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.modeling import train_without_dropout
 from posttrain_trainer.report import Reporter
@@ -660,7 +659,7 @@ class RLRun:
         self.synced_at = 0  # the policy servers hold the weights of this iteration
         self.last_eval: float | None = None
         self.run_tag = run_tag(job.job.name, job.job.uid)
-        self.trace_store: traces.TraceStore | None = None  # rank 0, opened by trace()
+        self.traces = traces.JobTraces(job, self.store.client) if D.is_main() else None
 
     @property
     def total(self) -> int:
@@ -847,34 +846,14 @@ class RLRun:
         return {"seqs": seqs, "stats": stats}
 
     def trace(self, results: list[RolloutResult], kind: str, iteration: int) -> None:
-        """Rank 0: the rollouts into the job's trace store (traces.py), opened on first use; a restarted
-        trainer continues the store the job uploaded before."""
-        if not D.is_main():
-            return
-        if self.trace_store is None:
-            path = self.workdir / traces.FILE_NAME
-            if self.job.storage is not None and not path.exists():
-                key = self.job.storage.prefix + traces.FILE_NAME
-                client = self.store.client or s3.client_from_env(self.job.storage)
-                if s3.exists(client, self.job.storage.bucket, key):
-                    s3.download_file(client, s3.s3_uri(self.job.storage.bucket, key), path)
-            self.trace_store = traces.TraceStore(path)
-        name = f"{self.job.job.namespace}/{self.job.job.name}"
-        stamp = traces.now()
-        self.trace_store.add(
-            traces.episode_row(r, job=name, kind=kind, iteration=iteration, model=self.job.base_model,
-                               created_at=stamp)
-            for r in results
-        )  # fmt: skip
+        """Rank 0: the rollouts into the job's trace store (traces.JobTraces)."""
+        if self.traces is not None:
+            self.traces.add(results, kind=kind, iteration=iteration)
 
     def upload_traces(self) -> None:
-        """Rank 0: the trace store to `<job prefix>traces.sqlite` (a job with storage), during the run."""
-        if not D.is_main() or self.trace_store is None or self.job.storage is None:
-            return
-        client = self.store.client or s3.client_from_env(self.job.storage)
-        s3.upload_file(
-            client, self.trace_store.path, self.job.storage.bucket, self.job.storage.prefix + traces.FILE_NAME
-        )
+        """Rank 0: the trace store to the job's S3 folder, during the run (a job with storage)."""
+        if self.traces is not None:
+            self.traces.upload()
 
     def sync(self, version: int) -> dict[str, Any]:
         """Push the weights to the rollout servers (collective); returns rank 0's sync metrics."""
@@ -971,7 +950,7 @@ class RLRun:
                     metrics_lines=self.history,
                     extra_files={
                         **({"reward_curve": curve} if curve else {}),
-                        **({"traces": self.trace_store.path} if self.trace_store else {}),
+                        **({"traces": self.traces.path} if self.traces and self.traces.store else {}),
                     },
                     client=self.store.client,
                     state=state,

@@ -333,3 +333,51 @@ def episode_row(
             "decision_rewards": [d for d in result.decision_rewards[:MAX_STEPS]],
         },
     }
+
+
+class JobTraces:
+    """An RL job's trace store, kept by its trainer (rank 0): `<workdir>/traces.sqlite`, uploaded to
+    `<storage prefix>traces.sqlite` by upload() (the job's namespace folder, jobs/<ns>/<name>-<uid8>/). Opened
+    on the first add(); a restarted trainer continues the store the job uploaded before."""
+
+    def __init__(self, job: Any, client: Any = None):
+        self.job = job
+        self.path = Path(job.workdir) / FILE_NAME
+        self.client = client
+        self.store: TraceStore | None = None
+
+    @property
+    def key(self) -> str:
+        return self.job.storage.prefix + FILE_NAME
+
+    def _client(self) -> Any:
+        from posttrain_trainer import storage as s3
+
+        if self.client is None:
+            self.client = s3.client_from_env(self.job.storage)
+        return self.client
+
+    def add(self, results: Iterable[Any], *, kind: str, iteration: int) -> int:
+        if self.store is None:
+            if self.job.storage is not None and not self.path.exists():
+                from posttrain_trainer import storage as s3
+
+                if s3.exists(self._client(), self.job.storage.bucket, self.key):
+                    s3.download_file(self._client(), s3.s3_uri(self.job.storage.bucket, self.key), self.path)
+            self.store = TraceStore(self.path)
+        name = f"{self.job.job.namespace}/{self.job.job.name}"
+        stamp = now()
+        return self.store.add(
+            episode_row(
+                r, job=name, kind=kind, iteration=iteration, model=self.job.base_model, created_at=stamp
+            )
+            for r in results
+        )
+
+    def upload(self) -> str | None:
+        """The store to the job's folder in S3 (None without storage or before the first add)."""
+        if self.store is None or self.job.storage is None:
+            return None
+        from posttrain_trainer import storage as s3
+
+        return s3.upload_file(self._client(), self.path, self.job.storage.bucket, self.key)
