@@ -6,7 +6,7 @@ POSTTRAIN := $(VENV)/bin/posttrain
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images e2e e2e-gitops clean
+.PHONY: setup k8s-bins kueue-bins synth-crafter node-bins argocd-bins gitops-deps test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images e2e e2e-gitops clean
 
 setup:
 	bash hack/setup.sh
@@ -17,6 +17,11 @@ k8s-bins:
 # Kueue's manager and CRDs from the Go module proxy (cached outside the clone); `make cluster-up KUEUE=1` runs it.
 kueue-bins:
 	bash hack/build-kueue.sh
+
+# synth's own Crafter task app needs synth-ai 0.2.19 + crafter from PyPI: a venv of their own, cached outside
+# the clone (tests/e2e/test_synth_crafter.py runs the app unchanged from the wheel).
+synth-crafter:
+	bash hack/synth-crafter.sh >/dev/null
 
 # containerd 2.x, CoreDNS, crictl and the pause process from Go modules; runc and the CNI plugins from Debian.
 node-bins:
@@ -30,7 +35,7 @@ gitops-deps:
 	bash hack/debian-deps.sh redis-server:redis-server git:git
 
 # The whole suite: unit tests, integration tests on the real control plane, real S3 and real vLLM.
-test: setup k8s-bins kueue-bins
+test: setup k8s-bins kueue-bins synth-crafter
 	$(PY) -m pytest tests -m "not argocd" $(PYTEST_ARGS)
 
 test-unit: setup

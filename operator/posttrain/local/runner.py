@@ -197,6 +197,11 @@ def format_iteration(event: dict[str, Any]) -> str:
         failed += f", judged {event['judged']}" + (
             f" ({unjudged} without a judge score, left out)" if unjudged else ""
         )
+    turns = event.get("mean_turns")
+    if isinstance(turns, int | float) and (turns > 1 or event.get("decision_rewards_nonzero")):
+        # multi-turn episodes: how long they ran and how many decisions earned a step reward
+        failed += (f", {turns:.1f} turns/episode, decision rewards {event.get('decision_rewards_nonzero') or 0} "
+                   f"non-zero (sum {num('decision_reward_sum', '.3g')})")  # fmt: skip
     return (
         f"rollouts {event.get('rollouts')}{failed}, mixed groups {event.get('mixed_groups')}/{event.get('groups')}, "
         f"trained {event.get('train_sequences')} seqs, grad_norm {num('grad_norm', '.3g')}, "
