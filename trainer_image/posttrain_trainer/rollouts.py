@@ -2,7 +2,7 @@
 captures, rewards blended with judge scores, and an error budget.
 
 Per rollout: POST {task_app}/rollout (mode rl) with policy.config.inference_url =
-`<policy base>/v1/chat/completions?cid=<run>-it<k>-s<seed>-r<i>`; the task app calls the policy through that
+`<policy base>/v1/chat/completions?cid=trace_<run>-it<k>-s<seed>-r<i>`; the task app calls the policy through that
 URL, the rollout server records every call under the cid; the trainer then GETs /v1/captures/{cid} on the same
 policy server (then DELETEs it) and trains on exactly those token ids (never re-tokenised text).
 
@@ -46,7 +46,7 @@ from typing import Any
 
 from posttrain.api.model_ids import uid8
 from posttrain.api.reward import blend_reward
-from posttrain.api.urls import check_url, join_url
+from posttrain.api.urls import CID_PREFIX, check_url, join_url
 
 from posttrain_trainer import traces
 from posttrain_trainer.server_auth import rollout_auth_headers
@@ -78,8 +78,9 @@ def run_tag(name: str, uid: str) -> str:
 
 
 def make_cid(run: str, iteration: int, seed: int, index: int, *, kind: str = "it") -> str:
-    """`<run>-it<k>-s<seed>-r<i>` (training) or `<run>-ev<k>-s<seed>-r<i>` (evaluation)."""
-    return f"{_CID_SAFE.sub('-', run)}-{kind}{int(iteration)}-s{int(seed)}-r{int(index)}"
+    """`trace_<run>-it<k>-s<seed>-r<i>` (training) or `trace_<run>-ev<k>-s<seed>-r<i>` (evaluation): synth's
+    task apps require the `trace_` prefix (posttrain.api.urls.CID_PREFIX)."""
+    return f"{CID_PREFIX}{_CID_SAFE.sub('-', run)}-{kind}{int(iteration)}-s{int(seed)}-r{int(index)}"
 
 
 def inference_url(base: str, cid: str, path: str = CHAT_PATH) -> str:
