@@ -41,6 +41,9 @@ RUNS_DIR = REPO_ROOT / ".runs"
 LOCAL_NAMESPACE = "local"
 
 
+VERIFY_TIMEOUT_S = 120.0  # seconds per verification request of a local run's task app
+
+
 @dataclass
 class LocalOptions:
     kind: str  # rl | sft
@@ -410,7 +413,9 @@ class LocalRun:
         self.printer.phase(
             self.phase, f"task app {task_url}" + (f" (started {where})" if how == "start" else "")
         )
-        with TaskAppClient(task_url, self.env_key) as client:
+        # a generous timeout: synth's Crafter app builds a world per seed of /task_info (ten of them), which
+        # takes well over 10 s on a busy machine; a local run would rather wait than fail
+        with TaskAppClient(task_url, self.env_key, timeout=VERIFY_TIMEOUT_S) as client:
             checks = verify(client)
         for check in checks:
             self.printer.line(f"  {check.verdict}  {check.name:<10} {check.detail}")
