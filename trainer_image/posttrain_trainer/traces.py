@@ -89,18 +89,19 @@ def _tool_calls(value: Any) -> list[dict[str, str]]:
 def conversation(captures: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One episode's messages in order, each with the policy call (`turn`) it came in: the first call's whole
     request, then for each later call the messages that are new since the previous call's request and reply
-    (all of them when the history was rewritten), then the call's reply."""
+    (its whole request when it does not extend the previous one: a rewritten or cut history), then the
+    call's reply."""
     out: list[dict[str, Any]] = []
-    seen = 0  # messages of the previous request, plus its reply
+    previous: list[dict[str, Any]] = []
     for turn, entry in enumerate(captures):
-        request = [m for m in entry.get("messages") or [] if isinstance(m, dict)]
-        new = request[seen:] if turn and len(request) >= seen else request
-        for message in new:
-            out.append({**_message(message), "turn": turn})
+        request = [_message(m) for m in entry.get("messages") or [] if isinstance(m, dict)]
         reply = entry.get("reply")
+        extends = turn > 0 and len(request) > len(previous) and request[: len(previous)] == previous
+        new = request[len(previous) + 1 :] if extends else request  # +1: the previous reply, sent back
+        out += [{**message, "turn": turn} for message in new]
         if isinstance(reply, dict):
             out.append({**_message({**reply, "role": "assistant"}), "turn": turn})
-        seen = len(request) + 1
+        previous = request
         if len(out) >= MAX_MESSAGES:
             return out[:MAX_MESSAGES]
     return out
