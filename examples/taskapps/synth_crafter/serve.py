@@ -7,11 +7,17 @@ dependencies are not ours). ENVIRONMENT_API_KEY must be set, as for any synth ta
 One thing outside the app is worked around here, not in it: synth-ai 0.2.19 registers two task apps under
 the alias "crafter" (synth_ai.demos' "crafter-demo" and the example's "grpo-crafter-task-app"), and its
 registry raises on the second, so importing the example fails once synth_ai.demos has been imported. The
-registry is told to keep the first alias and go on; the app itself is synth's, byte for byte."""
+registry is told to keep the first alias and go on; the app itself is synth's, byte for byte.
+
+The app answers /rollout only with its tracer on (else HTTP 500 "trace_payload_missing"): tracing is on by
+default here (TASKAPP_TRACING_ENABLED=1), into a local SQLite file in the working folder (SYNTH_TRACES_DB),
+not the sqld server synth's default expects; either variable set in the environment wins."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 
 def _tolerate_alias_clash() -> None:
@@ -35,6 +41,8 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     args = parser.parse_args()
+    os.environ.setdefault("TASKAPP_TRACING_ENABLED", "1")
+    os.environ.setdefault("SYNTH_TRACES_DB", f"sqlite+aiosqlite:///{Path.cwd() / 'synth_traces.db'}")
     _tolerate_alias_clash()
     import uvicorn
     from examples.task_apps.crafter.task_app.grpo_crafter_task_app import fastapi_app
