@@ -25,10 +25,10 @@ TURNS = 3
 SCALE_DOWN = [
     "training.iterations_per_epoch=2", "training.batch_size=2", "training.group_size=2",
     f"training.max_turns={TURNS}", f"rollout.max_turns={TURNS}", "rollout.episodes_per_batch=4",
-    "vllm.max_model_len=2048", "evaluation.seeds=[0]", "evaluation.instances=1",
+    "vllm.max_model_len=16384", "evaluation.seeds=[0]", "evaluation.instances=1",
     # the tiny model's replies: the app asks for a tool call (tool_choice "required"), which vLLM's
-    # structured outputs keep well-formed; a short cap keeps a turn cheap
-    "rollout.policy_config={ temperature = 1.0, max_tokens = 48 }",
+    # structured outputs keep well-formed; a cap that fits one call keeps a turn cheap
+    "rollout.policy_config={ temperature = 1.0, max_tokens = 96 }",
 ]  # fmt: skip
 
 
@@ -37,7 +37,8 @@ def test_synth_crafter_stepwise_shaped_trains_locally(synth_crafter_app, synth_c
 
     url, key = synth_crafter_app
     config = wheel_file(synth_crafter_python, CONFIG)
-    model_dir = build_tiny_model(REPO / ".models" / "tiny-random-qwen2-hd32", hidden_size=128)
+    # a long context: Crafter's first prompt (rules, tools, the map) is over 2048 of the tiny vocabulary's tokens
+    model_dir = build_tiny_model(REPO / ".models" / "tiny-random-qwen2-hd32-16k", hidden_size=128, max_positions=16384)
     env = {
         k: v for k, v in os.environ.items() if k not in ("TASK_APP_URL", "KUBECONFIG", "POSTTRAIN_TASKAPP")
     }
