@@ -26,6 +26,9 @@ SCALE_DOWN = [
     "training.iterations_per_epoch=2", "training.batch_size=2", "training.group_size=2",
     f"training.max_turns={TURNS}", f"rollout.max_turns={TURNS}", "rollout.episodes_per_batch=4",
     "vllm.max_model_len=16384", "evaluation.seeds=[0]", "evaluation.instances=1",
+    # one rollout at a time: the app's tracer writes a local SQLite file (synth's default is a sqld server),
+    # which concurrent episodes lock ("database is locked")
+    "rollout.max_concurrent_rollouts=1",
     # the tiny model's replies: the app asks for a tool call (tool_choice "required"), which vLLM's
     # structured outputs keep well-formed; a cap that fits one call keeps a turn cheap
     "rollout.policy_config={ temperature = 1.0, max_tokens = 96 }",
