@@ -9,7 +9,7 @@ DEMO_ARGS ?=
 REGISTRY ?=
 TAG ?= dev
 
-.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images push release-manifests registry-deps e2e e2e-gitops clean
+.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images push release-manifests registry-deps synth-crafter e2e e2e-gitops clean
 
 # Python with venv first (Debian ships ensurepip apart, in python3-venv), then .venv.
 setup:
@@ -22,6 +22,11 @@ k8s-bins:
 # Kueue's manager and CRDs from the Go module proxy (cached outside the clone); `make cluster-up KUEUE=1` runs it.
 kueue-bins:
 	bash hack/build-kueue.sh
+
+# synth's own Crafter task app needs synth-ai 0.2.19 + crafter from PyPI: a venv of their own, cached outside
+# the clone (tests/e2e/test_synth_crafter.py runs the app unchanged from the wheel).
+synth-crafter:
+	bash hack/synth-crafter.sh >/dev/null
 
 # containerd 2.x, CoreDNS, crictl and the pause process from Go modules; runc and the CNI plugins from Debian.
 node-bins:
@@ -37,7 +42,7 @@ gitops-deps:
 # The whole suite: unit tests, integration tests on the real control plane, real S3 and real vLLM.
 # bin/ first on PATH: the kustomize tests run `kubectl kustomize` with the kubectl k8s-bins built (a fresh
 # machine has no other; they would skip).
-test: setup k8s-bins kueue-bins registry-deps
+test: setup k8s-bins kueue-bins registry-deps synth-crafter
 	PATH="$(CURDIR)/bin:$$PATH" $(PY) -m pytest tests -m "not argocd" $(PYTEST_ARGS)
 
 test-unit: setup

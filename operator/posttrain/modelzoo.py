@@ -91,9 +91,11 @@ def _train_tokenizer(corpus: list[str], special_tokens: list[str], vocab_size: i
 
 
 def build_tiny_model(
-    out: Path, *, hidden_size: int = 64, layers: int = 2, vocab_size: int = 1024, seed: int = 0
+    out: Path, *, hidden_size: int = 64, layers: int = 2, vocab_size: int = 1024, seed: int = 0,
+    max_positions: int = 2048,
 ) -> Path:
-    """A random Qwen2ForCausalLM with a locally trained byte-level BPE tokenizer. Seconds to build."""
+    """A random Qwen2ForCausalLM with a locally trained byte-level BPE tokenizer. Seconds to build.
+    `max_positions`: its context (synth's Crafter prompts run past 2048 of its small-vocabulary tokens)."""
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out
     import torch
@@ -112,7 +114,7 @@ def build_tiny_model(
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=2048,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),

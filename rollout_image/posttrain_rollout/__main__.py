@@ -145,7 +145,7 @@ def serve(args: argparse.Namespace) -> int:
         enable_lora=args.enable_lora,
         max_lora_rank=args.max_lora_rank,
         max_loras=args.max_loras,
-        extra=args.vllm_arg,
+        extra=[*vllm_args.tool_call_args(model_dir), *args.vllm_arg],
         eager=vllm_args.cpu_eager(cpu),
     )
     env = vllm_args.vllm_env(None, run_dir, cpu=cpu, enable_lora=args.enable_lora)

@@ -100,13 +100,76 @@ def completion_choice_logprobs(choice: dict[str, Any]) -> list[float | None]:
     return [_float_or_none(x) for x in ((choice.get("logprobs") or {}).get("token_logprobs") or [])]
 
 
+# Bounds of the text a capture keeps for the job's trace store (the task app writes the messages: untrusted).
+MAX_TRACE_CHARS = 8_000  # per message content or tool-call arguments; longer text is cut and marked
+MAX_TRACE_MESSAGES = 64  # per call: the system prompt and the last messages
+TRUNCATION_MARK = "…[truncated]"
+
+
+def bounded_text(value: Any, limit: int = MAX_TRACE_CHARS) -> str:
+    """Text of a message content (a string, or OpenAI content parts with images named, not kept), cut to
+    `limit` characters."""
+    if isinstance(value, list):
+        value = "".join(
+            str(p.get("text", "")) if p.get("type") == "text" else f"[{p.get('type', 'part')}]"
+            for p in value
+            if isinstance(p, dict)
+        )
+    elif not isinstance(value, str):
+        value = "" if value is None else str(value)
+    return value if len(value) <= limit else value[:limit] + TRUNCATION_MARK
+
+
+def _bounded_tool_calls(calls: Any) -> list[dict[str, str]]:
+    out = []
+    for call in (calls if isinstance(calls, list) else [])[:16]:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            out.append(
+                {
+                    "name": bounded_text(function.get("name"), 200),
+                    "arguments": bounded_text(function.get("arguments")),
+                }
+            )
+    return out
+
+
+def trace_messages(messages: Any) -> list[dict[str, Any]]:
+    """A request's messages as the trace keeps them: role, bounded text content, tool calls; the system
+    prompt and the last MAX_TRACE_MESSAGES - 1 messages."""
+    if not isinstance(messages, list):
+        return []
+    kept = [m for m in messages if isinstance(m, dict)]
+    if len(kept) > MAX_TRACE_MESSAGES:
+        head = [m for m in kept[:1] if m.get("role") == "system"]
+        kept = head + kept[-(MAX_TRACE_MESSAGES - len(head)) :]
+    out = []
+    for message in kept:
+        item: dict[str, Any] = {
+            "role": bounded_text(message.get("role"), 32),
+            "content": bounded_text(message.get("content")),
+        }
+        calls = _bounded_tool_calls(message.get("tool_calls"))
+        if calls:
+            item["tool_calls"] = calls
+        out.append(item)
+    return out
+
+
 def entries_from_response(
-    body: dict[str, Any], *, chat: bool, weight_version: Any, images: list[str] | None = None
+    body: dict[str, Any],
+    *,
+    chat: bool,
+    weight_version: Any,
+    images: list[str] | None = None,
+    request_messages: Any = None,
 ) -> list[dict[str, Any]]:
     """One capture entry per choice of a vLLM response made with return_token_ids and logprobs. `images`: the
     image URLs the request gave vLLM, in prompt order (their placeholders are in prompt_token_ids); the trainer
-    rebuilds the same pixel values from them."""
+    rebuilds the same pixel values from them. `request_messages` (chat) and each choice's reply are kept as
+    bounded text (trace_messages) for the job's trace store."""
     top_prompt = body.get("prompt_token_ids")
+    messages = trace_messages(request_messages) if chat else []
     out = []
     for choice in sorted(body.get("choices") or [], key=lambda c: c.get("index", 0)):
         prompt = choice.get("prompt_token_ids") or top_prompt or []
@@ -120,6 +183,17 @@ def entries_from_response(
                 "weight_version": weight_version,
                 "finish_reason": choice.get("finish_reason"),
                 **({"images": list(images)} if images else {}),
+                **({"messages": messages} if messages else {}),
+                **({"reply": _reply(choice)} if messages else {}),
             }
         )
+    return out
+
+
+def _reply(choice: dict[str, Any]) -> dict[str, Any]:
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    out: dict[str, Any] = {"role": "assistant", "content": bounded_text(message.get("content"))}
+    calls = _bounded_tool_calls(message.get("tool_calls"))
+    if calls:
+        out["tool_calls"] = calls
     return out

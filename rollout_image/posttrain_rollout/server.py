@@ -238,7 +238,14 @@ class Proxy:
             if cid and status == 200:
                 data = json.loads(content)
                 self.captures.add(
-                    cid, entries_from_response(data, chat=chat, weight_version=version, images=images)
+                    cid,
+                    entries_from_response(
+                        data,
+                        chat=chat,
+                        weight_version=version,
+                        images=images,
+                        request_messages=body.get("messages"),
+                    ),
                 )
             hdrs = {k: v for k, v in headers if k.lower() not in _DROP_HEADERS}
             hdrs[VERSION_HEADER] = str(version)

@@ -144,3 +144,25 @@ def remove_fallback_tmp(env: dict[str, str], run_dir: Path) -> None:
     tmp = Path(env.get("TMPDIR", ""))
     if tmp.name.startswith("ptr-vllm-") and not tmp.is_relative_to(run_dir):
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# Tool calling, as synth's task apps ask for it (synth's Crafter policy sends tool_choice "required" and a
+# named function): vLLM refuses any tool_choice but "none" without a tool-call parser. The parser that
+# matches the model family's chat template (Qwen's <tool_call> JSON is hermes'); other families get none.
+# POSTTRAIN_TOOL_CALL_PARSER names one (or "none") for models this table does not know.
+TOOL_CALL_PARSERS = {"qwen2": "hermes", "qwen2_moe": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes"}
+
+
+def tool_call_args(model_dir: str | Path, env: dict[str, str] | None = None) -> list[str]:
+    """`--enable-auto-tool-choice --tool-call-parser P` for a model whose family has a known parser."""
+    env = os.environ if env is None else env
+    parser = env.get("POSTTRAIN_TOOL_CALL_PARSER")
+    if parser is None:
+        try:
+            config = json.loads((Path(model_dir) / "config.json").read_text())
+        except (OSError, ValueError):
+            return []
+        parser = TOOL_CALL_PARSERS.get(str(config.get("model_type") if isinstance(config, dict) else ""))
+    if not parser or parser == "none":
+        return []
+    return ["--enable-auto-tool-choice", "--tool-call-parser", parser]

@@ -61,3 +61,32 @@ def test_multi_turn_job_runs_end_to_end(tmp_path):
     assert all(m["decision_rewards_nonzero"] is not None for m in iterations)
     print("multi-turn --local:", [(m["mean_turns"], m["decision_rewards_nonzero"], round(m["iteration_seconds"], 1))
                                   for m in iterations])  # fmt: skip
+    # every rollout is in the run's trace store (training and evaluation), with its turns, messages, per-step
+    # rewards and policy version, and `posttrain filter` builds SFT JSONL from it
+    import sqlite3
+
+    store = run_dir / "work" / "traces.sqlite"
+    with sqlite3.connect(store) as db:
+        kinds = dict(db.execute("SELECT kind, count(*) FROM session_traces GROUP BY kind"))
+        turns = {t for (t,) in db.execute("SELECT turns FROM session_traces WHERE error IS NULL")}
+        assert kinds["train"] == sum(m["rollouts"] for m in iterations) and turns == {TURNS}, (kinds, turns)
+        assert db.execute(
+            "SELECT count(DISTINCT iteration) FROM session_traces WHERE kind = 'train'"
+        ).fetchone() == (2,)
+        per_episode = db.execute(
+            "SELECT min(n), max(n) FROM (SELECT count(*) AS n FROM messages WHERE role = 'assistant' GROUP BY session_id)"
+        ).fetchone()
+        assert per_episode == (TURNS, TURNS), per_episode
+        assert db.execute("SELECT count(*) FROM steps").fetchone()[0] >= TURNS * kinds["train"]
+        assert db.execute("SELECT count(*) FROM session_traces WHERE policy_version IS NULL").fetchone() == (
+            0,
+        )
+    sft = tmp_path / "sft.jsonl"
+    filtered = subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", "filter", "--input", str(store), "--min-reward", "0",
+         "--output", str(sft)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert filtered.returncode == 0, filtered.stderr
+    records = [json.loads(line) for line in sft.read_text().splitlines()]
+    assert records and all(r["messages"][-1]["role"] == "assistant" for r in records)

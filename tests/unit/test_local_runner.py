@@ -85,6 +85,10 @@ def test_progress_lines_and_report_reading(tmp_path):
     assert runner.format_progress({"step": 2, "judgeFailed": 1}) == "step 2  judge_failed 1"
     cut = runner.format_iteration({"rollouts": 8, "truncated": 3, "empty_responses": 1, "groups": 2})
     assert cut.startswith("rollouts 8, 3 cut at max_tokens, 1 empty, mixed groups")
+    turns = runner.format_iteration({"rollouts": 8, "groups": 2, "mean_turns": 3.0, "decision_rewards_nonzero": 2,
+                                     "decision_reward_sum": 1.25})  # fmt: skip
+    assert turns.startswith("rollouts 8, 3.0 turns/episode, decision rewards 2 non-zero (sum 1.25), mixed groups")
+    assert "turns/episode" not in runner.format_iteration({"rollouts": 8, "mean_turns": 1.0})
     report = tmp_path / "report.jsonl"
     report.write_text(json.dumps({"progress": {"step": 1}}) + "\n" + '{"result": {"fine_tuned')
     offset, lines = runner._read_report(report, 0)

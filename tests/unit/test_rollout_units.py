@@ -313,3 +313,20 @@ def test_reference_tempered_logprob_from_top_k(temperature):
     assert reference.parse_temperature({"temperature": temperature}) == temperature
     with pytest.raises(reference.ScoreError, match="temperature"):
         reference.parse_temperature({"temperature": 0})
+
+
+def test_tool_call_parser_follows_the_model_family(tmp_path):
+    """synth's Crafter app asks for tool calls (tool_choice "required", a named function): vLLM needs a
+    parser for them, the one of the model family's chat template."""
+    import json as _json
+
+    from posttrain_rollout.vllm_args import tool_call_args
+
+    (tmp_path / "config.json").write_text(_json.dumps({"model_type": "qwen2"}))
+    assert tool_call_args(tmp_path, env={}) == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    (tmp_path / "config.json").write_text(_json.dumps({"model_type": "llama"}))
+    assert tool_call_args(tmp_path, env={}) == []
+    assert tool_call_args(tmp_path, env={"POSTTRAIN_TOOL_CALL_PARSER": "llama3_json"})[-1] == "llama3_json"
+    assert tool_call_args(tmp_path / "missing", env={}) == []
+    (tmp_path / "config.json").write_text(_json.dumps({"model_type": "qwen3"}))
+    assert tool_call_args(tmp_path, env={"POSTTRAIN_TOOL_CALL_PARSER": "none"}) == []

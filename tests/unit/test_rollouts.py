@@ -34,10 +34,10 @@ def test_cid_and_inference_url():
     run = run_tag("demo-rl", "1234abcd-5678-90ef-0000-000000000000")
     assert run == "demo-rl-1234abcd"
     cid = make_cid(run, 3, 17, 5)
-    assert cid == "demo-rl-1234abcd-it3-s17-r5"
-    assert make_cid("a b/c", 0, 1, 0, kind="ev") == "a-b-c-ev0-s1-r0"
+    assert cid == "trace_demo-rl-1234abcd-it3-s17-r5"  # synth's apps require the trace_ prefix
+    assert make_cid("a b/c", 0, 1, 0, kind="ev") == "trace_a-b-c-ev0-s1-r0"
     assert inference_url("http://127.0.0.1:9000/", cid) == (
-        "http://127.0.0.1:9000/v1/chat/completions?cid=demo-rl-1234abcd-it3-s17-r5"
+        "http://127.0.0.1:9000/v1/chat/completions?cid=trace_demo-rl-1234abcd-it3-s17-r5"
     )
 
 
@@ -47,7 +47,7 @@ def test_plan_rollouts_groups_and_round_robin():
         (10, 0, 0), (10, 0, 1), (10, 0, 2), (11, 1, 0), (11, 1, 1), (11, 1, 2)
     ]  # fmt: skip
     assert [s.endpoint for s in specs] == ["http://a", "http://b"] * 3
-    assert specs[4].cid == "r-it2-s11-r1"
+    assert specs[4].cid == "trace_r-it2-s11-r1"
     with pytest.raises(ValueError):
         plan_rollouts("r", 0, [1], 2, [])
 

@@ -79,6 +79,9 @@ def finalize(
             "logs": str(metrics_path),
             "config": str(config_path),
         }
+        for name, path in (extra_files or {}).items():
+            if Path(path).exists():
+                artifacts[name] = str(path)
     else:
         bucket, prefix = job.storage.bucket, job.storage.prefix
         client = client or s3.client_from_env(job.storage)

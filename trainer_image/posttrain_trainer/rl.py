@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 from posttrain import hardware
+from posttrain.api import traces
 from posttrain.api.exitcodes import EXIT_CONFIG_ERROR, EXIT_RETRYABLE
 from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
@@ -582,13 +583,21 @@ def require_rollout_endpoints(job: JobFile, error: type[Exception], article_and_
 
 
 def run_evaluation(
-    loop: RolloutLoop, client: RolloutClient, specs: list[Any], at: int, temperature: float
+    loop: RolloutLoop,
+    client: RolloutClient,
+    specs: list[Any],
+    at: int,
+    temperature: float,
+    on_results: Any = None,
 ) -> dict[str, Any]:
-    """Evaluation rollouts (mode eval, no tokens captured, the evaluation's temperature) -> their record."""
+    """Evaluation rollouts (mode eval, no tokens captured, the evaluation's temperature) -> their record;
+    `on_results(results)` sees them first (the trace store)."""
     started = time.perf_counter()
     results = loop.collect(
         client, specs, mode="eval", want_tokens=False, policy_overrides={"temperature": temperature}
     )
+    if on_results is not None:
+        on_results(results)
     return evaluation_record(at, results, time.perf_counter() - started)
 
 
@@ -702,6 +711,7 @@ class RLRun:
         self.synced_at = 0  # the policy servers hold the weights of this iteration
         self.last_eval: float | None = None
         self.run_tag = run_tag(job.job.name, job.job.uid)
+        self.traces = traces.JobTraces(job, self.store.client) if D.is_main() else None
 
     @property
     def total(self) -> int:
@@ -811,6 +821,7 @@ class RLRun:
             "iteration", **{k: record.get(k) for k in ITERATION_EVENT_FIELDS}, groups=stats["groups"]
         )
         self.checkpoint()
+        self.upload_traces()
         self.reporter.progress(
             step=self.iteration,
             total=self.total,
@@ -841,6 +852,7 @@ class RLRun:
                 )
             else:
                 results = sampled = self.sample_round(0)
+            self.trace(sampled, "train", self.iteration)
             try:
                 payload = self.score(results, started, sampled)
                 payload["stats"].update(sampling)
@@ -906,6 +918,16 @@ class RLRun:
             stats.pop("judge_failed")
         return {"seqs": seqs, "stats": stats}
 
+    def trace(self, results: list[RolloutResult], kind: str, iteration: int) -> None:
+        """Rank 0: the rollouts into the job's trace store (traces.JobTraces)."""
+        if self.traces is not None:
+            self.traces.add(results, kind=kind, iteration=iteration)
+
+    def upload_traces(self) -> None:
+        """Rank 0: the trace store to the job's S3 folder, during the run (a job with storage)."""
+        if self.traces is not None:
+            self.traces.upload()
+
     def sync(self, version: int) -> dict[str, Any]:
         """Push the weights to the rollout servers (collective); returns rank 0's sync metrics."""
         out: dict[str, Any] = {}
@@ -938,7 +960,15 @@ class RLRun:
             if len(set(seeds)) < len(seeds):  # repeated seeds (sampled eval): keep the cids unique
                 for n, spec in enumerate(specs):
                     spec.cid = f"{spec.cid}-{n}"
-            line = run_evaluation(self.loop, self.rollouts, specs, at, cfg.eval_temperature)
+            line = run_evaluation(
+                self.loop,
+                self.rollouts,
+                specs,
+                at,
+                cfg.eval_temperature,
+                on_results=lambda results: self.trace(results, "eval", at),
+            )
+            self.upload_traces()
             score = line["eval_score"]
             self.history.append(line)
             self.reporter.record(line, self.history)
@@ -991,7 +1021,10 @@ class RLRun:
                     metrics=metrics,
                     steps=self.iteration,
                     metrics_lines=self.history,
-                    extra_files={"reward_curve": curve} if curve else None,
+                    extra_files={
+                        **({"reward_curve": curve} if curve else {}),
+                        **({"traces": self.traces.path} if self.traces and self.traces.store else {}),
+                    },
                     client=self.store.client,
                     state=state,
                 )

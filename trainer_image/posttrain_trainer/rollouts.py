@@ -2,7 +2,7 @@
 captures, rewards blended with judge scores, and an error budget.
 
 Per rollout: POST {task_app}/rollout (mode rl) with policy.config.inference_url =
-`<policy base>/v1/chat/completions?cid=<run>-it<k>-s<seed>-r<i>`; the task app calls the policy through that
+`<policy base>/v1/chat/completions?cid=trace_<run>-it<k>-s<seed>-r<i>`; the task app calls the policy through that
 URL, the rollout server records every call under the cid; the trainer then GETs /v1/captures/{cid} on the same
 policy server (then DELETEs it) and trains on exactly those token ids (never re-tokenised text).
 
@@ -44,9 +44,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.api import traces
 from posttrain.api.model_ids import uid8
 from posttrain.api.reward import blend_reward
-from posttrain.api.urls import check_url, join_url
+from posttrain.api.urls import CID_PREFIX, check_url, join_url
 
 from posttrain_trainer.server_auth import rollout_auth_headers
 from posttrain_trainer.step_rewards import (
@@ -77,8 +78,9 @@ def run_tag(name: str, uid: str) -> str:
 
 
 def make_cid(run: str, iteration: int, seed: int, index: int, *, kind: str = "it") -> str:
-    """`<run>-it<k>-s<seed>-r<i>` (training) or `<run>-ev<k>-s<seed>-r<i>` (evaluation)."""
-    return f"{_CID_SAFE.sub('-', run)}-{kind}{int(iteration)}-s{int(seed)}-r{int(index)}"
+    """`trace_<run>-it<k>-s<seed>-r<i>` (training) or `trace_<run>-ev<k>-s<seed>-r<i>` (evaluation): synth's
+    task apps require the `trace_` prefix (posttrain.api.urls.CID_PREFIX)."""
+    return f"{CID_PREFIX}{_CID_SAFE.sub('-', run)}-{kind}{int(iteration)}-s{int(seed)}-r{int(index)}"
 
 
 def inference_url(base: str, cid: str, path: str = CHAT_PATH) -> str:
@@ -368,6 +370,7 @@ class RolloutResult:
     finish_reasons: list[str | None] = field(default_factory=list)  # per captured policy call
     turns: int = 0  # steps of the trajectory (decisions the environment applied)
     decision_rewards: list[float] = field(default_factory=list)  # per decision, when step rewards are on
+    trace: dict[str, Any] = field(default_factory=dict)  # bounded messages and steps for the trace store
 
     @property
     def truncated(self) -> bool:
@@ -547,6 +550,10 @@ class RolloutClient:
             result.turns = len(blocks)
             if self.step_rewards.active:
                 result.decision_rewards = decision_rewards(blocks, self.step_rewards)
+            result.trace = {
+                "steps": traces.trajectory_steps(data, result.decision_rewards),
+                "achievements_count": traces.achievements_count(data),
+            }
             if want_tokens:
                 captures = await self._captures(http, spec)
                 if not captures:
@@ -555,8 +562,17 @@ class RolloutClient:
                 # an empty response (no completion token) is still scored: it stays in its group's
                 # advantages and simply has no token to train
                 result.sequences = build_sequences(captures)
-            else:
-                await self._drop_captures(http, spec)
+            else:  # evaluation: the captures only for the trace's messages
+                try:
+                    captures = await self._captures(http, spec)
+                except Exception:
+                    captures = []
+            result.trace["messages"] = traces.conversation(captures)
+            result.trace["weight_versions"] = [entry.get("weight_version") for entry in captures][:1000]
+            result.trace["episode_tokens"] = sum(
+                len(entry.get("prompt_token_ids") or []) + len(entry.get("completion_token_ids") or [])
+                for entry in captures[-1:]
+            )
             result.ok = True
         except Exception as err:
             result.error = f"{type(err).__name__}: {err}"

@@ -32,6 +32,7 @@ from posttrain.api.config import (
 )
 from posttrain.api.depth_policy import SPEC_DEPTH, too_deep
 from posttrain.api.literal_secrets import literal_secrets
+from posttrain.api.overrides import apply_overrides, attribute
 from posttrain.api.resources import API_VERSION, JOB_KINDS, RLJobSpec, SFTJobSpec
 from posttrain.api.urls import UrlRefused, check_url
 from posttrain.errors import Problem, UserError
@@ -229,9 +230,27 @@ def load(
     kind: str | None = None,
     file: str | None = None,
     model: str | None = None,
+    overrides: list[tuple[str, Any]] | None = None,
 ) -> tuple[str, RLConfig | SFTConfig, list[str]]:
-    """TOML text -> (kind, validated config, warnings); UserError with file:line per problem."""
-    raw = parse_toml(text, file)
+    """TOML text -> (kind, validated config, warnings); UserError with file:line per problem. `overrides`:
+    `--set KEY=VALUE` pairs (api/overrides.py), validated as the fields they replace."""
+    try:
+        return _load(text, kind=kind, file=file, model=model, overrides=overrides)
+    except UserError as err:
+        if not overrides:
+            raise
+        raise UserError(attribute(err.problems, overrides)) from err
+
+
+def _load(
+    text: str,
+    *,
+    kind: str | None,
+    file: str | None,
+    model: str | None,
+    overrides: list[tuple[str, Any]] | None,
+) -> tuple[str, RLConfig | SFTConfig, list[str]]:
+    raw = apply_overrides(parse_toml(text, file), overrides)
     # The API server refuses a spec nested deeper than SPEC_DEPTH (api/depth_policy.py); a section's
     # unknown keys go one level down, under `extras`.
     deep = too_deep(raw, SPEC_DEPTH - 1)
@@ -295,6 +314,7 @@ def toml_to_cr(
     env: dict[str, str] | None = None,
     queue: str | None = None,
     priority_class: str | None = None,
+    overrides: list[tuple[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """`posttrain convert`: TOML text -> (custom resource dict, warnings). `dataset` / `validation_dataset`
     are s3:// URIs (the command uploads local files first) or dataset refs ({"configMapRef": ...}); a local
@@ -302,7 +322,7 @@ def toml_to_cr(
     (spec.scheduling.queueName: the job's pods wait for Kueue's admission), `priority_class` its Kueue
     WorkloadPriorityClass (spec.scheduling.workloadPriorityClassName)."""
     env = dict(os.environ) if env is None else env
-    kind, config, warnings = load(text, kind=kind, file=file, model=model)
+    kind, config, warnings = load(text, kind=kind, file=file, model=model, overrides=overrides)
     judge = config.judge if isinstance(config, RLConfig) else None
     if judge is not None and judge.cluster_problems():
         raise UserError([Problem(message, file=file, line=locate(text, f"judge.{field}"), field=f"judge.{field}",

@@ -25,6 +25,10 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 SCHEMES = ("http", "https")
+# The policy's inference URL carries `?cid=<id>` (the correlation id the rollout server captures under);
+# synth's own task apps assert that it starts with "trace_" (synth-ai 0.2.19, examples/task_apps/crafter/
+# task_app/synth_envs_hosted/utils.py, inference_url_to_trace_correlation_id), so every cid we make does.
+CID_PREFIX = "trace_"
 # The whole rule as one regular expression (RE2 and Python agree on it): the CRDs' CEL rule, and the last
 # check of check_url. Path characters are RFC 3986's pchar and "/".
 URL_PATTERN = (

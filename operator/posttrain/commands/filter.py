@@ -6,12 +6,19 @@ loop: sampling, filtering and fine-tuning, iterated.) Rows: {"messages": [...],
 
 A synth filter TOML works too (`--config filter.toml`, [filter] table: input, output, min_official_score,
 max_official_score, splits, task_ids, models, min_judge_scores, max_judge_scores, min_created_at,
-max_created_at, limit); options given on the command line win. Trace databases (db = sqlite...) are not read:
-export the rollouts to JSONL first."""
+max_created_at, limit); options given on the command line win.
+
+The input may also be an RL job's trace store (traces.sqlite, posttrain_trainer/traces.py: every rollout
+the trainer ran, with its messages, tool calls, per-step rewards and policy version): a local file (the
+`train --local` run folder's work/traces.sqlite), `sqlite:///path` (synth's `db` spelling), or in S3 the
+job's folder `s3://BUCKET/jobs/NS/NAME-UID8/` or the file itself (S3_ENDPOINT, S3_ACCESS_KEY_ID and
+S3_SECRET_ACCESS_KEY set: your namespace's keys). A store's score is the reward the trainer used; its
+failed rollouts are skipped."""
 
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,6 +60,8 @@ def _judge_score(text: str) -> tuple[str, float]:
 # Shown at the end of --help (cli.py adds them).
 EXAMPLES = """\
   posttrain filter --input .runs/evals/eval-x/traces.jsonl --min-reward 1 --output sft.jsonl
+  posttrain filter --input .runs/<run>/work/traces.sqlite --min-reward 0.5 --limit 500 --output sft.jsonl
+  posttrain filter --input s3://posttrain/jobs/team-a/crafter-1a2b3c4d/ --min-reward 1 --output sft.jsonl
 """
 
 
@@ -63,7 +72,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--input", "-i", type=Path, help="rollouts JSONL")
+    parser.add_argument(
+        "--input",
+        "-i",
+        help="rollouts JSONL, a trace store (traces.sqlite, sqlite:///...), or s3://... job folder",
+    )
     parser.add_argument("--output", "-o", type=Path, help="SFT JSONL to write (.jsonl or .json)")
     parser.add_argument("--config", type=Path, help="synth filter TOML with a [filter] table")
     parser.add_argument(
@@ -118,17 +131,64 @@ def _toml_filter(path: Path) -> dict[str, Any]:
         raise UserError([Problem(f"unknown key {k!r}", file=str(path), field=f"filter.{k}") for k in unknown])
     db = table.get("db")
     if db and not table.get("input"):
-        if str(db).startswith(("sqlite", "libsql", "http")) or not str(db).endswith((".jsonl", ".json")):
+        if str(db).startswith(("libsql", "http", "postgres")):
             raise UserError(
                 Problem(
-                    "trace databases are not read by posttrain filter",
+                    "only a local or s3:// trace store is read by posttrain filter (not a database server)",
                     file=str(path),
                     field="filter.db",
-                    fix="export the rollouts to JSONL and set filter.input",
+                    fix="point filter.db at a traces.sqlite file, sqlite:///path, or an s3:// job folder",
                 )
             )
         table["input"] = db
     return table
+
+
+MAX_STORE_BYTES = 4 * 1024**3  # a trace store read from S3 is downloaded whole; refuse one beyond this
+
+
+def resolve_input(value: str, base: Path) -> tuple[str, bool]:
+    """(where, from_s3): an s3:// URI as given, else a local path, relative to base. synth's URL spelling
+    is read too: sqlite:///relative.db, sqlite:////absolute.db (also sqlite+aiosqlite:///)."""
+    if value.startswith("s3://"):
+        return value, True
+    if value.startswith("sqlite") and ":///" in value:
+        value = value.split(":///", 1)[1]
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else base / path), False
+
+
+def download_store(uri: str, into: Path) -> Path:
+    """The trace store of an s3:// job folder (or the file itself) into `into`; UserError naming the
+    variable or the URI when it cannot be read."""
+    import os
+
+    from posttrain.dataset_upload import S3_VARIABLES, s3_configured
+
+    if not s3_configured():
+        raise UserError(Problem(f"the trace store is in S3 ({uri})", field="S3_ENDPOINT",
+                                fix=f"set {', '.join(S3_VARIABLES)} (your namespace's keys) to read it"))  # fmt: skip
+    from posttrain import storage
+    from posttrain.api.traces import FILE_NAME
+
+    bucket, key = storage.parse_s3_uri(uri)
+    if not key or key.endswith("/"):
+        key += FILE_NAME
+    client = storage.client_from_env({"endpoint": os.environ["S3_ENDPOINT"], "bucket": bucket})
+    try:
+        size = client.stat_object(bucket, key).size
+        if size > MAX_STORE_BYTES:
+            raise UserError(Problem(f"s3://{bucket}/{key} is {size} bytes, over the {MAX_STORE_BYTES} read here",
+                                    field="--input", fix="copy it and filter the local file"))  # fmt: skip
+        local = into / FILE_NAME
+        client.fget_object(bucket, key, str(local))
+        return local
+    except UserError:
+        raise
+    except Exception as err:  # minio's S3Error or a transport error: one line
+        raise UserError(Problem(f"cannot read s3://{bucket}/{key}: {type(err).__name__}: {err}"[:300],
+                                field="--input", fix="check the URI (a job folder or its traces.sqlite), "
+                                "the S3 endpoint and your keys")) from None  # fmt: skip
 
 
 def build_spec(args: argparse.Namespace):
@@ -140,7 +200,7 @@ def build_spec(args: argparse.Namespace):
     def pick(cli, key, default=None):
         return cli if cli is not None else table.get(key, default)
 
-    input_path = args.input or (base / table["input"] if table.get("input") else None)
+    input_path = args.input if args.input is not None else table.get("input")
     output_path = args.output or (base / table["output"] if table.get("output") else None)
     problems = []
     if input_path is None:
@@ -155,6 +215,7 @@ def build_spec(args: argparse.Namespace):
     from posttrain.inputs import check_output_path
 
     check_output_path(output_path, flag="--output")
+    input_path, from_s3 = resolve_input(str(input_path), Path.cwd() if args.input is not None else base)
     spec = FilterSpec(
         min_reward=pick(args.min_reward, "min_official_score", 1.0),
         max_reward=pick(args.max_reward, "max_official_score"),
@@ -172,22 +233,37 @@ def build_spec(args: argparse.Namespace):
         limit=pick(args.limit, "limit"),
         per_turn=not args.keep_conversation and bool(table.get("per_turn", True)),
     )
-    return spec, input_path, output_path
+    return spec, (input_path, from_s3), output_path
 
 
 def run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    spec, (where, from_s3), output_path = build_spec(args)
+    if from_s3:
+        with tempfile.TemporaryDirectory(prefix="posttrain-filter-") as tmp:
+            return _filter(download_store(where, Path(tmp)), spec, output_path, shown=where)
+    return _filter(Path(where), spec, output_path, shown=where)
+
+
+def _filter(input_path: Path, spec, output_path: Path, *, shown: str) -> int:
     from posttrain.api.dataset import read_lines
     from posttrain.api.restem import FilterError, filter_rollouts, parse_rows, write_jsonl
+    from posttrain.api.traces import TraceStoreError, is_trace_store, read_sessions
 
-    spec, input_path, output_path = build_spec(args)
-    lines = read_lines(input_path, what="rollouts file", field="--input")  # refuses binary, non-UTF-8, a BOM, a FIFO
     try:
-        records, stats = filter_rollouts(parse_rows(lines), spec)
+        if is_trace_store(input_path):
+            rows = read_sessions(input_path)
+        else:  # refuses binary, non-UTF-8, a BOM, a FIFO
+            rows = parse_rows(read_lines(input_path, what="rollouts file", field="--input"))
+        records, stats = filter_rollouts(rows, spec)
+    except (TraceStoreError, sqlite3.Error) as err:
+        raise UserError(Problem(f"cannot read the trace store: {err}", file=shown)) from None
     except FilterError as err:
         raise UserError(
             Problem(
                 str(err),
-                file=str(input_path) if err.line or err.field == "input" else None,
+                file=shown if err.line or err.field == "input" else None,
                 line=err.line,
                 field=None if err.line else err.field,
             )
@@ -197,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
             Problem(
                 f"no rollout matched the filter ({stats.rows} rows read, min reward "
                 f"{spec.min_reward}); nothing written",
-                file=str(input_path),
+                file=shown,
                 fix="lower --min-reward or check the reward field",
             )
         )

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from posttrain.api.overrides import apply_overrides, parse_set
 from posttrain.api.resources import LABEL_USE, USE_TASK_APP_KEY
 from posttrain.commands.argtypes import (
     http_url,
@@ -75,6 +76,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="override the TOML's model as synth's --model does: a fine-tuned id (ft:/rl:...) becomes "
         "[model].source (clearing base), any other id [model].base",
     )
+    parser.add_argument(
+        "--set", dest="overrides", action="append", type=parse_set, default=None, metavar="KEY=VALUE",
+        help="replace one TOML key, validated like it (repeatable): --set training.iterations_per_epoch=1",
+    )  # fmt: skip
     parser.add_argument("--name", type=job_name, help="job name (default: from [model].label or the file name)")
     parser.add_argument("-n", "--namespace", type=namespace, help="namespace (default: the kube context's)")
     parser.add_argument("--context", help="kube context (default: current)")
@@ -119,8 +124,11 @@ def load_job(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, A
     from posttrain.api.config import normalized_config
 
     text = read_text(args.config)
-    raw = convert.parse_toml(text, str(args.config))
-    kind, config, warnings = convert.load(text, kind=args.job_type, file=str(args.config), model=args.model)
+    overrides = getattr(args, "overrides", None)
+    raw = apply_overrides(convert.parse_toml(text, str(args.config)), overrides)
+    kind, config, warnings = convert.load(
+        text, kind=args.job_type, file=str(args.config), model=args.model, overrides=overrides
+    )
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     strict_warnings(args, warnings)  # before anything is applied or started
@@ -286,6 +294,7 @@ def run_cluster(args: argparse.Namespace, kind: str, raw: dict[str, Any]) -> int
         read_text(args.config), kind=kind, name=args.name, namespace=namespace, model=args.model,
         task_url=args.task_url, task_app=args.task_app_name, api_key_secret=secret if kind == "rl" else None,
         dataset=refs.get("train"), validation_dataset=refs.get("validation"), file=str(args.config),
+        overrides=args.overrides,
     )  # fmt: skip
     name = manifest["metadata"]["name"]
     if configmap is not None:

@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from posttrain.api.urls import CID_PREFIX
 from posttrain.commands.argtypes import positive_float
 from posttrain.errors import Problem, UserError
 from posttrain.taskapp_client import Check, TaskAppClient, rollout_request, verify
@@ -191,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
                 inference = stub.url
                 note = " (stub policy on loopback)"
             if inference:
-                cid = f"verify-{uuid.uuid4().hex[:10]}"
+                cid = f"{CID_PREFIX}verify-{uuid.uuid4().hex[:10]}"
                 sep = "&" if "?" in inference else "?"
                 request = rollout_request(
                     seed=args.seed,

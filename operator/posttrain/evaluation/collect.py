@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from posttrain.api.urls import CID_PREFIX
 from posttrain.evaluation.traces import error_row, rows_from_response
 from posttrain.taskapp_client import auth_headers, rollout_request
 
@@ -40,7 +41,7 @@ class EvalPlan:
 
 
 def _request(plan: EvalPlan, seed: int, sample: int) -> dict[str, Any]:
-    cid = f"eval-{uuid.uuid4().hex[:12]}"
+    cid = f"{CID_PREFIX}eval-{uuid.uuid4().hex[:12]}"
     env_config = dict(plan.env_config)
     if plan.split:
         env_config["split"] = plan.split

@@ -8,7 +8,9 @@
 3. The reward curve (PNG) from the RL job's progress, both held-out scores, a summary JSON; exit 1 when the
    final model's held-out accuracy is below --min-accuracy.
 
-Options: --sft-warmup first runs the short full fine-tune examples/demo/sft.toml and chains its
+Options: --task agent runs the multi-step variant instead: examples/demo/agent.toml, GSPO with synth's step
+rewards on the craftworld task app (episodes of 4 decisions; the curve is the mean episode return);
+--sft-warmup first runs the short full fine-tune examples/demo/sft.toml and chains its
 fine_tuned_model into the RL job as [model].source (FFT-first chaining through the embedded S3);
 --independent-eval re-evaluates the base and the final model from S3 on a fresh rollout server.
 
@@ -33,6 +35,11 @@ from posttrain.local.demo_report import phase_table, plot
 from posttrain.local.models import REPO_ROOT
 
 DEMO_DIR = REPO_ROOT / "examples" / "demo"
+# --task: the RL job's config, the curve's title, the default --min-accuracy (held-out mean return to reach)
+TASKS = {
+    "math": (DEMO_DIR / "rl.toml", "GSPO on the math task app", 0.8),
+    "agent": (DEMO_DIR / "agent.toml", "multi-step GSPO on the craftworld task app", 0.0),
+}
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # What the summary keeps of each iteration's detail event.
 DETAIL_FIELDS = ("step", "mean_return", "mixed_groups", "train_sequences", "truncated", "rollout_seconds",
@@ -131,17 +138,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs-dir", type=Path, default=REPO_ROOT / ".runs",
                         help="the local runs folder (default .runs/: `posttrain status`, `logs`, `plot` and `eval` "
                         "find the demo's runs and its S3 there); the curve and summary go to <runs-dir>/demo/")  # fmt: skip
-    parser.add_argument("--config", type=Path, default=DEMO_DIR / "rl.toml", help="the RL job's TOML")
+    parser.add_argument("--task", choices=sorted(TASKS), default="math",
+                        help="math (single-step, the default) or agent (multi-step craftworld, step rewards)")  # fmt: skip
+    parser.add_argument("--config", type=Path, default=None, help="the RL job's TOML (default: the --task's)")
     parser.add_argument("--nproc-per-node", type=int, default=None,
                         help="trainer processes (default: posttrain.local.demo.trainer_processes())")  # fmt: skip
-    parser.add_argument("--min-accuracy", type=float, default=0.8,
-                        help="exit 1 when the final model's held-out greedy accuracy is below this")  # fmt: skip
+    parser.add_argument("--min-accuracy", type=float, default=None,
+                        help="exit 1 when the final model's held-out greedy score is below this (math 0.8, agent 0)")  # fmt: skip
     parser.add_argument("--sft-warmup", action="store_true", help="chain a short SFT job into the RL job")
     parser.add_argument("--independent-eval", action="store_true",
                         help="also evaluate the base and the final model from S3 on a fresh rollout server")  # fmt: skip
     parser.add_argument("--eval-seeds", default="1000000-1000127", help="seeds of --independent-eval")
     parser.add_argument("--model-path", help="weights for the config's base model (as for train --local)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.task == "agent" and args.sft_warmup:
+        parser.error("--sft-warmup warms up on the math task: use it with --task math")
+    config, args.title, min_accuracy = TASKS[args.task]
+    args.config = args.config or config
+    args.min_accuracy = min_accuracy if args.min_accuracy is None else args.min_accuracy
+    return args
 
 
 class Demo:
@@ -222,7 +237,7 @@ class Demo:
         print(f"== RL config {self.rl_toml}: [model].source = {source}", flush=True)
 
     def gspo(self) -> dict[str, Any]:
-        print("== GSPO on the math task app (held-out evaluation before the first and after the last iteration)",
+        print(f"== {self.args.title} (held-out evaluation before the first and after the last iteration)",
               flush=True)  # fmt: skip
         extra = ["--model-path", str(self.args.model_path)] if self.args.model_path else []
         t0 = time.monotonic()
@@ -256,9 +271,9 @@ class Demo:
         curve = plot(
             progress,
             self.out_dir / "reward_curve.png",
-            f"GSPO on the math task app\n{rl['fine_tuned_model']}",
+            f"{self.args.title}\n{rl['fine_tuned_model']}",
             evaluations,
-            f"held-out greedy accuracy ({_eval_seeds_text(self.rl_toml)})",
+            f"held-out greedy {'mean return' if self.args.task == 'agent' else 'accuracy'} ({_eval_seeds_text(self.rl_toml)})",
         )
         returns = [p["meanReturn"] for p in progress]
         print(f"reward curve: {curve}", flush=True)

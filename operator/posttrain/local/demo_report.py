@@ -171,7 +171,8 @@ def plot(
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration (0: the base model)")
     ax.set_ylabel("reward / accuracy")
-    ax.set_ylim(-0.02, 1.1)
+    values = [y for _, y in series["train"]] + [y for _, y in series["held_out"]]
+    ax.set_ylim(-0.02, max([1.1, *(v * 1.1 for v in values)]))  # craftworld's return can pass 1
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=7)

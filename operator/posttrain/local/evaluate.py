@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from posttrain.api.urls import CID_PREFIX
 from posttrain.local.models import resolve_model
 from posttrain.local.processes import ProcessSet, sigterm_as_keyboard_interrupt, wait_http
 from posttrain.local.runner import RUNS_DIR, _vllm_env
@@ -66,7 +67,7 @@ def evaluate_url(
     """(mean return, episodes, errors) of `model_name` behind `inference_base` on `seeds` (mode eval)."""
 
     def one(seed: int) -> float | None:
-        cid = f"eval-{uuid.uuid4().hex[:10]}"
+        cid = f"{CID_PREFIX}eval-{uuid.uuid4().hex[:10]}"
         request = rollout_request(
             seed=seed, inference_url=f"{inference_base}/v1/chat/completions?cid={cid}", model=model_name,
             env_name=env_name, mode="eval", env_config={**(env_config or {}), "split": "eval"},

@@ -41,6 +41,9 @@ RUNS_DIR = REPO_ROOT / ".runs"
 LOCAL_NAMESPACE = "local"
 
 
+VERIFY_TIMEOUT_S = 120.0  # seconds per verification request of a local run's task app
+
+
 @dataclass
 class LocalOptions:
     kind: str  # rl | sft
@@ -197,6 +200,11 @@ def format_iteration(event: dict[str, Any]) -> str:
         failed += f", judged {event['judged']}" + (
             f" ({unjudged} without a judge score, left out)" if unjudged else ""
         )
+    turns = event.get("mean_turns")
+    if isinstance(turns, int | float) and (turns > 1 or event.get("decision_rewards_nonzero")):
+        # multi-turn episodes: how long they ran and how many decisions earned a step reward
+        failed += (f", {turns:.1f} turns/episode, decision rewards {event.get('decision_rewards_nonzero') or 0} "
+                   f"non-zero (sum {num('decision_reward_sum', '.3g')})")  # fmt: skip
     return (
         f"rollouts {event.get('rollouts')}{failed}, mixed groups {event.get('mixed_groups')}/{event.get('groups')}, "
         f"trained {event.get('train_sequences')} seqs, grad_norm {num('grad_norm', '.3g')}, "
@@ -405,7 +413,9 @@ class LocalRun:
         self.printer.phase(
             self.phase, f"task app {task_url}" + (f" (started {where})" if how == "start" else "")
         )
-        with TaskAppClient(task_url, self.env_key) as client:
+        # a generous timeout: synth's Crafter app builds a world per seed of /task_info (ten of them), which
+        # takes well over 10 s on a busy machine; a local run would rather wait than fail
+        with TaskAppClient(task_url, self.env_key, timeout=VERIFY_TIMEOUT_S) as client:
             checks = verify(client)
         for check in checks:
             self.printer.line(f"  {check.verdict}  {check.name:<10} {check.detail}")
