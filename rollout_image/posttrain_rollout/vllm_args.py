@@ -102,7 +102,8 @@ def cpu_eager(cpu: bool) -> bool:
     """Serve eagerly (--enforce-eager) on a CPU backend. vLLM's CPU default traces the model with dynamo and
     compiles it with inductor (C++ through gcc) at start: on 2 cores that was 1.5-4.5 min of a cold start
     (13.6 min under heavy load; 6.2 min eagerly beside it), while decoding eagerly costs ~15 % more CPU per
-    sampled token (docs/benchmarks.md, issue 29): a first run gains minutes, a warm-cache run loses ~40 s. On a GPU vLLM keeps its compile + CUDA graphs.
+    sampled token (docs/benchmarks.md): a first run gains minutes, a warm-cache run loses ~40 s. On a GPU vLLM
+    keeps its compile and CUDA graphs.
     `--vllm-arg=--no-enforce-eager` (or a -O / --compilation-config flag) brings compilation back."""
     return cpu
 

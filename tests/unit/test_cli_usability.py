@@ -1,4 +1,4 @@
-"""The CLI as a user and a script meet it (issue 30): numbers are numbers, a misspelled section is named,
+"""The CLI as a user and a script meet it: numbers are numbers, a misspelled section is named,
 --strict, flags checked like the fields they fill, examples in every --help, -o json|yaml|wide, shell
 completion, one exit-code table, and no traceback when the reader of stdout goes away. The real `posttrain`
 command runs in a subprocess."""

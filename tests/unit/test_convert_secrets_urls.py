@@ -1,4 +1,4 @@
-"""`posttrain convert` / `validate` and issue 27's rules: task-app URLs (posttrain.api.urls), a judge's key
+"""`posttrain convert` / `validate` and the tenancy rules: task-app URLs (posttrain.api.urls), a judge's key
 only from a Secret the job names, and no literal secret in a TOML. Each refusal is exit 2 with file:line,
 the field and the fix."""
 

@@ -1,4 +1,4 @@
-"""examples/: an index (examples/README.md) that names every example, the examples issue 30 asked for (each
+"""examples/: an index (examples/README.md) that names every example, the examples users asked for (each
 one converts: tests/unit/test_convert.py compares its committed CR with `posttrain convert`), and names that
 agree across examples/ and manifests/. The two that wire Secrets or queues are rendered by the operator's pure
 render functions to show the wiring holds."""

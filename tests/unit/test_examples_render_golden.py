@@ -1,5 +1,5 @@
 """Every example job renders to the same children, byte for byte, as it did before the trainer settings moved
-into posttrain.api.settings (issue 31): the golden file tests/golden/examples_render.json was captured from
+into posttrain.api.settings: the golden file tests/golden/examples_render.json was captured from
 main before that change. The job file (job.json in the job's Secret) gained one key, `settings` (the typed
 trainer settings); everything else in it is compared as it was. The local runner's job config is compared too.
 
@@ -17,7 +17,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "examples_render.json"
-NEW_JOBFILE_KEYS = ("settings",)  # added by issue 31; absent from the golden file
+NEW_JOBFILE_KEYS = ("settings",)  # the typed settings, newer than the golden file
 
 
 def _examples() -> list[Path]:

@@ -449,7 +449,7 @@ def test_a_verified_taskapp_speaks_only_for_jobs_that_use_its_own_key() -> None:
 
 
 def test_a_judge_key_comes_only_from_the_secret_the_job_names() -> None:
-    """The hostile case of issue 27: a judge at a URL of the tenant's choice, told to read the trainer's S3
+    """The hostile case: a judge at a URL of the tenant's choice, told to read the trainer's S3
     secret as its key. Without a Secret named for the judge the job is refused; with one, the trainer's
     judge client reads only POSTTRAIN_JUDGE_API_KEY (from that Secret), whatever api_key_env says."""
     from posttrain.controller.spec_errors import SpecError
