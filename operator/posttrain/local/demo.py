@@ -35,10 +35,11 @@ from posttrain.local.demo_report import phase_table, plot
 from posttrain.local.models import REPO_ROOT
 
 DEMO_DIR = REPO_ROOT / "examples" / "demo"
-# --task: the RL job's config, the curve's title, the default --min-accuracy (held-out mean return to reach)
+# --task: the RL job's config, the curve's title, the default --min-accuracy (held-out mean return to reach),
+# what the held-out score measures
 TASKS = {
-    "math": (DEMO_DIR / "rl.toml", "GSPO on the math task app", 0.8),
-    "agent": (DEMO_DIR / "agent.toml", "multi-step GSPO on the craftworld task app", 0.0),
+    "math": (DEMO_DIR / "rl.toml", "GSPO on the math task app", 0.8, "accuracy"),
+    "agent": (DEMO_DIR / "agent.toml", "multi-step GSPO on the craftworld task app", 0.0, "mean return"),
 }
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # What the summary keeps of each iteration's detail event.
@@ -153,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.task == "agent" and args.sft_warmup:
         parser.error("--sft-warmup warms up on the math task: use it with --task math")
-    config, args.title, min_accuracy = TASKS[args.task]
+    config, args.title, min_accuracy, args.eval_measure = TASKS[args.task]
     args.config = args.config or config
     args.min_accuracy = min_accuracy if args.min_accuracy is None else args.min_accuracy
     return args
@@ -273,7 +274,7 @@ class Demo:
             self.out_dir / "reward_curve.png",
             f"{self.args.title}\n{rl['fine_tuned_model']}",
             evaluations,
-            f"held-out greedy {'mean return' if self.args.task == 'agent' else 'accuracy'} ({_eval_seeds_text(self.rl_toml)})",
+            f"held-out greedy {self.args.eval_measure} ({_eval_seeds_text(self.rl_toml)})",
         )
         returns = [p["meanReturn"] for p in progress]
         print(f"reward curve: {curve}", flush=True)
