@@ -228,6 +228,27 @@ def job_pods(kube: Kube, job: str, role: str | None = None) -> list[dict]:
     return kube.json("-n", NS, "get", "pods", "-l", selector)["items"]
 
 
+def check_pulled_from(kube: Kube, registry: str) -> int:
+    """Every container of the operator's and the jobs' pods ran an image from the registry, by digest (the
+    node pulled it: nothing was imported); the number of containers checked."""
+    checked = 0
+    for namespace in ("posttrain-system", NS):
+        for pod in kube.json("-n", namespace, "get", "pods")["items"]:
+            statuses = (pod.get("status") or {}).get("containerStatuses") or []
+            for status in statuses:
+                image, image_id = status.get("image", ""), status.get("imageID", "")
+                if not image.startswith(f"{registry}/") or "@sha256:" not in image_id:
+                    raise E2EError(
+                        f"{namespace}/{pod['metadata']['name']} container {status.get('name')} ran {image} "
+                        f"({image_id or 'no imageID'}), not an image pulled from {registry}"
+                    )
+                checked += 1
+    if not checked:
+        raise E2EError("no running container to check the images of")
+    say(f"{checked} containers ran images pulled from {registry} (imageID by digest)")
+    return checked
+
+
 def apply_rl(kube: Kube, workdir: Path, name: str, secret: str) -> float:
     out = workdir / f"{name}.yaml"
     posttrain("convert", "--config", str(REPO / "hack" / "e2e" / "rl.toml"), "--name", name, "--namespace", NS,
@@ -491,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         job = result["job"]
         nodes = {p["spec"].get("nodeName") for p in job_pods(kube, RL_NAME)}
         check_trainer_identity(kube, job)
+        pulled = check_pulled_from(kube, registry)
         fine_tuned = check_model_loads(kube, job, workdir)
         wrong_key_job(kube, workdir)
         sft_job(kube, workdir)
@@ -498,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = (
             f"e2e: RLJob {RL_NAME} Succeeded in {result['seconds']:.0f} s on node {','.join(sorted(nodes))} "
             f"({runtime}); fineTunedModel={fine_tuned}; resumed at step {resumed} "
-            "after trainer kill; wrong-key job Failed without trainer"
+            f"after trainer kill; wrong-key job Failed without trainer; {pulled} containers from {registry}"
         )
         ok = True
     except (E2EError, devnode.NodeError, subprocess.SubprocessError, OSError) as err:

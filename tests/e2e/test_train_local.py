@@ -149,6 +149,8 @@ def test_rl_local_chained_from_the_sft_model(sft_job, runs, tmp_path):
     assert rl.returncode == 0, rl.stdout[-4000:] + rl.stderr[-3000:]
     out = rl.stdout
     assert _phases(out) == ["Verifying", "Provisioning", "Running", "Succeeded"]
+    # the trainer starts (and loads its model) while vLLM starts; it waits for the server itself
+    assert out.index("phase: Running") < out.index("ready    policy rollout server"), out
     assert "PASS  health" in out and "PASS  task_info" in out and f"PASS  source     {ft_id}" in out
     assert re.search(r"^\s+step 2/2\s+mean_return [0-9.]+", out, re.M), out
     rl_id = re.search(r"^fine_tuned_model: (\S+)$", out, re.M).group(1)

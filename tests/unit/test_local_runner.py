@@ -279,7 +279,7 @@ def test_demo_phase_table_splits_start_up_iterations_and_evaluations():
         "start-up: model conversion (once per machine)": 30.0,
         "start-up: job (embedded S3, task app)": 2.0,
         "start-up: vLLM (policy rollout server)": 60.0,
-        "start-up: trainer (model load)": 13.0,  # the first evaluation line came 18 s after vLLM, 5 s of it eval
+        "start-up: trainer (its model load after vLLM is ready)": 13.0,  # the first evaluation line came 18 s after vLLM, 5 s of it eval
         "held-out evaluation, base model": 5.0,
         "iteration 1": 17.5,
         "iteration 2": 13.5,

@@ -45,7 +45,12 @@ from posttrain_trainer import preemption
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.restem_config import RestemConfigError, RestemTrainerConfig, restem_settings
 from posttrain_trainer.resume import CheckpointStore
-from posttrain_trainer.rl import iteration_seeds, require_rollout_endpoints, run_evaluation
+from posttrain_trainer.rl import (
+    iteration_seeds,
+    require_rollout_endpoints,
+    run_evaluation,
+    wait_until_serving,
+)
 from posttrain_trainer.rollouts import (
     ErrorBudget,
     RolloutBudgetExceeded,
@@ -238,6 +243,7 @@ class RestemRun:
         from posttrain_trainer.weightsync import WeightSyncer
 
         job = self.job
+        wait_until_serving(job)
         self.rollouts = RolloutClient(
             task_url=job.task_app.url,
             config=job.config,

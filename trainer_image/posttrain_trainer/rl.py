@@ -78,6 +78,7 @@ from posttrain_trainer.rollouts import (
     plan_rollouts,
     rubric_weights,
     run_tag,
+    wait_for_servers,
 )
 
 # The per-iteration "iteration" event: why the reward moves (or does not): how many groups carried signal,
@@ -137,7 +138,9 @@ def sequences_from_results(
     rewards stay the task's; a penalty only moves the advantages. "shaped" is DAPO's soft punishment
     (gspo.overlong_shaping): the penalty ramps up over the last `overlong_ramp` tokens before `max_tokens`."""
     ok = [r for r in results if r.ok]
-    shaped = [r.reward + _overlong_reward(r, overlong, overlong_penalty, max_tokens, overlong_ramp) for r in ok]
+    shaped = [
+        r.reward + _overlong_reward(r, overlong, overlong_penalty, max_tokens, overlong_ramp) for r in ok
+    ]
     advantages = gspo.ragged_group_advantages(shaped, [r.spec.group for r in ok])
     credits = decision_credits(ok)
     seqs = []
@@ -574,6 +577,17 @@ def evaluation_record(at: int, results: list[RolloutResult], seconds: float | No
     return record
 
 
+def wait_until_serving(job: JobFile) -> None:
+    """Block until the job's rollout servers answer /health (rollouts.wait_for_servers); say so if it took a while."""
+    urls = [*job.endpoints.policy, *([job.endpoints.reference] if job.endpoints.reference else [])]
+    waited = wait_for_servers(urls)
+    if waited >= 1.0 and D.is_main():
+        print(
+            f"[posttrain] rollout servers ready after {waited:.1f} s (the model was loaded meanwhile)",
+            flush=True,
+        )
+
+
 def require_rollout_endpoints(job: JobFile, error: type[Exception], article_and_kind: str) -> None:
     """A job that samples needs the task app and the policy's rollout servers in its job file."""
     if job.task_app is None:
@@ -767,6 +781,7 @@ class RLRun:
         from posttrain_trainer.weightsync import WeightSyncer, sync_format
 
         job = self.job
+        wait_until_serving(job)
         self.judge = EpisodeJudge.from_config(job.config, rubric_weights(job.config), job.endpoints.judges)
         if self.judge is not None and D.is_main():
             options = self.judge.options

@@ -64,6 +64,37 @@ TRUNCATED = "length"  # the OpenAI/vLLM finish_reason of a response cut at max_t
 _CID_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+SERVERS_READY_TIMEOUT_S = 1800.0  # a cold vLLM compile on a slow CPU took minutes; whoever started us decides
+
+
+class ServersNotReady(RuntimeError):
+    """A rollout server did not answer /health in time."""
+
+
+def wait_for_servers(
+    urls: Sequence[str], timeout_s: float = SERVERS_READY_TIMEOUT_S, interval_s: float = 1.0
+) -> float:
+    """Wait until every rollout server's /health answers (below 500); the seconds waited. In a cluster the trainer
+    pod's initContainer has already waited (one request each here); a local run starts the trainer while vLLM
+    boots, so that the model load and vLLM's start overlap. Nothing of a server's answer is echoed."""
+    import httpx
+
+    started = time.monotonic()
+    deadline = started + timeout_s
+    for url in urls:
+        while True:
+            try:
+                # 200: serving; 5xx: vLLM still starting; another answer: a server without /health, up
+                if httpx.get(f"{url.rstrip('/')}/health", timeout=5.0).status_code < 500:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise ServersNotReady(f"rollout server {url} not ready after {timeout_s:.0f} s (GET /health)")
+            time.sleep(interval_s)
+    return time.monotonic() - started
+
+
 class RolloutBudgetExceeded(RuntimeError):
     """More task-app rollouts failed in one iteration than the error budget allows."""
 

@@ -4,7 +4,8 @@
   it saw the job's lines: rollout server starting and ready, first and last held-out evaluation, the job's
   end) and from the job's report (each iteration's rollout / update / weight-sync seconds, each
   evaluation's seconds). Start-up is everything before the first held-out evaluation: the model
-  conversion, the job's own start (embedded S3, task app), vLLM's start and the trainer's (model load).
+  conversion, the job's own start (embedded S3, task app), vLLM's start and what remains of the trainer's
+  (it loads its model while vLLM starts).
 - plot: the reward curve, the sampled training mean per iteration beside the held-out greedy evaluation
   points (before the first iteration at x = 0, after the last), which are the figures the demo promises."""
 
@@ -70,7 +71,7 @@ def phase_rows(
     trainer = None
     if ready is not None and first_seen is not None and before is not None:
         trainer = max(0.0, first_seen - ready - before)
-    rows.append(("start-up: trainer (model load)", trainer))
+    rows.append(("start-up: trainer (its model load after vLLM is ready)", trainer))
     rows.append(("held-out evaluation, base model", before))
     for d in detail:
         rows.append((f"iteration {d.get('step')}", _f(d.get("iteration_seconds"))))

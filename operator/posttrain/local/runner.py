@@ -292,6 +292,7 @@ class LocalRun:
         self.env_key = os.environ.get("ENVIRONMENT_API_KEY") or "sk_env_local_" + secrets.token_hex(12)
         self.s3: Any = None
         self.storage: dict[str, Any] = {}
+        self.starting_servers: list[tuple[str, ManagedProcess, str]] = []  # (role, process, url)
 
     def check_inputs(self) -> None:
         """Bad input fails before anything starts: the SFT dataset, the task app's key."""
@@ -434,7 +435,7 @@ class LocalRun:
         endpoints: dict[str, Any] = {"policy": [], "reference": None, "judges": {}}
         dataset_ref: dict[str, Any] = {}
         if self.opts.kind == "rl":
-            self.start_rollout_servers(endpoints)
+            self.start_rollout_servers(endpoints)  # waited for once the trainer starts (train)
         else:
             dataset_ref = self.upload_dataset()
         # The trainer's ranks share one S3 download cache; fill it here once so that they never race
@@ -459,7 +460,8 @@ class LocalRun:
         return dump_jobfile(job, self.run_dir / "job.json")
 
     def start_rollout_servers(self, endpoints: dict[str, Any]) -> None:
-        """The policy's rollout server, and the reference's where the config places one; waits for both."""
+        """The policy's rollout server, and the reference's where the config places one, into `endpoints`;
+        wait_rollout_servers waits for them (the trainer loads its model meanwhile)."""
         opts, printer, resolved = self.opts, self.printer, self.resolved
         max_len = int(_section(self.config, "vllm").get("max_model_len") or 1024)
         vllm_env = _vllm_env(self.child_env, opts.runs_dir, self.run_dir, opts.vllm_kv_cache_gib)
@@ -473,15 +475,21 @@ class LocalRun:
                 argv += rollout_image_args(self.config)  # image limits, applied before vLLM sees a request
             role_env = {**vllm_env, "POSTTRAIN_RUN_DIR": str(self.run_dir / f"rollout-{role}")}
             proc = self.procs.start(f"rollout-{role}", argv, self.logs / f"rollout-{role}.log", env=role_env)
-            servers.append((role, proc, f"http://127.0.0.1:{port}"))
+            url = f"http://127.0.0.1:{port}"
+            servers.append((role, proc, url))
             printer.line(f"  starting {role} rollout server on 127.0.0.1:{port} (log {proc.log_path})")
-        for role, proc, url in servers:
-            wait_http(f"{url}/health", timeout=opts.rollout_ready_timeout, proc=proc, interval=1.0)
-            printer.line(f"  ready    {role} rollout server {url} ({printer.elapsed():.0f} s)")
             if role == "policy":
                 endpoints["policy"].append(url)
             else:
                 endpoints["reference"] = url
+        self.starting_servers = servers
+
+    def wait_rollout_servers(self) -> None:
+        """Until every rollout server start_rollout_servers started answers /health (or one exits)."""
+        for role, proc, url in self.starting_servers:
+            wait_http(f"{url}/health", timeout=self.opts.rollout_ready_timeout, proc=proc, interval=1.0)
+            self.printer.line(f"  ready    {role} rollout server {url} ({self.printer.elapsed():.0f} s)")
+        self.starting_servers = []
 
     def upload_dataset(self) -> dict[str, Any]:
         """The SFT dataset (and validation set) into S3; returns the job file's dataset section."""
@@ -530,6 +538,9 @@ class LocalRun:
             f"torchrun --nproc-per-node {opts.nproc} -m posttrain_trainer {opts.kind} "
             f"--config {job_path} (log {trainer.log_path})",
         )
+        # The trainer loads its model while vLLM starts and waits for the servers itself before its first
+        # rollout (posttrain_trainer.rollouts.wait_for_servers): the two start-ups overlap.
+        self.wait_rollout_servers()
         code = self.watch(trainer)
         if code != 0:
             raise ProcessFailed(
