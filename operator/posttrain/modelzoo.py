@@ -240,8 +240,9 @@ def convert_smollm2(out: Path) -> Path:
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    plain = LlamaForCausalLM(config).to(torch.bfloat16)
-    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
+    with torch.device("meta"):  # no random initialisation of weights that are replaced next
+        plain = LlamaForCausalLM(config).to(torch.bfloat16)
+    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False, assign=True)
     real_missing = [k for k in missing if "rotary" not in k]
     if real_missing or unexpected:
         raise RuntimeError(f"GGUF conversion mismatch: missing={real_missing} unexpected={unexpected}")
