@@ -161,6 +161,9 @@ def test_rl_local_chained_from_the_sft_model(sft_job, runs, tmp_path):
     keys = _s3_keys(runs, prefix)
     assert any(k.startswith(prefix + "final/") for k in keys), keys
     assert prefix + "manifest.json" in keys, keys
+    # the trace store is one of the artifacts the job reports (status.artifacts.traces on a cluster)
+    artifacts = json.loads((_run_dir(out) / "result.json").read_text())["artifacts"]
+    assert artifacts["traces"] == f"s3://posttrain/{prefix}traces.sqlite" and prefix + "traces.sqlite" in keys
     started = json.loads((_run_dir(out) / "pids.json").read_text())
     assert {"s3", "task-app", "rollout-policy", "trainer"} <= set(started), started
     assert not _left_running(_run_dir(out)), "processes left running"

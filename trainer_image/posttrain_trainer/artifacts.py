@@ -14,7 +14,7 @@ from posttrain.api.model_ids import fine_tuned_model_id
 
 # The artifacts a job reports in its status (the keys of the status' Artifacts); other uploads (a ReST-EM
 # iteration's kept samples, ...) are listed in manifest.json only.
-REPORTED_ARTIFACTS = ("model", "manifest", "checkpoints", "logs", "config", "metrics", "reward_curve")
+REPORTED_ARTIFACTS = ("model", "manifest", "checkpoints", "logs", "config", "metrics", "reward_curve", "traces")
 
 
 def reported_artifacts(artifacts: dict[str, str]) -> dict[str, str]:

@@ -269,6 +269,11 @@ class Artifacts(CRModel):
     config: str | None = Field(None, description="S3 URI of the job config.")
     reward_curve: str | None = Field(None, description="S3 URI of reward_curve.png.")
     metrics: str | None = Field(None, description="S3 URI of metrics.jsonl.")
+    traces: str | None = Field(
+        None,
+        description="S3 URI of traces.sqlite (RL): every rollout's trajectory, rewards and policy version; "
+        "`posttrain filter` builds SFT data from it.",
+    )
 
 
 def progress_display(step: int | None, total: int | None) -> str | None:
