@@ -55,6 +55,11 @@ class E2EError(AssertionError):
     pass
 
 
+# The registry's blobs live beside the other caches, outside the clone and outside the cluster's folder (which
+# every start clears): a later run pushes only the layers that changed.
+REGISTRY_DIR = Path(os.environ.get("POSTTRAIN_CACHE") or Path.home() / ".cache" / "posttrain") / "registry"
+
+
 def say(message: str) -> None:
     print(f"[{time.monotonic() - T0:7.1f}s] {message}", flush=True)
 
@@ -106,7 +111,8 @@ def serve_images(registry_dir: Path) -> str:
     t = time.monotonic()
     script = str(REPO / "hack" / "registry.sh")
     started = subprocess.run(
-        ["bash", script, "start", str(registry_dir), str(free_port())], check=True, capture_output=True, text=True
+        ["bash", script, "start", str(registry_dir), str(free_port())], check=True,
+        capture_output=True, text=True,
     )  # fmt: skip
     address = started.stdout.strip().splitlines()[-1]
     say(f"docker-registry on {address} ({registry_dir}) in {time.monotonic() - t:.0f} s")
@@ -228,24 +234,48 @@ def job_pods(kube: Kube, job: str, role: str | None = None) -> list[dict]:
     return kube.json("-n", NS, "get", "pods", "-l", selector)["items"]
 
 
+MANIFEST_TYPES = ", ".join([
+    "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json",
+])  # fmt: skip
+
+
+def registry_digest(registry: str, image: str) -> str:
+    """The manifest digest the registry serves for `image` (host:port/repo:tag), from its v2 API."""
+    import httpx
+
+    host, _, rest = image.partition("/")
+    repo, _, tag = rest.rpartition(":")
+    response = httpx.head(f"http://{host}/v2/{repo}/manifests/{tag}", headers={"Accept": MANIFEST_TYPES})
+    if response.status_code != 200 or not response.headers.get("Docker-Content-Digest"):
+        raise E2EError(f"{registry} does not serve {image} (HTTP {response.status_code})")
+    return response.headers["Docker-Content-Digest"]
+
+
 def check_pulled_from(kube: Kube, registry: str) -> int:
-    """Every container of the operator's and the jobs' pods ran an image from the registry, by digest (the
-    node pulled it: nothing was imported); the number of containers checked."""
-    checked = 0
+    """Every container of the operator's and the jobs' pods names an image of the registry and ran exactly
+    the manifest the registry serves for it (the digest of its imageID): the node pulled it, nothing was
+    imported. (A container status' `image` may show another name of the same image in the node's store,
+    so the spec's name is the one checked.) Returns the number of containers checked."""
+    checked, digests = 0, {}
     for namespace in ("posttrain-system", NS):
         for pod in kube.json("-n", namespace, "get", "pods")["items"]:
-            statuses = (pod.get("status") or {}).get("containerStatuses") or []
-            for status in statuses:
-                image, image_id = status.get("image", ""), status.get("imageID", "")
-                if not image.startswith(f"{registry}/") or "@sha256:" not in image_id:
+            images = {c["name"]: c["image"] for c in pod["spec"].get("containers", [])}
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                where = f"{namespace}/{pod['metadata']['name']} container {status.get('name')}"
+                image, image_id = images.get(status.get("name"), ""), status.get("imageID", "")
+                if not image.startswith(f"{registry}/"):
+                    raise E2EError(f"{where} runs {image}, not an image of {registry}")
+                if image not in digests:
+                    digests[image] = registry_digest(registry, image)
+                if not image_id.endswith("@" + digests[image]):
                     raise E2EError(
-                        f"{namespace}/{pod['metadata']['name']} container {status.get('name')} ran {image} "
-                        f"({image_id or 'no imageID'}), not an image pulled from {registry}"
+                        f"{where} ran {image_id or 'no image yet'}; {registry} serves {digests[image]}"
                     )
                 checked += 1
     if not checked:
         raise E2EError("no running container to check the images of")
-    say(f"{checked} containers ran images pulled from {registry} (imageID by digest)")
+    say(f"{checked} containers ran the images {registry} serves ({len(digests)} images, by digest)")
     return checked
 
 
@@ -482,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         runtime = kube.run(
             "get", "node", devnode.NODE_NAME, "-o", "jsonpath={.status.nodeInfo.containerRuntimeVersion}"
         )
-        registry = serve_images(Path(args.dir).resolve() / "registry")
+        registry = serve_images(REGISTRY_DIR)
         install(kube, registry_overlay(Path(args.dir).resolve() / "overlay", registry))
         for kind, name in (
             ("rljob", RL_NAME),
@@ -526,9 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     except (E2EError, devnode.NodeError, subprocess.SubprocessError, OSError) as err:
         print(f"e2e FAILED: {err}", file=sys.stderr, flush=True)
     finally:
-        subprocess.run(
-            ["bash", str(REPO / "hack" / "registry.sh"), "stop", str(Path(args.dir).resolve() / "registry")]
-        )
+        subprocess.run(["bash", str(REPO / "hack" / "registry.sh"), "stop", str(REGISTRY_DIR)])
         if cluster is None:
             pass
         elif args.keep and not ok:
