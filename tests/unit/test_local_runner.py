@@ -191,7 +191,7 @@ def test_demo_task_and_held_out_seeds_are_fixed():
 
     config = tomllib.loads((demo.DEMO_DIR / "rl.toml").read_text())
     assert config["rollout"]["env_config"] == {"difficulty": "medium"}
-    assert config["rollout"]["policy_config"]["max_tokens"] == 32
+    assert config["rollout"]["policy_config"]["max_tokens"] == 16
     assert config["evaluation"]["seeds"] == list(range(1_000_000, 1_000_128))
     assert config["evaluation"].get("temperature", 0.0) == 0.0
     assert config["evaluation"]["every_n_iters"] > config["training"]["iterations_per_epoch"]
