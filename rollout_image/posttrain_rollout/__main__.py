@@ -147,6 +147,7 @@ def serve(args: argparse.Namespace) -> int:
         max_loras=args.max_loras,
         extra=[*vllm_args.tool_call_args(model_dir), *args.vllm_arg],
         eager=vllm_args.cpu_eager(cpu),
+        block_size=vllm_args.cpu_block_size(cpu),
     )
     env = vllm_args.vllm_env(None, run_dir, cpu=cpu, enable_lora=args.enable_lora)
     log.info(

@@ -49,9 +49,10 @@ def vllm_argv(
     extra: list[str] | None = None,
     python: str = sys.executable,
     eager: bool = False,
+    block_size: int | None = None,
 ) -> list[str]:
     """vLLM's command line. eager: --enforce-eager (no torch.compile) unless `extra` already says how to
-    compile (see cpu_eager)."""
+    compile (see cpu_eager); block_size: --block-size unless `extra` gives one (see cpu_block_size)."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     argv += ["--host", "127.0.0.1", "--port", str(port)]
     if served_model_name:
@@ -85,8 +86,20 @@ def vllm_argv(
         argv += ["--load-format", "safetensors"]
     if eager and not any(_is_compile_flag(arg) for arg in extra):
         argv.append("--enforce-eager")
+    if block_size and not any(arg.split("=")[0] == "--block-size" for arg in extra):
+        argv += ["--block-size", str(int(block_size))]
     argv += extra
     return argv
+
+
+def cpu_block_size(cpu: bool) -> int | None:
+    """KV-cache blocks of 32 tokens on a CPU backend (vLLM's CPU default is 128; 16 fails there, and it
+    prefers multiples of 32). Prefix caching shares whole blocks only: RL prompts are short, and a group's
+    samples share their prompt (all of them the chat template's system prompt), so 128-token blocks never
+    fill and every sample computed its prompt again. Measured on 2 cores (SmolLM2, fp32, 64 requests of 8
+    prompts x 8, 46 prompt tokens, 16 new): 9.0-9.5 s a batch at 128, 5.7-6.1 s at 32 (prefix-cache hits
+    0 % -> 61 %). On a GPU vLLM keeps its own; `--vllm-arg=--block-size=N` overrides."""
+    return 32 if cpu else None
 
 
 # Flags by which a caller says how vLLM compiles (then vllm_argv adds no --enforce-eager of its own).

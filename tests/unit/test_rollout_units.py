@@ -157,6 +157,18 @@ def test_vllm_serves_eagerly_on_a_cpu_unless_told_how_to_compile():
     assert vllm_args.vllm_argv("/m", 1, eager=True, extra=["--enforce-eager"]).count("--enforce-eager") == 1
 
 
+def test_vllm_uses_32_token_blocks_on_a_cpu_so_that_short_prompts_share_a_prefix():
+    """vLLM's CPU default of 128-token blocks never fills on an RL prompt (prefix caching shares whole blocks):
+    32 on a CPU backend, vLLM's own on a GPU, and a caller's --block-size wins."""
+    assert vllm_args.cpu_block_size(True) == 32 and vllm_args.cpu_block_size(False) is None
+    argv = vllm_args.vllm_argv("/m", 1, block_size=32)
+    assert argv[argv.index("--block-size") + 1] == "32"
+    assert "--block-size" not in vllm_args.vllm_argv("/m", 1)
+    for flag in (["--block-size", "64"], ["--block-size=64"]):
+        argv = vllm_args.vllm_argv("/m", 1, block_size=32, extra=flag)
+        assert "32" not in argv and argv[-len(flag) :] == flag
+
+
 def test_vllm_argv_and_env(tmp_path):
     argv = vllm_args.vllm_argv(
         "/m",
