@@ -78,7 +78,8 @@ def test_observation_shows_the_area_and_the_legal_actions_last():
     assert after.splitlines()[0] == "Result: collect_sapling done. New: collect_sapling."
     assert after.splitlines()[-1] == "Legal actions: move, collect_wood, collect_sapling, place_table."
     _goto(world, "plains")
-    assert W.observation_text(world).splitlines()[-1] == "Legal actions: move, place_table."  # crafting: anywhere
+    # crafting needs no area
+    assert W.observation_text(world).splitlines()[-1] == "Legal actions: move, place_table."
 
 
 def test_step_separates_absolute_and_unique_achievements():
