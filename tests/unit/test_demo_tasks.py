@@ -3,6 +3,9 @@ craftworld with synth's step rewards), which is a valid multi-turn RL config."""
 
 from __future__ import annotations
 
+import sys
+import tomllib
+
 import pytest
 from posttrain.api import convert
 from posttrain.local.demo import DEMO_DIR, parse_args
@@ -25,3 +28,26 @@ def test_agent_config_is_multi_turn_with_step_rewards():
     assert kind == "rl" and not warnings
     assert config.rollout.env_name == "craftworld" and config.rollout.max_turns > 1
     assert config.training.step_rewards_enabled and config.training.step_rewards_mode == "decision_stepwise"
+
+
+def test_agent_held_out_seeds_give_no_constant_action_a_pass():
+    """3 eval seeds per start area: every constant action (what a greedy policy blind to the observation
+    plays) returns 1/6, so a held-out rise is not a constant policy flipping from one action to another."""
+    sys.path.insert(0, str(DEMO_DIR.parents[1] / "examples" / "taskapps" / "craftworld"))
+    import craftworld as W
+
+    config = tomllib.loads((DEMO_DIR / "agent.toml").read_text())
+    seeds, turns = config["evaluation"]["seeds"], config["rollout"]["env_config"]["max_steps_per_episode"]
+    assert config["evaluation"]["instances"] == len(seeds) == len(set(seeds))
+    areas = [W.make_world(seed, "eval").area for seed in seeds]
+    assert all(seed >= 1_000_000 for seed in seeds) and [areas.count(a) for a in W.AREAS] == [3] * 6
+
+    def constant(action: str) -> float:
+        total = 0.0
+        for seed in seeds:
+            world = W.make_world(seed, "eval", {"max_steps_per_episode": turns})
+            total += sum(W.step(world, [action])["reward"] for _ in range(turns))
+        return total / len(seeds)
+
+    for action in config["rollout"]["policy_config"]["structured_outputs"]["choice"]:
+        assert constant(action) <= 1 / 6 + 1e-9, action

@@ -67,6 +67,21 @@ def test_crafting_chain_needs_its_inputs():
     assert world.inventory == {"wood": 1, "table": 1, "wood_pickaxe": 1, "stone": 1, "coal": 1}
 
 
+def test_observation_shows_the_area_and_the_legal_actions_last():
+    world = W.make_world(0, "train", {"max_steps_per_episode": 3})
+    _goto(world, "forest")
+    text = W.observation_text(world)
+    assert "Area: forest (wood, sapling)" in text and "Step 1/3" in text
+    assert text.splitlines()[-1] == "Legal actions: move, collect_wood, collect_sapling."
+    W.step(world, ["collect_wood", "collect_wood"])
+    after = W.observation_text(world, W.step(world, ["collect_sapling"]))
+    assert after.splitlines()[0] == "Result: collect_sapling done. New: collect_sapling."
+    assert after.splitlines()[-1] == "Legal actions: move, collect_wood, collect_sapling, place_table."
+    _goto(world, "plains")
+    # crafting needs no area
+    assert W.observation_text(world).splitlines()[-1] == "Legal actions: move, place_table."
+
+
 def test_step_separates_absolute_and_unique_achievements():
     world = W.make_world(0, "train", {"max_steps_per_episode": 3})
     _goto(world, "forest")
@@ -260,6 +275,11 @@ def test_multi_step_rollout_with_decision_rewards(env_key):
     assert first["_query"] == {"cid": CID} and first["temperature"] == 0.7 and first["model"] == "m"
     assert first["tools"][0]["function"]["name"] == "act" and first["tool_choice"] == "auto"
     assert [m["role"] for m in first["messages"]] == ["system", "user"]
+    assert len(first["messages"][0]["content"]) < 300  # a line or two: the observation carries the rest
+    start = W.make_world(3, "train")
+    assert first["messages"][1]["content"].endswith(f"Legal actions: {', '.join(W.legal_actions(start))}.")
+    assert all(m["content"].splitlines()[-1].startswith("Legal actions: move")
+               for m in last["messages"] if m["role"] in ("user", "tool"))  # fmt: skip
     assert len(last["messages"]) == 2 + 2 * 9 and last["messages"][2]["role"] == "assistant"
     assert last["messages"][3]["role"] == "tool" and last["messages"][3]["tool_call_id"] == "call1"
     assert last["messages"][: len(first["messages"])] == first["messages"]

@@ -6,6 +6,9 @@ One rollout is one episode of many turns. Each `agent` op asks the policy (`poli
 actions (the tool call's `actions`/`action`, or the first action named or numbered in a text reply; none is a
 noop counted as invalid) and appends the result as the tool's reply (as a user turn after a text reply).
 The episode ends when the ops run out, at `max_steps_per_episode` (env.config, default 10) or on a diamond.
+Each observation is a few lines: the last result, the step, area, inventory and achievements, and last the
+legal actions (craftworld.legal_actions); the system prompt is two sentences (policy.config.system_prompt
+replaces it).
 
 Rewards, as synth's Crafter app gives them:
   - steps[].reward: the unique achievements the decision unlocked (so the return counts distinct achievements);
@@ -58,11 +61,10 @@ FORWARDED_POLICY_KEYS = (
     "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
     "thinking_mode", "thinking_budget", "chat_template_kwargs", "response_format", "structured_outputs",
 )  # fmt: skip
+# Short: each observation names the area and the legal actions, so the prompt needs no rules or action list.
 SYSTEM_PROMPT = (
-    "You play Craftworld. Gather resources and craft tools to unlock achievements: wood makes a table, "
-    "a table and wood make a wood pickaxe, which mines stone and coal, and so on up to a diamond. "
-    "Each turn, call the act tool with one to four actions, or reply with one action name or number.\n"
-    + W.actions_text()
+    "You play Craftworld: gather and craft to unlock new achievements (wood -> table -> pickaxe -> stone ...). "
+    "Each turn, pick one of the legal actions: reply with its name, or call the act tool."
 )
 ACT_TOOL = {
     "type": "function",

@@ -185,24 +185,25 @@ def step(world: World, actions: list[str]) -> dict[str, Any]:
 
 
 def observation_text(world: World, last: dict[str, Any] | None = None) -> str:
-    """What the policy reads each turn."""
+    """What the policy reads each turn, compact (a small model reads it): the last result, then the state,
+    and last the legal actions (the area and what is possible sit next to the reply)."""
     here = ", ".join(AREA_RESOURCES[world.area]) or "nothing to gather"
     inventory = ", ".join(f"{k} {v}" for k, v in sorted(world.inventory.items()) if v) or "empty"
     lines = []
     if last:
-        lines.append("Result: " + "; ".join(r["message"] for r in last["results"]) + ".")
-        if last["unique"]:
-            lines.append("New achievements: " + ", ".join(last["unique"]) + ".")
+        result = "; ".join(r["message"] for r in last["results"])
+        new = f" New: {', '.join(last['unique'])}." if last["unique"] else ""
+        lines.append(f"Result: {result}.{new}")
     lines += [
-        f"Step {world.steps + 1} of {world.max_steps}. You are in the {world.area} ({here}).",
-        f"Inventory: {inventory}.",
+        f"Step {world.steps + 1}/{world.max_steps}. Area: {world.area} ({here}). Inventory: {inventory}. "
         f"Achievements: {', '.join(sorted(world.seen)) or 'none'}.",
+        f"Legal actions: {', '.join(legal_actions(world))}.",
     ]
     return "\n".join(lines)
 
 
 def actions_text() -> str:
-    """The numbered action list (the system prompt carries it once)."""
+    """The numbered action list (a reply may name an action by its number; /task_info shows the list)."""
     return "Actions: " + ", ".join(f"{i} {a}" for i, a in enumerate(ACTIONS)) + "."
 
 
