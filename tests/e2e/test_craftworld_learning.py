@@ -10,11 +10,9 @@ three-action sequence 0.556, a uniform random policy 0.34, the policy that plays
 (else move) 1.33. Claim: the final held-out return exceeds both the one before training and the best
 constant action by at least MARGIN.
 
-Measured 2026-11-27 on an Intel Xeon (family 6 model 167, AVX-512 + AMX, 2 cores): under load from other jobs,
-run A 0.444 -> 0.778 (24.3 min wall), run B (data.seed_start 5000, training.seed 1) 0.444 -> 0.722 (17.7 min);
-then this test three times in a row, quiet: 0.444 -> 0.833 (2 min 48 s), under the AVX2 emulation
-(hack/avx2, fp32 everywhere) 0.444 -> 1.278 (3 min 23 s), and 0.444 -> 0.833 again (2 min 28 s). The bar
-(0.444 + MARGIN = 0.644) sits 1.4 held-out seeds below the lowest of those five."""
+Measured 2026-11-27 (Intel Xeon family 6 model 167, AVX-512 + AMX, 2 cores, under load from other jobs):
+run A 0.444 -> 0.778 (24.3 min wall), run B (data.seed_start 5000, training.seed 1) 0.444 -> 0.722 (17.7 min).
+Still UNPROVEN: both runs clear MARGIN, but the test was not run twice as a test and takes > 10 min here."""
 
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.unproven]
 
 REPO = Path(__file__).resolve().parents[2]
 MARGIN = 0.2
