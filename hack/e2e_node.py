@@ -57,7 +57,7 @@ class E2EError(AssertionError):
 
 # The registry's blobs live beside the other caches, outside the clone and outside the cluster's folder (which
 # every start clears): a later run pushes only the layers that changed.
-REGISTRY_DIR = Path(os.environ.get("POSTTRAIN_CACHE") or Path.home() / ".cache" / "posttrain") / "registry"
+REGISTRY_DIR = devnode.cache_dir() / "registry"
 
 
 def say(message: str) -> None:

@@ -76,17 +76,17 @@ def vllm_argv(
         if max_loras:
             argv += ["--max-loras", str(int(max_loras))]
     extra = list(extra or [])
-    if not any(arg.split("=")[0] == "--logprobs-mode" for arg in extra):
+    if not _given(extra, "--logprobs-mode"):
         # The sampling logprobs the proxy captures are those of the distribution the tokens were drawn
         # from (after temperature, top-k, top-p), not of the raw model (vLLM's default): the trainer uses
         # them as the behaviour policy (old_logprobs = "sampler") and measures the mismatch against them.
         argv += ["--logprobs-mode", "processed_logprobs"]
-    if not any(arg.split("=")[0] == "--load-format" for arg in extra):
+    if not _given(extra, "--load-format"):
         # weights only from safetensors: vLLM's "auto" falls back to *.bin / *.pt, which are pickle
         argv += ["--load-format", "safetensors"]
     if eager and not any(_is_compile_flag(arg) for arg in extra):
         argv.append("--enforce-eager")
-    if block_size and not any(arg.split("=")[0] == "--block-size" for arg in extra):
+    if block_size and not _given(extra, "--block-size"):
         argv += ["--block-size", str(int(block_size))]
     argv += extra
     return argv
@@ -100,6 +100,11 @@ def cpu_block_size(cpu: bool) -> int | None:
     prompts x 8, 46 prompt tokens, 16 new): 9.0-9.5 s a batch at 128, 5.7-6.1 s at 32 (prefix-cache hits
     0 % -> 61 %). On a GPU vLLM keeps its own; `--vllm-arg=--block-size=N` overrides."""
     return 32 if cpu else None
+
+
+def _given(extra: list[str], flag: str) -> bool:
+    """The caller's extra arguments set `flag` already (as `--flag value` or `--flag=value`)."""
+    return any(arg.split("=")[0] == flag for arg in extra)
 
 
 # Flags by which a caller says how vLLM compiles (then vllm_argv adds no --enforce-eager of its own).
