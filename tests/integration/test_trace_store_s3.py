@@ -37,14 +37,14 @@ def _results(iteration: int) -> list[RolloutResult]:
     return out
 
 
-def _job(tenant_s3_server, workdir) -> JobFile:
+def _job(tenant_s3_server, workdir, prefix: str = PREFIX) -> JobFile:
     return JobFile(
         kind="rl",
         job={"name": "crafter", "namespace": "team", "uid": "1a2b3c4d-0000-0000-0000-000000000000"},
         base_model="tiny",
         model_path="/nonexistent",
         storage={
-            **tenant_s3_server.storage(PREFIX),
+            **tenant_s3_server.storage(prefix),
             "region": tenant_s3_server.namespace_env("team")["S3_REGION"],
         },
         workdir=str(workdir),
@@ -100,3 +100,37 @@ def test_trainer_uploads_the_store_and_filter_reads_it_from_s3(
     monkeypatch.delenv("S3_ENDPOINT")
     assert main(["filter", "--input", job_folder, "--output", str(tmp_path / "b.jsonl")]) == 2
     assert "S3_ENDPOINT" in capsys.readouterr().err
+
+
+def test_uploads_between_checkpoints_are_spaced_and_a_forced_one_carries_everything(
+    tenant_s3_server, monkeypatch, tmp_path
+):
+    """The store goes up whole, so between checkpoints a trainer uploads it at most every min_interval_s; a
+    forced upload (a checkpoint, the end, a failure) always sends what was added, and nothing new sends
+    nothing."""
+    server = tenant_s3_server
+    _use_keys(monkeypatch, server.namespace_env("team"))
+    now = [1000.0]
+    prefix = "jobs/team/spaced-1a2b3c4d/"  # a job of its own: the store above would be continued
+    writer = traces.JobTraces(_job(server, tmp_path / "pod", prefix), min_interval_s=60.0, clock=lambda: now[0])
+    admin = server.client()
+
+    def stored_episodes() -> int:
+        local = tmp_path / "check.sqlite"
+        admin.fget_object(server.bucket, prefix + "traces.sqlite", str(local))
+        with sqlite3.connect(local) as db:
+            return db.execute("SELECT count(*) FROM session_traces").fetchone()[0]
+
+    assert writer.upload(force=False) is None  # nothing added yet
+    writer.add(_results(0), kind="train", iteration=0)
+    assert writer.upload(force=False) is not None  # the first upload is not held back
+    assert stored_episodes() == 4
+    assert writer.upload(force=True) is None  # nothing new since
+    now[0] += 30
+    writer.add(_results(1), kind="train", iteration=1)
+    assert writer.upload(force=False) is None and stored_episodes() == 4  # 30 s after the last: deferred
+    now[0] += 31
+    assert writer.upload(force=False) is not None and stored_episodes() == 8  # 61 s after it
+    writer.add(_results(2), kind="train", iteration=2)
+    assert writer.upload(force=True) is not None and stored_episodes() == 12  # at once when forced
+    writer.store.close()

@@ -42,6 +42,7 @@ every rank runs every forward pass together (an empty micro-batch runs a discard
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import random
@@ -759,8 +760,14 @@ class RLRun:
             self.sync(self.iteration)
         first_eval = self.evaluate(self.iteration) if (self.cfg.eval_every and self.iteration == 0) else None
         self.last_eval = first_eval
-        while self.iteration < self.total:
-            self.step()
+        try:
+            while self.iteration < self.total:
+                self.step()
+        except BaseException:
+            # a failed or stopped job keeps the traces of what it ran (best effort: S3 may be what failed)
+            with contextlib.suppress(Exception):
+                self.upload_traces(force=True)
+            raise
         return self.finish(first_eval)
 
     def resume(self) -> None:
@@ -835,8 +842,8 @@ class RLRun:
         self.reporter.event(
             "iteration", **{k: record.get(k) for k in ITERATION_EVENT_FIELDS}, groups=stats["groups"]
         )
-        self.checkpoint()
-        self.upload_traces()
+        saved = self.checkpoint()
+        self.upload_traces(force=saved)  # beside a checkpoint: a resumed trainer continues that store
         self.reporter.progress(
             step=self.iteration,
             total=self.total,
@@ -938,10 +945,11 @@ class RLRun:
         if self.traces is not None:
             self.traces.add(results, kind=kind, iteration=iteration)
 
-    def upload_traces(self) -> None:
-        """Rank 0: the trace store to the job's S3 folder, during the run (a job with storage)."""
+    def upload_traces(self, force: bool = False) -> None:
+        """Rank 0: the trace store to the job's S3 folder, during the run (a job with storage): at a
+        checkpoint (force), else at most every traces.UPLOAD_INTERVAL_S; the final model's upload has it all."""
         if self.traces is not None:
-            self.traces.upload()
+            self.traces.upload(force=force)
 
     def sync(self, version: int) -> dict[str, Any]:
         """Push the weights to the rollout servers (collective); returns rank 0's sync metrics."""
@@ -990,14 +998,17 @@ class RLRun:
             self.reporter.event("evaluation", **line)
         return D.broadcast_object(score)
 
-    def checkpoint(self, force: bool = False) -> None:
-        if force or self.store.due(self.iteration, self.total):
-            self.store.save(
-                self.engine,
-                self.iteration,
-                data_state={"iteration": self.iteration},
-                extra={"history": self.history, "weight_version": self.synced_at},
-            )
+    def checkpoint(self, force: bool = False) -> bool:
+        """Saves a checkpoint when one is due (or forced); whether it did."""
+        if not (force or self.store.due(self.iteration, self.total)):
+            return False
+        self.store.save(
+            self.engine,
+            self.iteration,
+            data_state={"iteration": self.iteration},
+            extra={"history": self.history, "weight_version": self.synced_at},
+        )
+        return True
 
     def finish(self, first_eval: float | None) -> dict[str, Any]:
         """Final evaluation, metrics, and on rank 0 the final model, curve and result (collective)."""

@@ -24,11 +24,15 @@ import datetime
 import json
 import math
 import sqlite3
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 FILE_NAME = "traces.sqlite"
+# The store is uploaded whole (one queryable file); a long job's store grows, so between checkpoints it goes
+# up at most this often instead of after every iteration (the final upload and a checkpoint's always run).
+UPLOAD_INTERVAL_S = 120.0
 MAX_FIELD_CHARS = 8_000
 MAX_STEPS = 1_000
 MAX_MESSAGES = 2_000
@@ -341,11 +345,16 @@ class JobTraces:
     `<storage prefix>traces.sqlite` by upload() (the job's namespace folder, jobs/<ns>/<name>-<uid8>/). Opened
     on the first add(); a restarted trainer continues the store the job uploaded before."""
 
-    def __init__(self, job: Any, client: Any = None):
+    def __init__(self, job: Any, client: Any = None, *, min_interval_s: float = UPLOAD_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
         self.job = job
         self.path = Path(job.workdir) / FILE_NAME
         self.client = client
         self.store: TraceStore | None = None
+        self.min_interval_s = min_interval_s
+        self.clock = clock
+        self.pending = False  # rows added since the last upload
+        self.uploaded_at: float | None = None
 
     @property
     def key(self) -> str:
@@ -368,17 +377,25 @@ class JobTraces:
             self.store = TraceStore(self.path)
         name = f"{self.job.job.namespace}/{self.job.job.name}"
         stamp = now()
-        return self.store.add(
+        added = self.store.add(
             episode_row(
                 r, job=name, kind=kind, iteration=iteration, model=self.job.base_model, created_at=stamp
             )
             for r in results
         )
+        self.pending = self.pending or added > 0
+        return added
 
-    def upload(self) -> str | None:
-        """The store to the job's folder in S3 (None without storage or before the first add)."""
-        if self.store is None or self.job.storage is None:
+    def upload(self, *, force: bool = True) -> str | None:
+        """The store to the job's folder in S3; its URI, or None when nothing went up: no storage, nothing
+        added since the last upload, or (force=False) the last upload is under min_interval_s old."""
+        if self.store is None or self.job.storage is None or not self.pending:
+            return None
+        recent = self.uploaded_at is not None and self.clock() - self.uploaded_at < self.min_interval_s
+        if recent and not force:
             return None
         from posttrain import storage as s3
 
-        return s3.upload_file(self._client(), self.path, self.job.storage.bucket, self.key)
+        uri = s3.upload_file(self._client(), self.path, self.job.storage.bucket, self.key)
+        self.pending, self.uploaded_at = False, self.clock()
+        return uri
