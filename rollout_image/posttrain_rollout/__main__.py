@@ -34,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--served-model-name", default=None)
     s.add_argument("--max-model-len", type=int, default=None)
+    s.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="vLLM's tool-call parser (e.g. hermes, llama3_json; none: no tool calling); default: the one the "
+        "model's family is known to use ($POSTTRAIN_TOOL_CALL_PARSER overrides that)",
+    )
     s.add_argument("--tensor-parallel-size", type=int, default=1)
     s.add_argument(
         "--dtype",
@@ -145,7 +151,7 @@ def serve(args: argparse.Namespace) -> int:
         enable_lora=args.enable_lora,
         max_lora_rank=args.max_lora_rank,
         max_loras=args.max_loras,
-        extra=[*vllm_args.tool_call_args(model_dir), *args.vllm_arg],
+        extra=[*vllm_args.tool_call_args(model_dir, parser=args.tool_call_parser), *args.vllm_arg],
         eager=vllm_args.cpu_eager(cpu),
         block_size=vllm_args.cpu_block_size(cpu),
     )

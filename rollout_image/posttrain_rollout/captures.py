@@ -27,6 +27,8 @@ class CaptureStore:
         self.max_entries_per_cid = max_entries_per_cid
         self._clock = clock
         self._data: OrderedDict[str, tuple[float, list[dict[str, Any]]]] = OrderedDict()
+        # cid -> the last refused call's {status, reason, refused}: why a cid may have no capture
+        self._refusals: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.evicted = 0
         self.dropped_entries = 0
 
@@ -73,6 +75,21 @@ class CaptureStore:
         item = self._data.pop(cid, None)
         return None if item is None else item[1]
 
+    def refuse(self, cid: str, status: int, upstream_body: bytes | str) -> None:
+        """A call under `cid` vLLM refused (no capture made): kept, bounded like the captures, so GET
+        /v1/captures/{cid} can say why it has none. Only refusal_reason's own words are kept."""
+        previous = self._refusals.pop(cid, {})
+        self._refusals[cid] = {
+            "status": int(status),
+            "reason": refusal_reason(status, upstream_body),
+            "refused": int(previous.get("refused", 0)) + 1,
+        }
+        while len(self._refusals) > self.max_cids:
+            self._refusals.popitem(last=False)
+
+    def refusal(self, cid: str, *, pop: bool = False) -> dict[str, Any] | None:
+        return self._refusals.pop(cid, None) if pop else self._refusals.get(cid)
+
     def stats(self) -> dict[str, int]:
         self.expire()
         return {
@@ -81,6 +98,32 @@ class CaptureStore:
             "evicted_cids": self.evicted,
             "dropped_entries": self.dropped_entries,
         }
+
+
+# vLLM's answers to a refused request, as the trainer's error says them (ours, not vLLM's text: the request
+# is the task app's, and what vLLM echoes of it is untrusted)
+_REFUSALS = (
+    ("tool-call-parser", "vLLM serves tool_choice \"required\" or a named function only with a tool-call "
+     "parser, and posttrain knows none for this model's family: set [vllm].tool_call_parser (e.g. \"hermes\")"),
+    ("maximum context length", "the conversation is longer than the model's context: raise [vllm].max_model_len "
+     "or shorten the episode"),
+    ("max_model_len", "the conversation is longer than the model's context: raise [vllm].max_model_len "
+     "or shorten the episode"),
+)  # fmt: skip
+
+
+def body_text(body: bytes | str, limit: int) -> str:
+    """At most `limit` characters of an HTTP body."""
+    return body[:limit].decode("utf-8", "replace") if isinstance(body, bytes) else str(body)[:limit]
+
+
+def refusal_reason(status: int, upstream_body: bytes | str) -> str:
+    """Why vLLM refused a call, in posttrain's words (the rollout server's log has vLLM's own)."""
+    text = body_text(upstream_body, 4_000).lower()
+    for needle, reason in _REFUSALS:
+        if needle in text:
+            return reason
+    return f"vLLM answered HTTP {int(status)} (the rollout server's log has its message)"
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from posttrain_rollout import reference, vision, weights
-from posttrain_rollout.captures import CaptureStore, entries_from_response
+from posttrain_rollout.captures import CaptureStore, body_text, entries_from_response
 from posttrain_rollout.weights import WeightGate
 
 log = logging.getLogger("posttrain_rollout")
@@ -247,6 +247,11 @@ class Proxy:
                         request_messages=body.get("messages"),
                     ),
                 )
+            elif cid:
+                self.captures.refuse(cid, status, content)
+                log.warning(
+                    "vLLM refused a captured call (cid %s): HTTP %s %s", cid, status, body_text(content, 500)
+                )
             hdrs = {k: v for k, v in headers if k.lower() not in _DROP_HEADERS}
             hdrs[VERSION_HEADER] = str(version)
             return Response(content, status_code=status, headers=hdrs)
@@ -461,6 +466,13 @@ async def get_captures(cid: str, request: Request, pop: bool = False) -> Respons
         return _refused()
     entries = proxy.captures.pop(cid) if pop else proxy.captures.get(cid)
     if entries is None:
+        refused = proxy.captures.refusal(cid, pop=pop)
+        if refused is not None:
+            return JSONResponse(
+                {"error": {"message": f"no captures for cid {cid!r}: vLLM refused {refused['refused']} call(s)",
+                           "type": "not_found", "refused": refused}},
+                status_code=404,
+            )  # fmt: skip
         return _err(404, f"no captures for cid {cid!r} (never seen, deleted or expired)", "not_found")
     return JSONResponse(entries)
 
@@ -470,9 +482,10 @@ async def delete_captures(cid: str, request: Request) -> Response:
     if not proxy.authorized(request):
         return _refused()
     entries = proxy.captures.pop(cid)
-    if entries is None:
+    refused = proxy.captures.refusal(cid, pop=True)
+    if entries is None and refused is None:
         return _err(404, f"no captures for cid {cid!r}", "not_found")
-    return JSONResponse({"deleted": cid, "entries": len(entries)})
+    return JSONResponse({"deleted": cid, "entries": len(entries or [])})
 
 
 async def capture_stats(request: Request) -> Response:

@@ -168,14 +168,17 @@ def remove_fallback_tmp(env: dict[str, str], run_dir: Path) -> None:
 # Tool calling, as synth's task apps ask for it (synth's Crafter policy sends tool_choice "required" and a
 # named function): vLLM refuses any tool_choice but "none" without a tool-call parser. The parser that
 # matches the model family's chat template (Qwen's <tool_call> JSON is hermes'); other families get none.
-# POSTTRAIN_TOOL_CALL_PARSER names one (or "none") for models this table does not know.
+# [vllm].tool_call_parser (or POSTTRAIN_TOOL_CALL_PARSER) names one, or "none", for models this table does not know.
 TOOL_CALL_PARSERS = {"qwen2": "hermes", "qwen2_moe": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes"}
 
 
-def tool_call_args(model_dir: str | Path, env: dict[str, str] | None = None) -> list[str]:
-    """`--enable-auto-tool-choice --tool-call-parser P` for a model whose family has a known parser."""
+def tool_call_args(
+    model_dir: str | Path, env: dict[str, str] | None = None, parser: str | None = None
+) -> list[str]:
+    """`--enable-auto-tool-choice --tool-call-parser P`: the given parser ([vllm].tool_call_parser), else
+    POSTTRAIN_TOOL_CALL_PARSER, else the one the model's family is known to use; "none": no tool calling."""
     env = os.environ if env is None else env
-    parser = env.get("POSTTRAIN_TOOL_CALL_PARSER")
+    parser = parser or env.get("POSTTRAIN_TOOL_CALL_PARSER")
     if parser is None:
         try:
             config = json.loads((Path(model_dir) / "config.json").read_text())
@@ -184,4 +187,7 @@ def tool_call_args(model_dir: str | Path, env: dict[str, str] | None = None) -> 
         parser = TOOL_CALL_PARSERS.get(str(config.get("model_type") if isinstance(config, dict) else ""))
     if not parser or parser == "none":
         return []
-    return ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    # "parameter": every tool call's arguments follow the tool's JSON schema, as if each tool were declared
+    # strict. vLLM's default constrains only the envelope unless a tool says `strict: true` (synth's do not),
+    # and a small policy's free-form arguments ('"do"' for {"actions": [...]}) are a step that does nothing.
+    return ["--enable-auto-tool-choice", "--tool-call-parser", parser, "--tool-strict-level", "parameter"]

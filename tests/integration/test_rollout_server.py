@@ -257,3 +257,46 @@ def test_vllm_metrics_through_the_proxy(policy_server):
     r = httpx.get(f"{policy_server.url}/metrics", timeout=10)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     assert "vllm:num_requests_running" in r.text and "vllm:generation_tokens_total" in r.text
+
+
+ACTIONS = ["noop", "move_left", "move_right", "do", "sleep", "place_table"]
+CRAFTER_LIKE_TOOL = {  # the shape of synth's Crafter tool: no `strict`, an array of enum strings
+    "type": "function",
+    "function": {
+        "name": "interact_many",
+        "description": "Execute a short sequence of actions in order (1-8).",
+        "parameters": {
+            "type": "object",
+            "properties": {"actions": {"type": "array", "items": {"type": "string", "enum": ACTIONS},
+                                       "minItems": 1, "maxItems": 8}},
+            "required": ["actions"],
+            "additionalProperties": False,
+        },
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "tool_choice, extra",
+    # synth's Crafter names its function; "required" with one call (a random policy given parallel calls
+    # writes more than max_tokens holds, and a cut call is not parsed)
+    [({"type": "function", "function": {"name": "interact_many"}}, {}), ("required", {"parallel_tool_calls": False})],
+)
+def test_tool_calls_follow_the_tool_schema(policy_server, tool_choice, extra):
+    """synth's task apps ask for a tool call (named or required) with tools that do not say `strict`: the
+    rollout server's vLLM pins the arguments to the tool's schema (--tool-strict-level parameter), so even
+    the random tiny policy's calls are actions the app can run (vLLM's default let it answer '"do"' for
+    {"actions": [...]}: a step that did nothing)."""
+    import json
+
+    for n in range(4):
+        r = chat(policy_server, cid=f"trace_tools-{n}", tools=[CRAFTER_LIKE_TOOL], tool_choice=tool_choice,
+                 temperature=1.0, max_tokens=256, seed=n, **extra)  # fmt: skip
+        message = r.json()["choices"][0]["message"]
+        (call,) = message.get("tool_calls") or [None]
+        assert call is not None and call["function"]["name"] == "interact_many", message
+        arguments = json.loads(call["function"]["arguments"])
+        assert set(arguments) == {"actions"} and 1 <= len(arguments["actions"]) <= 8, arguments
+        assert set(arguments["actions"]) <= set(ACTIONS), arguments
+        captured = httpx.get(f"{policy_server.url}/v1/captures/trace_tools-{n}?pop=true", timeout=30).json()
+        assert len(captured) == 1 and captured[0]["completion_token_ids"]

@@ -511,3 +511,12 @@ def test_vision_image_limits_reach_the_rollout_server() -> None:
     assert json.loads(cmd[cmd.index("--limit-mm-per-prompt") + 1]) == {"image": 2}
     plain = by(render.render_rljob(rljob(), SETTINGS, TARGET).children, "Deployment", "rollout")
     assert not any("image" in arg for arg in plain["spec"]["template"]["spec"]["containers"][0]["command"])
+
+
+def test_tool_call_parser_reaches_the_rollout_server():
+    job = rljob(vllm={"toolCallParser": "llama3_json"})
+    cmd = by(render.render_rljob(job, SETTINGS, TARGET).children, "Deployment", "rollout")["spec"]["template"][
+        "spec"]["containers"][0]["command"]  # fmt: skip
+    assert cmd[cmd.index("--tool-call-parser") + 1] == "llama3_json"
+    plain = by(render.render_rljob(rljob(), SETTINGS, TARGET).children, "Deployment", "rollout")
+    assert "--tool-call-parser" not in plain["spec"]["template"]["spec"]["containers"][0]["command"]

@@ -284,3 +284,49 @@ def test_vllm_metrics_pass_through(tmp_path):
         assert 'vllm:num_requests_running{model_name="m"} 2.0' in r.text
 
     run(scenario())
+
+
+def test_a_call_vllm_refuses_leaves_its_reason_under_the_cid(tmp_path):
+    """A captured call vLLM answers with an error makes no capture; GET /v1/captures/{cid} then says why in
+    posttrain's words (the trainer's error names it instead of blaming the task app's ?cid=), never vLLM's
+    text (which echoes the task app's request), and DELETE forgets it."""
+    calls = []
+    refusal = (
+        '{"error":{"message":"tool_choice=function \\"interact_many\\" requires --tool-call-parser to be set '
+        'SECRET-ECHO","type":"BadRequestError","code":400}}'
+    )
+
+    async def scenario():
+        proxy, http = make(calls, run_dir=tmp_path)
+        answers = iter([(400, refusal.encode()), (400, b'{"error": "boom SECRET-ECHO"}')])
+
+        async def refused(path, fwd):
+            status, content = next(answers)
+            return status, [("content-type", "application/json")], content
+
+        proxy._post = refused
+        first = await http.post("/v1/chat/completions?cid=trace_a", json={"messages": []})
+        await http.post("/v1/chat/completions?cid=trace_a", json={"messages": []})
+        got = await http.get("/v1/captures/trace_a")
+        deleted = await http.delete("/v1/captures/trace_a")
+        after = await http.get("/v1/captures/trace_a")
+        return first, got, deleted, after
+
+    first, got, deleted, after = run(scenario())
+    assert first.status_code == 400  # the task app still gets vLLM's answer
+    assert got.status_code == 404
+    refused = got.json()["error"]["refused"]
+    assert refused["refused"] == 2 and refused["status"] == 400
+    assert refused["reason"] == "vLLM answered HTTP 400 (the rollout server's log has its message)"  # the last
+    assert "SECRET-ECHO" not in got.text
+    assert deleted.status_code == 200 and after.status_code == 404 and "refused" not in after.text
+
+
+def test_refusal_reasons_are_ours():
+    from posttrain_rollout.captures import refusal_reason
+
+    parser = refusal_reason(400, b'{"message": "tool_choice=function \\"x\\" requires --tool-call-parser to be set"}')
+    assert "[vllm].tool_call_parser" in parser and '"x"' not in parser
+    too_long = refusal_reason(400, "This model's maximum context length is 1024 tokens. However, you requested 2000")
+    assert "[vllm].max_model_len" in too_long
+    assert refusal_reason(500, b"\xff\xfe") == "vLLM answered HTTP 500 (the rollout server's log has its message)"

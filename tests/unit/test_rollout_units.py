@@ -335,10 +335,24 @@ def test_tool_call_parser_follows_the_model_family(tmp_path):
     from posttrain_rollout.vllm_args import tool_call_args
 
     (tmp_path / "config.json").write_text(_json.dumps({"model_type": "qwen2"}))
-    assert tool_call_args(tmp_path, env={}) == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    assert tool_call_args(tmp_path, env={}) == [
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--tool-strict-level", "parameter"]  # fmt: skip
     (tmp_path / "config.json").write_text(_json.dumps({"model_type": "llama"}))
     assert tool_call_args(tmp_path, env={}) == []
-    assert tool_call_args(tmp_path, env={"POSTTRAIN_TOOL_CALL_PARSER": "llama3_json"})[-1] == "llama3_json"
+    assert "llama3_json" in tool_call_args(tmp_path, env={"POSTTRAIN_TOOL_CALL_PARSER": "llama3_json"})
     assert tool_call_args(tmp_path / "missing", env={}) == []
     (tmp_path / "config.json").write_text(_json.dumps({"model_type": "qwen3"}))
     assert tool_call_args(tmp_path, env={"POSTTRAIN_TOOL_CALL_PARSER": "none"}) == []
+    # [vllm].tool_call_parser (the serve flag) wins over the environment and the family's default
+    assert "pythonic" in tool_call_args(tmp_path, env={"POSTTRAIN_TOOL_CALL_PARSER": "none"}, parser="pythonic")
+    assert tool_call_args(tmp_path, env={}, parser="none") == []
+
+
+def test_the_trainer_names_why_a_cid_has_no_capture():
+    import httpx
+    from posttrain_trainer.rollouts import _refusal
+
+    refused = {"error": {"message": "no captures", "refused": {"status": 400, "reason": "set it", "refused": 3}}}
+    assert _refusal(httpx.Response(404, json=refused)) == "vLLM refused 3 policy call(s): set it"
+    assert _refusal(httpx.Response(404, json={"error": {"message": "never seen"}})) is None
+    assert _refusal(httpx.Response(404, text="not json")) is None

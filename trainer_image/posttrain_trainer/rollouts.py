@@ -616,6 +616,9 @@ class RolloutClient:
             f"{spec.endpoint.rstrip('/')}/v1/captures/{spec.cid}", headers=rollout_auth_headers()
         )
         if response.status_code == 404:
+            refused = _refusal(response)
+            if refused:
+                raise RuntimeError(f"rollout server has no capture for cid {spec.cid}: {refused}")
             raise RuntimeError(
                 f"rollout server has no capture for cid {spec.cid} (did the task app keep ?cid=?)"
             )
@@ -631,6 +634,15 @@ class RolloutClient:
             await http.delete(
                 f"{spec.endpoint.rstrip('/')}/v1/captures/{spec.cid}", headers=rollout_auth_headers()
             )
+
+
+def _refusal(response: Any) -> str | None:
+    """The rollout server's account of policy calls vLLM refused under a cid (its own words), if any."""
+    try:
+        refused = response.json()["error"]["refused"]
+        return f"vLLM refused {int(refused['refused'])} policy call(s): {str(refused['reason'])[:300]}"
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _maybe_float(value: Any) -> float | None:

@@ -560,6 +560,12 @@ class VllmConfig(Section):
         None, max_length=8, description="Multimodal limits, e.g. {image = 1}."
     )
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM GPU memory fraction.")
+    tool_call_parser: str | None = Field(
+        None,
+        pattern=r"^[a-z][a-z0-9_]{0,39}$",
+        description="vLLM's tool-call parser for task apps that ask for tool calls (e.g. hermes, llama3_json); "
+        "none turns tool calling off. Default: hermes for Qwen-family models, else none.",
+    )
 
 
 class ReferenceConfig(Section):

@@ -42,3 +42,10 @@ def rollout_image_args(config: dict[str, Any]) -> list[str]:
     if limit:
         args += ["--limit-mm-per-prompt", json.dumps(limit, sort_keys=True)]
     return args
+
+
+def rollout_server_args(config: dict[str, Any]) -> list[str]:
+    """Every flag of the policy's `posttrain_rollout serve` a normalised RL config sets: the image limits
+    (applied before vLLM sees a request) and [vllm].tool_call_parser."""
+    parser = _section(config, "vllm").get("tool_call_parser")
+    return [*rollout_image_args(config), *(["--tool-call-parser", str(parser)] if parser else [])]

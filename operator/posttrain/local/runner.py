@@ -21,7 +21,7 @@ from typing import Any
 
 from posttrain.api import model_ids, topology
 from posttrain.api.sections import ReferenceConfig, TopologyConfig
-from posttrain.api.vision import rollout_image_args
+from posttrain.api.vision import rollout_server_args
 from posttrain.dataset_upload import check_dataset
 from posttrain.errors import Problem, UserError
 from posttrain.local.models import REPO_ROOT, ResolvedModel, resolve_model
@@ -472,7 +472,7 @@ class LocalRun:
             if role == "policy" and _lora_policy(self.config):
                 argv.append("--lora-policy")  # float32 on a CPU: see posttrain.hardware
             if role == "policy":
-                argv += rollout_image_args(self.config)  # image limits, applied before vLLM sees a request
+                argv += rollout_server_args(self.config)
             role_env = {**vllm_env, "POSTTRAIN_RUN_DIR": str(self.run_dir / f"rollout-{role}")}
             proc = self.procs.start(f"rollout-{role}", argv, self.logs / f"rollout-{role}.log", env=role_env)
             url = f"http://127.0.0.1:{port}"

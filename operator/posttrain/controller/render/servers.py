@@ -23,7 +23,7 @@ from posttrain import hardware
 from posttrain.api.convert import spec_to_config
 from posttrain.api.resources import RLJobSpec
 from posttrain.api.topology import Topology
-from posttrain.api.vision import rollout_image_args
+from posttrain.api.vision import rollout_server_args
 from posttrain.controller.objects import Job
 from posttrain.controller.render import pods, security, token
 from posttrain.controller.render.model import ModelLocation, base_model_path
@@ -121,7 +121,7 @@ def rollout_server(spec: RLJobSpec, name: str, topo: Topology, model: ModelLocat
         args += ["--max-model-len", str(spec.vllm.max_model_len)]
     if hardware.is_lora_mode(spec.model.trainer_mode):
         args.append("--lora-policy")  # float32 vLLM on a CPU node (posttrain.hardware); no effect on a GPU
-    args += rollout_image_args(spec_to_config(spec))  # image limits, applied before vLLM sees a request
+    args += rollout_server_args(spec_to_config(spec))
     gpus = topo.gpus(topo.tensor_parallel if topo.gpus_for_vllm > 0 else 0)
     return Server(ROLE_ROLLOUT, rollout_name(name), topo.rollout_replicas, gpus, args)
 
