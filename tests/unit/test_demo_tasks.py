@@ -31,7 +31,7 @@ def test_agent_config_is_multi_turn_with_step_rewards():
 
 
 def test_agent_held_out_seeds_give_no_constant_action_a_pass():
-    """3 eval seeds per start area: every constant action (what a greedy policy blind to the observation
+    """As many eval seeds per start area: every constant action (what a greedy policy blind to the observation
     plays) returns 1/6, so a held-out rise is not a constant policy flipping from one action to another."""
     sys.path.insert(0, str(DEMO_DIR.parents[1] / "examples" / "taskapps" / "craftworld"))
     import craftworld as W
@@ -40,7 +40,7 @@ def test_agent_held_out_seeds_give_no_constant_action_a_pass():
     seeds, turns = config["evaluation"]["seeds"], config["rollout"]["env_config"]["max_steps_per_episode"]
     assert config["evaluation"]["instances"] == len(seeds) == len(set(seeds))
     areas = [W.make_world(seed, "eval").area for seed in seeds]
-    assert all(seed >= 1_000_000 for seed in seeds) and [areas.count(a) for a in W.AREAS] == [3] * 6
+    assert all(seed >= 1_000_000 for seed in seeds) and len({areas.count(a) for a in W.AREAS}) == 1
 
     def constant(action: str) -> float:
         total = 0.0
