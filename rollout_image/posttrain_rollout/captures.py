@@ -102,13 +102,12 @@ class CaptureStore:
 
 # vLLM's answers to a refused request, as the trainer's error says them (ours, not vLLM's text: the request
 # is the task app's, and what vLLM echoes of it is untrusted)
+_TOO_LONG = "the conversation is longer than the model's context: raise [vllm].max_model_len or shorten the episode"
 _REFUSALS = (
     ("tool-call-parser", "vLLM serves tool_choice \"required\" or a named function only with a tool-call "
      "parser, and posttrain knows none for this model's family: set [vllm].tool_call_parser (e.g. \"hermes\")"),
-    ("maximum context length", "the conversation is longer than the model's context: raise [vllm].max_model_len "
-     "or shorten the episode"),
-    ("max_model_len", "the conversation is longer than the model's context: raise [vllm].max_model_len "
-     "or shorten the episode"),
+    ("maximum context length", _TOO_LONG),
+    ("max_model_len", _TOO_LONG),
 )  # fmt: skip
 
 
