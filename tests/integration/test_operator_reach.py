@@ -312,7 +312,7 @@ def operator_as_its_account(kcfg: str, ns: str, tmp_path: Path, **env: str) -> I
     try:
         op_kcfg = operator_kubeconfig(kcfg, tmp_path / "operator.kubeconfig")
         env = {"POSTTRAIN_RESYNC_SECONDS": "2", "POSTTRAIN_S3_ENDPOINT": "http://127.0.0.1:9", **env}
-        with OperatorProcess(op_kcfg, tmp_path / "operator.log", namespace=ns, env=env).start() as op:
+        with OperatorProcess(op_kcfg, tmp_path / "operator.log", namespace=ns, env=env) as op:
             yield op
             log = op.log_tail(200_000)
             assert "Traceback" not in log, log[-3000:]
