@@ -48,6 +48,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 HACK = REPO_ROOT / "hack"  # this package's parent: a child process imports it from there too
 STAGES_FILE = REPO_ROOT / "hack" / "k8s" / "kwok-stages.yaml"
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+PORT_CLASH_ATTEMPTS = 3  # starts with fresh ports when a server finds its picked port taken
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # A test ends a running kwok pod by setting this annotation to its exit code ("0" succeeds).
 KWOK_EXIT_ANNOTATION = "posttrain.dev/kwok-exit"
@@ -293,11 +294,18 @@ class DevCluster:
         return f"https://{self.host}:{self.ports['apiserver']}"
 
     def __enter__(self) -> DevCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(PORT_CLASH_ATTEMPTS):
+            try:
+                self.start()
+                break
+            except ClusterError as err:
+                self.stop()
+                # another process bound a picked port before its server did: pick new ones and start over
+                if "address already in use" not in str(err) or attempt + 1 == PORT_CLASH_ATTEMPTS:
+                    raise
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def __exit__(self, *exc: object) -> None:

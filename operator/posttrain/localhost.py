@@ -13,33 +13,70 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Collection
+from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
 KILL_WAIT_SECONDS = 5.0
+PICK_ATTEMPTS = 200
+PICK_FLOOR = 20000  # above the well-known and registered ports most daemons use
+_random = random.SystemRandom()
+_handed_out: set[int] = set()
 
 
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port nobody listens on right now (the kernel's pick)."""
+    """A TCP port nobody listens on right now, below the kernel's ephemeral range (see free_ports)."""
     return free_ports(1, host)[0]
 
 
 def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
-    """`count` distinct free ports: every socket stays bound until all are picked, so none repeats."""
-    sockets: list[socket.socket] = []
+    """`count` distinct free ports, each bound once to check it, none handed out before by this process.
+
+    Picked below the kernel's ephemeral range: a port the kernel picks (bind to 0) is one it may also give
+    to the next outgoing connection, and a control plane makes hundreds of them (API server to etcd, the
+    scheduler's watches) between the pick and the server's own bind, which then fails with "address
+    already in use"."""
+    low, high = _pick_range()
+    ports: list[int] = []
+    for _ in range(count):
+        for _attempt in range(PICK_ATTEMPTS):
+            port = _random.randrange(low, high) if high > low else 0
+            if port in _handed_out:
+                continue
+            found = _bindable(host, port)
+            if found:
+                break
+        else:
+            found = _bindable(host, 0)  # the range is full: fall back to the kernel's pick
+        if not found:
+            raise OSError(f"no free TCP port on {host}")
+        _handed_out.add(found)
+        ports.append(found)
+    return ports
+
+
+def _pick_range() -> tuple[int, int]:
+    """[PICK_FLOOR, start of the ephemeral range): empty when the ephemeral range starts below the floor."""
     try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default
+    return PICK_FLOOR, ephemeral_low
+
+
+def _bindable(host: str, port: int) -> int:
+    """The port if a socket can bind it now (0: the kernel's pick), else 0."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return 0
+        return int(sock.getsockname()[1])
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:

@@ -4,10 +4,11 @@ garbage collection of owned objects, kubectl working."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable
 
-from kubernetes import client
+from kubernetes import client, config
 from posttrain_dev.devcluster import GPU_RESOURCE, KWOK_EXIT_ANNOTATION
 
 
@@ -146,3 +147,23 @@ def test_kubectl_sees_the_gpu_nodes(cluster):
     started = {f"kwok-gpu-{i}" for i in range(4)}
     assert started <= set(nodes), sorted(nodes)
     assert all(nodes[name]["status"]["allocatable"][GPU_RESOURCE] == "8" for name in started)
+
+
+def test_a_control_plane_whose_picked_port_is_taken_starts_on_fresh_ports(tmp_path, monkeypatch):
+    """Another process binds the scheduler's picked port before the scheduler does (as an outgoing
+    connection once did in CI): the harness starts over on fresh ports instead of failing the session."""
+    from posttrain_dev import devcluster
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        picks = iter([None, None, None, taken])  # etcd, etcd-peer, apiserver, then the scheduler's
+        real_pick = devcluster.free_port
+        monkeypatch.setattr(devcluster, "free_port", lambda: next(picks, None) or real_pick())
+        with devcluster.DevCluster(tmp_path / "cluster", nodes=1) as dev:
+            assert dev.ports["scheduler"] != taken
+            log = (tmp_path / "cluster" / "logs" / "kube-scheduler.log").read_text()
+            assert "address already in use" not in log  # the log of the second, clean start
+            nodes = client.CoreV1Api(config.new_client_from_config(str(dev.kubeconfig))).list_node()
+            assert len(nodes.items) == 1

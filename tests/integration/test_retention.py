@@ -11,7 +11,6 @@ stay, locally and in S3, and the served version is never among the deleted ones.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from posttrain import storage as s3
 from posttrain.api.jobfile import JobFile
+from posttrain.localhost import free_port
 from posttrain_rollout.server import Proxy, create_app
 from posttrain_trainer import checkpoint as ckpt
 from posttrain_trainer.distributed import ParallelConfig, build_engine
@@ -81,9 +81,7 @@ def test_checkpoints_keep_the_newest(s3_env, tiny_model_dir, tmp_path):
 
 
 def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

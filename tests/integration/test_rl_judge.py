@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from collections import Counter
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
+from posttrain.localhost import free_port
 from posttrain_trainer.judging import EpisodeJudge, episode_for_judge, judge_base_url, judge_options
 from posttrain_trainer.rl import sequences_from_results
 from posttrain_trainer.rollouts import (
@@ -87,9 +87,7 @@ class Scripted:
 
 @pytest.fixture(scope="module")
 def scripted() -> Iterator[tuple[Scripted, str]]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     state = Scripted()
     server = uvicorn.Server(uvicorn.Config(state.app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 from posttrain import storage as s3
+from posttrain.localhost import free_port
 from posttrain_rollout.server import Proxy, create_app
 from posttrain_trainer import checkpoint as ckpt
 
@@ -42,9 +42,7 @@ ITERATIONS, SEEDS, GROUP = 3, 2, 3
 
 
 def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -16,7 +16,6 @@ treat the truncated rollout as documented; the counts reach the iteration stats.
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 from collections import Counter
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
+from posttrain.localhost import free_port
 from posttrain_rollout.server import Proxy, create_app
 from posttrain_trainer import gspo
 from posttrain_trainer.rl import sequences_from_results
@@ -35,14 +35,8 @@ QUESTION = re.compile(r"What is (-?\d+) ([-+*]) (-?\d+)\?")
 RAMBLE = "Let me think about this step by step, first I look at the"  # cut before any number
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

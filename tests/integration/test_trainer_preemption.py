@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,10 @@ import uuid
 from pathlib import Path
 
 from posttrain.api.exitcodes import EXIT_PREEMPTED
+from posttrain.localhost import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 12
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _job(tmp: Path, model_dir: Path, storage: dict) -> Path:
@@ -59,7 +53,7 @@ def _job(tmp: Path, model_dir: Path, storage: dict) -> Path:
 
 def _launch(job: Path, env: dict[str, str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "posttrain_trainer.launch", "--nnodes=1", "--nproc-per-node=1",
-           "--node-rank=0", "--master-addr=127.0.0.1", f"--master-port={_free_port()}",
+           "--node-rank=0", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
            "-m", "posttrain_trainer", "sft", "--config", str(job)]  # fmt: skip
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

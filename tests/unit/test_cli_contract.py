@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 from posttrain import __version__
 from posttrain.cli import build_parser, main
+from posttrain.localhost import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,19 +75,13 @@ def test_numeric_flags_refuse_nonsense_as_one_line(argv, capsys):
     assert err.count("\n") == 1 and err.startswith("error: posttrain ") and "(fix: " in err
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_an_unreachable_api_server_is_one_line_and_exit_2(tmp_path):
     """A kubeconfig pointing at a port nobody listens on: status, train and logs say so in one line."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         f"""apiVersion: v1
 kind: Config
-clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{_closed_port()}"}}}}]
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{free_port()}"}}}}]
 users: [{{name: u, user: {{token: t}}}}]
 contexts: [{{name: x, context: {{cluster: c, user: u, namespace: team}}}}]
 current-context: x

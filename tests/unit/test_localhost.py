@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from posttrain.localhost import free_ports, stop_group, stop_pids
+from posttrain import localhost
+from posttrain.localhost import PICK_FLOOR, free_port, free_ports, stop_group, stop_pids
 
 
 def _gone(pid: int) -> bool:
@@ -40,6 +41,25 @@ def test_free_ports_are_distinct_and_bindable():
     for port in ports:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def test_free_ports_stay_out_of_the_ephemeral_range_and_never_repeat():
+    # the kernel gives ephemeral ports to outgoing connections: a server's port picked there can be taken
+    # by one before the server binds it
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    picked = free_ports(50) + [free_port() for _ in range(50)]
+    assert len(set(picked)) == 100
+    assert all(PICK_FLOOR <= port < ephemeral_low for port in picked), picked
+
+
+def test_a_port_someone_listens_on_is_never_picked(monkeypatch):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        taken = listener.getsockname()[1]
+        monkeypatch.setattr(localhost, "_pick_range", lambda: (taken, taken + 1))
+        port = free_port()  # the only candidate is taken: the kernel's pick instead
+        assert port != taken and port > 0
 
 
 def test_a_leader_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):

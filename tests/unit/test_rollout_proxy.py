@@ -9,6 +9,7 @@ import asyncio
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
+from posttrain.localhost import free_port
 from posttrain_rollout.server import Proxy, create_app
 
 
@@ -216,7 +217,6 @@ def test_the_trainer_sends_the_token_the_server_demands(tmp_path, monkeypatch):
     """The trainer's two clients of the privileged routes (captures in rollouts.py, weight sync in
     weightsync.py) against the proxy served over real HTTP on 127.0.0.1 with a token: they pass with the
     job's token from POSTTRAIN_ROLLOUT_TOKEN and are refused without it."""
-    import socket
     import threading
     import time as _time
 
@@ -227,9 +227,7 @@ def test_the_trainer_sends_the_token_the_server_demands(tmp_path, monkeypatch):
     calls = []
     proxy = Proxy("http://vllm", served_model_name="m", run_dir=tmp_path, token="job-token-1")
     proxy.client = httpx.AsyncClient(transport=httpx.ASGITransport(fake_vllm(calls)), base_url="http://vllm")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(proxy), host="127.0.0.1", port=port, log_level="warning")
     )
