@@ -81,17 +81,82 @@ def _bindable(host: str, port: int) -> int:
 
 def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """Stop `proc` (started with start_new_session=True) and its whole process group: SIGTERM, up to
-    `grace` seconds for the leader to exit, then SIGKILL for what is left of the group. Safe to call on a
-    process that has exited already."""
+    `grace` seconds for the leader to exit, then SIGKILL for what is left of the group, and for every
+    descendant that had moved to a group of its own (see escaped_descendants). Safe to call on a process
+    that has exited already."""
+    deadline = time.monotonic() + grace
+    escaped = escaped_descendants([proc.pid])
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)  # also when the leader is gone: its group may not be
     if proc.poll() is None:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(grace)
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        escaped |= escaped_descendants([proc.pid])
+    while escaped_alive(escaped) and time.monotonic() < deadline:  # the rest of the grace: the leader
+        time.sleep(0.2)  # (torchrun) passed SIGTERM on; a worker may be saving a checkpoint
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    kill_escaped(escaped)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(KILL_WAIT_SECONDS)
+
+
+def escaped_descendants(pgids: Collection[int]) -> set[tuple[int, int]]:
+    """(pid, start time) of every descendant of the members of groups `pgids` that leads a group of its own.
+
+    torchrun starts each worker in a new session, so a signal to torchrun's group never reaches a worker: a
+    torchrun killed before it stopped its workers (grace over) would orphan them, still holding gigabytes.
+    The start time tells a process from a later one that reuses its pid."""
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _pgid, _start, _state) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    wanted = set(pgids)
+    todo = [pid for pid, (_ppid, pgid, _start, _state) in table.items() if pgid in wanted]
+    seen: set[int] = set()
+    found: set[tuple[int, int]] = set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        _ppid, pgid, start, _state = table[pid]
+        if pgid == pid and pid not in wanted:
+            found.add((pid, start))
+        todo += children.get(pid, [])
+    return found
+
+
+def escaped_alive(escaped: Collection[tuple[int, int]]) -> bool:
+    """Whether a group leader that escaped_descendants found still runs (not a zombie)."""
+    if not escaped:
+        return False
+    table = _process_table()
+    return any(pid in table and table[pid][2] == start and table[pid][3] != "Z" for pid, start in escaped)
+
+
+def kill_escaped(escaped: Collection[tuple[int, int]]) -> None:
+    """SIGKILL the groups that escaped_descendants found, where their leader is still the same process."""
+    table = _process_table()
+    for pid, start in escaped:
+        if pid in table and table[pid][2] == start:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _process_table() -> dict[int, tuple[int, int, int, str]]:
+    """pid -> (parent pid, process group, start time in clock ticks, state), from /proc."""
+    table: dict[int, tuple[int, int, int, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": comm may hold spaces
+        table[int(entry)] = (int(fields[1]), int(fields[2]), int(fields[19]), fields[0])
+    return table
 
 
 def signalable(pid: int) -> bool:
@@ -124,16 +189,19 @@ def stop_pids(
     alive: Callable[[int], bool] | None = None,
 ) -> None:
     """SIGTERM every pid (every process group, when `group`), wait up to `grace` seconds while any is
-    `alive`, then SIGKILL: every group, or each pid that is still alive."""
+    `alive`, then SIGKILL: every group, or each pid that is still alive; with `group`, also the groups their
+    members' descendants started for themselves (escaped_descendants)."""
     send = os.killpg if group else os.kill
     alive = alive or (group_signalable if group else signalable)
+    escaped = escaped_descendants(ids) if group else set()
     for pid in ids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             send(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(alive(pid) for pid in ids):
+    while time.monotonic() < deadline and (any(alive(pid) for pid in ids) or escaped_alive(escaped)):
         time.sleep(0.2)
     for pid in ids:
         if group or alive(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 send(pid, signal.SIGKILL)
+    kill_escaped(escaped)

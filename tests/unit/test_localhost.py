@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -113,3 +114,37 @@ def test_stop_pids_terms_then_kills_what_ignores_sigterm(tmp_path):
     _first_line(tmp_path / "c.log")
     stop_pids([group.pid], group=True, grace=0.5)
     assert group.wait(10) == -9
+
+
+def test_a_worker_in_its_own_session_goes_with_its_launcher(tmp_path):
+    """torchrun starts each worker in a new session: a signal to torchrun's group never reaches it. Whether
+    the launcher exits on SIGTERM at once or is killed after the grace, and whether it is stopped directly
+    (stop_group) or by the reaper's way (stop_pids by group), the worker must not outlive it."""
+    script = (
+        "import signal, subprocess, sys, time\n"
+        "worker = subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'], "
+        "start_new_session=True)\n"
+        "if sys.argv[1] == 'stubborn':\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print(worker.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    for launcher in ("polite", "stubborn"):
+        for way in ("stop_group", "stop_pids"):
+            log = tmp_path / f"{launcher}-{way}.log"
+            with log.open("wb") as out:
+                proc = subprocess.Popen([sys.executable, "-c", script, launcher], stdout=out, start_new_session=True)
+            worker = int(_first_line(log))
+            assert os.getpgid(worker) == worker != proc.pid  # its own group, as torchrun's workers
+            started = time.monotonic()
+            if way == "stop_group":
+                stop_group(proc, grace=1.0)
+            else:
+                stop_pids([proc.pid], group=True, grace=1.0)
+                proc.wait(10)
+            deadline = time.monotonic() + 5
+            while not _gone(worker) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _gone(worker), f"the worker outlived its {launcher} launcher ({way})"
+            assert time.monotonic() - started < 8
