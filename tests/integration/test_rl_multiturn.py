@@ -35,6 +35,7 @@ from posttrain_trainer.rollouts import (
     inference_url,
     plan_rollouts,
 )
+from posttrain_trainer.step_rewards import returns_to_go
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "examples" / "taskapps" / "craftworld" / "app.py"
@@ -198,7 +199,12 @@ def test_trainer_runs_multi_turn_episodes_with_decision_credit(servers, vllm_mod
     policy_tokens = [sum(s.policy_tokens for s in r.sequences) for r in last]
     assert all(t > 0 for t in policy_tokens)
     credited = [s for s in seqs if s.token_advantages is not None]
-    if stats["decision_rewards_nonzero"]:
+    # credit compares a decision with the same turn of its group's other rollouts: there is some where they differ
+    by_group: dict[int, list[list[float]]] = {}
+    for r in last:
+        if r.ok:
+            by_group.setdefault(r.spec.group, []).append(returns_to_go(r.decision_rewards))
+    if any(len({tuple(g) for g in togo}) > 1 for togo in by_group.values()):
         assert credited, "decision rewards gave no per-token credit"
         for s in credited:
             assert len(s.token_advantages) == len(s.completion_ids)

@@ -154,9 +154,10 @@ def test_credit_lands_on_the_tokens_of_the_decision_that_earned_it():
         assert ROLES["user"] in glue and all(c == -1 for c, m in calls if not m)
     best, late, none, once = adv
     # the reward of decision t is on decision t's tokens (return-to-go: and on the decisions before it)
-    assert once[0] > once[1] == once[2]  # off by one would credit the idle repeat at t = 1
+    assert once[0] > max(once[1], once[2])  # off by one would credit the idle repeat at t = 1
     assert best[0] > best[1] > best[2]
-    assert late[0] == late[1] == late[2] > 0  # the moves that led to the lake share the drink's credit
+    # the drink's decision gains most; the moves that led to the lake are not blamed for the idle turns
+    assert late[2] > late[1] > late[0] == 0
     assert all(a < 0 for a in none) and max(none) < min(once[0], best[2], late[0])
     # the sign reaches the gradient: at ratio 1, -dloss/dlogp of every policy token has its advantage's sign
     batch = gspo.collate_sequences([s.prompt_ids for s in seqs], [s.completion_ids for s in seqs],

@@ -115,9 +115,19 @@ def test_decision_meta_reads_each_step():
 def test_credit_returns_to_go_and_tokens():
     assert returns_to_go([1.0, 0.0, 2.0]) == [3.0, 2.0, 2.0]
     credit = group_decision_credit([[3.0, 2.0, 2.0], [0.0, 0.0]])
-    flat = [c for r in credit for c in r]
-    assert sum(flat) == pytest.approx(0.0, abs=1e-6) and flat[0] > flat[1] > flat[3]
+    # each turn against the same turn of the other rollout; the third turn only one rollout reached
+    assert credit[0][0] == pytest.approx(1.0) and credit[1][0] == pytest.approx(-1.0)
+    assert credit[0][1] == pytest.approx(1.0) and credit[1][1] == pytest.approx(-1.0)
+    assert credit[0][2] == 0.0
     assert group_decision_credit([[1.0, 1.0], [1.0]]) == [[0.0, 0.0], [0.0]]
+
+
+def test_rollouts_that_all_did_the_same_get_no_credit():
+    # a first decision's return-to-go holds the whole episode, a last one's almost nothing: pooled over turns
+    # that would credit every first decision and blame every last, although no rollout did better than another
+    assert group_decision_credit([[2.0, 1.0, 0.0]] * 4) == [[0.0, 0.0, 0.0]] * 4
+    credit = group_decision_credit([[2.0, 1.0, 0.0], [2.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert credit[0][2] < 0 < credit[1][2] and credit[0][0] == credit[1][0] > 0 > credit[2][0]
     assert token_advantages(0.5, [1.0, -1.0], [0, 0, -1, 1, 2]) == [1.5, 1.5, 0.5, -0.5, 0.5]
 
 
@@ -143,13 +153,13 @@ def _result(
 def test_sequences_get_per_decision_credit():
     seq = EpisodeSequence([1], [3, 4, 90, 5], [1, 1, 0, 1], call_index=[0, 0, -1, 1])
     # same episode return (advantage 0); return-to-go: good [1, 0], late [1, 1] -> the late unlock's decision
-    # gains credit over good's idle second decision; both first decisions have the same return-to-go
+    # gains credit over good's idle second decision; both first decisions have the same return-to-go: none
     good = _result(0, 0, 1.0, [1.0, 0.0], seq)
     late = _result(0, 1, 1.0, [0.0, 1.0], seq)
     seqs, stats = sequences_from_results([good, late])
     assert len(seqs) == 2 and all(s.advantage == 0.0 for s in seqs)
     g, lt = seqs[0].token_advantages, seqs[1].token_advantages
-    assert g[0] == g[1] == lt[0] == lt[1] > 0 and lt[3] > 0 > g[3] and g[2] == 0.0
+    assert g[0] == g[1] == lt[0] == lt[1] == 0.0 and lt[3] > 0 > g[3] and g[2] == 0.0
     assert (
         stats["mean_turns"] == 2
         and stats["decision_rewards_nonzero"] == 2

@@ -15,7 +15,8 @@ form, which wins where both are given).
        "per_achievement" ("complex"): indicator_lambda * sum of weights[name] (default 1) over those
        achievements, each credited at most k_limits[name] times per episode (default 1; k <= 0 unlimited).
 3. Credit: the decision's return-to-go G_t = sum of d_t' for t' >= t; within a group (the rollouts of one
-   seed) the G_t of all decisions are standardised, (G_t - mean) / (std + eps), and that credit is added to
+   seed) the G_t of each turn are standardised over the rollouts that reached it, (G_t - mean_t) /
+   (std_t + eps), and that credit is added to
    the episode's group advantage on the tokens the policy sampled at decision t (rl.py trains those
    per-token advantages with GSPO-token). step_rewards_beta is forwarded to the task app as step_beta
    (synth's Crafter app reserves it; it changes no credit here)."""
@@ -170,16 +171,26 @@ def returns_to_go(rewards: Sequence[float]) -> list[float]:
 
 
 def group_decision_credit(per_rollout: Sequence[Sequence[float]]) -> list[list[float]]:
-    """Returns-to-go of every decision of a group's rollouts -> credits standardised over the group (all
-    zero when every decision's return-to-go is the same)."""
-    flat = [g for rollout in per_rollout for g in rollout]
-    if len(flat) < 2:
-        return [[0.0] * len(r) for r in per_rollout]
-    mean = sum(flat) / len(flat)
-    std = math.sqrt(sum((g - mean) ** 2 for g in flat) / len(flat))
-    if std < EPS:
-        return [[0.0] * len(r) for r in per_rollout]
-    return [[(g - mean) / (std + EPS) for g in rollout] for rollout in per_rollout]
+    """Returns-to-go of every decision of a group's rollouts -> credits, each standardised against the same
+    decision (turn) of the group's other rollouts; zero where that turn's returns-to-go are all equal or only
+    one rollout reached it.
+
+    Per turn, not over all decisions at once: a first decision's return-to-go holds the whole episode and a
+    last one's almost nothing, so pooling them credits every first decision and blames every last one
+    whatever it chose, even in a group whose rollouts all did the same."""
+    credits = [[0.0] * len(r) for r in per_rollout]
+    for turn in range(max((len(r) for r in per_rollout), default=0)):
+        reached = [i for i, r in enumerate(per_rollout) if len(r) > turn]
+        values = [float(per_rollout[i][turn]) for i in reached]
+        if len(values) < 2:
+            continue
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((g - mean) ** 2 for g in values) / len(values))
+        if std < EPS:
+            continue
+        for i, g in zip(reached, values, strict=True):
+            credits[i][turn] = (g - mean) / (std + EPS)
+    return credits
 
 
 def token_advantages(advantage: float, credits: Sequence[float], call_of_token: Sequence[int]) -> list[float]:
