@@ -63,8 +63,28 @@ def upload(path: Path, *, field: str, file: str | None = None, namespace: str | 
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     bucket = os.environ.get("S3_BUCKET", "posttrain")
     client = storage.client_from_env({"endpoint": os.environ["S3_ENDPOINT"], "bucket": bucket})
-    storage.ensure_bucket(client, bucket)
     folder = f"{namespace_prefix(namespace)}datasets/" if namespace else "datasets/"
     key = f"{folder}{digest}-{path.name}"
-    client.fput_object(bucket, key, str(path))
+    try:
+        storage.ensure_bucket(client, bucket)
+        client.fput_object(bucket, key, str(path))
+    except Exception as err:  # noqa: BLE001 - urllib3 and minio errors alike: say S3, not the API server
+        raise UserError(
+            Problem(
+                f"uploading {path} to S3 at {os.environ['S3_ENDPOINT']} failed ({_s3_failure(err)})",
+                file=file,
+                field=field,
+                fix="check S3_ENDPOINT, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY and S3_BUCKET, and that the "
+                "S3 server is up and has room; or pass an s3:// URI",
+            )
+        ) from err
     return f"s3://{bucket}/{key}"
+
+
+def _s3_failure(err: BaseException) -> str:
+    """A short name for the failure, never the server's own text (it may echo the request)."""
+    code = getattr(err, "code", None)
+    if isinstance(code, str) and code.isalnum() and len(code) <= 40:
+        return code  # an S3 error code: AccessDenied, NoSuchBucket, ...
+    reason = getattr(err, "reason", None)
+    return type(reason).__name__ if isinstance(reason, BaseException) else type(err).__name__

@@ -123,6 +123,21 @@ def test_convert_refuses_local_dataset_files_without_s3(tmp_path, monkeypatch, c
     assert "data.validation_path: " in line and "is a local file" in line
 
 
+def test_an_upload_that_fails_names_s3_not_the_api_server(monkeypatch, capsys):
+    """S3 unreachable (nothing listens on the port): the one-line error names S3 and its endpoint, and exit 2;
+    before, urllib3's error reached the CLI's handler for the Kubernetes API server and blamed it."""
+    from posttrain.localhost import free_port
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    for key, value in {"S3_ENDPOINT": endpoint, "S3_ACCESS_KEY_ID": "k", "S3_SECRET_ACCESS_KEY": "s"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("S3_SECURE", "false")
+    code = main(["convert", "--config", "examples/sft_lora.toml", "--dataset", "examples/datasets/math_chat.jsonl"])
+    [line] = capsys.readouterr().err.splitlines()
+    assert code == 2, line
+    assert f"to S3 at {endpoint} failed" in line and "Kubernetes" not in line, line
+
+
 def test_convert_uploads_local_dataset_files_to_s3(s3_env, tmp_path, monkeypatch, capsys):
     import yaml
 
