@@ -346,6 +346,9 @@ class DevCluster:
         self._spawn("kwok", self._kwok_args())
         self._create_nodes()
         self._wait_ready()
+        # Ready nodes do not show that the scheduler serves: one whose port was taken exits only after
+        # loading its config, which can be after the nodes are up.
+        self._wait_http(f"https://127.0.0.1:{self.ports['scheduler']}/healthz", "kube-scheduler", tls="any")
         if self.kueue:
             self._start_kueue()
         if self.real_node:
@@ -567,10 +570,18 @@ class DevCluster:
         ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
         return ctx
 
-    def _wait_http(self, url: str, what: str, tls: bool = False, timeout: float | None = None) -> None:
+    def _wait_http(
+        self, url: str, what: str, tls: bool | str = False, timeout: float | None = None
+    ) -> None:
+        """tls: True checks the server against the cluster's CA; "any" takes any certificate (the scheduler
+        serves one it generated in memory)."""
         timeout = timeout or self.start_timeout
         deadline = time.monotonic() + timeout
-        ctx = self._ssl_context() if tls else None
+        ctx = self._ssl_context() if tls is True else None
+        if tls == "any":
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
         last = ""
         while time.monotonic() < deadline:
             self._check_alive()
