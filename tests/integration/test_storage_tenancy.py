@@ -113,6 +113,7 @@ def test_a_shared_folder_is_readable_not_writable(server, monkeypatch):
 def test_the_cli_uploads_datasets_into_the_namespaces_folder(server, monkeypatch, tmp_path):
     """`posttrain train/convert -n NS` upload with the namespace's own keys, into jobs/NS/datasets/."""
     from posttrain import dataset_upload
+    from posttrain.errors import UserError
 
     for key, value in server.namespace_env("team").items():
         monkeypatch.setenv(key, value)
@@ -121,7 +122,7 @@ def test_the_cli_uploads_datasets_into_the_namespaces_folder(server, monkeypatch
     data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
     uri = dataset_upload.upload(data, field="job.data", namespace="team")
     assert uri.startswith(f"s3://{server.bucket}/jobs/team/datasets/") and uri.endswith("-train.jsonl")
-    with pytest.raises(S3Error):
+    with pytest.raises(UserError, match=r"failed \(AccessDenied\)"):  # another namespace's folder
         dataset_upload.upload(data, field="job.data", namespace="teamb")
 
 
