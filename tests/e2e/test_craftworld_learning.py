@@ -13,7 +13,8 @@ least MARGIN above the one before training, and above every open-loop policy's.
 Measured 2026-11-28 on an Intel Xeon (family 6 model 167, AVX-512 + AMX, 2 cores), all from 0.444: after 6
 iterations, alone on the machine, 0.889, 1.167, 0.889, 1.0 (4.6-5.3 min each), then 0.5 as the first test of
 a `make test` run (there the sampled policy still moved 30-40 % of the time where nothing is to gather, but
-greedy it drank); so 10 iterations: 0.75 in `make test` (7.5 min). The best any policy can get on these
+greedy it drank); so 10 iterations: 0.75 in `make test` (7.5 min), then 1.028 alone (6.9 min; training mean return 0.44 ->
+0.78-1.19 over the last four iterations). The best any policy can get on these
 worlds is 1.194, the best policy that sees only the area 0.861; the bar is 0.594. With
 groups of 4, 16 runs of three earlier configurations ended at or under the bar 4 times (0.333, 0.444, 0.5
 and once in CI), which is why it changed (docs/multi-step.md)."""
