@@ -20,6 +20,7 @@ import subprocess
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import NamedTuple
 
 LOOPBACK = "127.0.0.1"
 KILL_WAIT_SECONDS = 5.0
@@ -109,10 +110,10 @@ def escaped_descendants(pgids: Collection[int]) -> set[tuple[int, int]]:
     The start time tells a process from a later one that reuses its pid."""
     table = _process_table()
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _pgid, _start, _state) in table.items():
-        children.setdefault(ppid, []).append(pid)
+    for pid, row in table.items():
+        children.setdefault(row.ppid, []).append(pid)
     wanted = set(pgids)
-    todo = [pid for pid, (_ppid, pgid, _start, _state) in table.items() if pgid in wanted]
+    todo = [pid for pid, row in table.items() if row.pgid in wanted]
     seen: set[int] = set()
     found: set[tuple[int, int]] = set()
     while todo:
@@ -120,9 +121,8 @@ def escaped_descendants(pgids: Collection[int]) -> set[tuple[int, int]]:
         if pid in seen:
             continue
         seen.add(pid)
-        _ppid, pgid, start, _state = table[pid]
-        if pgid == pid and pid not in wanted:
-            found.add((pid, start))
+        if table[pid].pgid == pid and pid not in wanted:
+            found.add((pid, table[pid].start))
         todo += children.get(pid, [])
     return found
 
@@ -132,21 +132,33 @@ def escaped_alive(escaped: Collection[tuple[int, int]]) -> bool:
     if not escaped:
         return False
     table = _process_table()
-    return any(pid in table and table[pid][2] == start and table[pid][3] != "Z" for pid, start in escaped)
+    return any(_same(table, pid, start) and table[pid].state != "Z" for pid, start in escaped)
 
 
 def kill_escaped(escaped: Collection[tuple[int, int]]) -> None:
     """SIGKILL the groups that escaped_descendants found, where their leader is still the same process."""
     table = _process_table()
     for pid, start in escaped:
-        if pid in table and table[pid][2] == start:
+        if _same(table, pid, start):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
 
 
-def _process_table() -> dict[int, tuple[int, int, int, str]]:
-    """pid -> (parent pid, process group, start time in clock ticks, state), from /proc."""
-    table: dict[int, tuple[int, int, int, str]] = {}
+class _Process(NamedTuple):
+    ppid: int
+    pgid: int
+    start: int  # clock ticks since boot: tells a process from a later one with the same pid
+    state: str
+
+
+def _same(table: dict[int, _Process], pid: int, start: int) -> bool:
+    """Whether `pid` still names the process that started at `start`."""
+    return pid in table and table[pid].start == start
+
+
+def _process_table() -> dict[int, _Process]:
+    """pid -> its parent, group, start time and state, from /proc."""
+    table: dict[int, _Process] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -155,7 +167,7 @@ def _process_table() -> dict[int, tuple[int, int, int, str]]:
         except OSError:  # gone meanwhile
             continue
         fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": comm may hold spaces
-        table[int(entry)] = (int(fields[1]), int(fields[2]), int(fields[19]), fields[0])
+        table[int(entry)] = _Process(int(fields[1]), int(fields[2]), int(fields[19]), fields[0])
     return table
 
 
