@@ -92,7 +92,9 @@ def kenv(kueue_cluster: ClusterHandle, tmp_path: Path) -> Iterator[Env]:
                              '{"role": "assistant", "content": "hello"}]}\n'}))  # fmt: skip
     with operator_env(kueue_cluster, ns, tmp_path / "operator.log",
                       settings={"POSTTRAIN_QUEUE_POLL_SECONDS": "0.5", "POSTTRAIN_ADMITTED_POLL_SECONDS": "0.5",
-                                "POSTTRAIN_STATUS_MESSAGE_SECONDS": "1"}) as handle:  # fmt: skip
+                                "POSTTRAIN_STATUS_MESSAGE_SECONDS": "1",
+                                # the classes the preemption test names (scheduling_policy.py)
+                                "POSTTRAIN_ALLOWED_WORKLOAD_PRIORITY_CLASSES": "posttrain-test-low,posttrain-test-high"}) as handle:  # fmt: skip
         yield handle
 
 

@@ -10,6 +10,7 @@ import asyncio
 import copy
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,16 @@ def test_a_long_task_app_url_gets_a_bounded_truthful_status(env: Env, hostile_ta
     assert failed["message"].startswith("task app http://127.0.0.1:")
 
 
-def test_specs_that_cannot_be_acted_on_fail_naming_the_field(env: Env, math_taskapp: Any) -> None:
+@pytest.fixture
+def any_selector_env(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Env]:
+    """The operator allowing every nodeSelector (scheduling_policy.py), so the API server's own refusal shows."""
+    with operator_env(cluster, namespace, tmp_path / "operator.log",
+                      settings={"POSTTRAIN_ALLOWED_NODE_SELECTORS": "*"}) as handle:  # fmt: skip
+        yield handle
+
+
+def test_specs_that_cannot_be_acted_on_fail_naming_the_field(any_selector_env: Env, math_taskapp: Any) -> None:
+    env = any_selector_env
     env.secret("task-key", math_taskapp.api_key)
     # Refused up front: a synth backend id names weights posttrain cannot reach.
     with pytest.raises(ApiException) as refused:

@@ -43,6 +43,7 @@ from posttrain.controller.render.taskapp import TaskAppTarget
 from posttrain.controller.render.token import derived_token, with_token
 from posttrain.controller.render.workload import held
 from posttrain.controller.runtime import Runtime
+from posttrain.controller.scheduling_policy import check_scheduling
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
 from posttrain.controller.spec_errors import SpecError, render_failure_message, unprocessable_message
 from posttrain.controller.status import (
@@ -438,6 +439,7 @@ async def reconcile_job(rt: Runtime, body: Any, indexes: dict[str, Any], state: 
         job = parse_cached(obj, state)
         # before the task app is verified: another namespace's model fails the job at once
         check_model_access(job.spec, owner.namespace, rt.settings)
+        check_scheduling(job.spec.scheduling, rt.settings)  # what the platform allows (scheduling_policy.py)
     except SpecError as err:
         await reconcile_invalid(rt, obj, observed, state, err)
         return None

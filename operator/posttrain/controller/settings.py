@@ -99,6 +99,16 @@ class OperatorSettings(BaseSettings):
     gpu_node_label: str = GFD_PRODUCT_LABEL
     gpu_products: dict[str, list[str]] = Field(default_factory=lambda: dict(DEFAULT_GPU_PRODUCTS))
 
+    # What a tenant's spec.scheduling may ask for (controller/scheduling_policy.py): comma-separated, "*"
+    # allows anything. Empty (the default): nothing beyond what the operator sets itself (the GPU type's
+    # node affinity); a spec asking for more fails with reason InvalidSpec naming the setting.
+    allowed_priority_classes: str = ""  # PriorityClass names (priorityClassName)
+    allowed_workload_priority_classes: str = ""  # Kueue WorkloadPriorityClass names
+    allowed_tolerations: str = ""  # taint keys ("key": any value/effect, "key=value"); keyless: only "*"
+    allowed_node_selectors: str = ""  # node label keys ("key": any value, "key=value": that value)
+    # Every RLJob/SFTJob must name a Kueue queue (spec.scheduling.queueName): quota is not opt-in.
+    require_queue: bool = False
+
     # Rollout / reference / judge servers.
     server_port: int = 8000
     # The Secret holding the key every job's rollout token is derived from (controller/token_key.py); its
