@@ -65,7 +65,8 @@ docs-gen: setup
 e2e-gitops: setup k8s-bins argocd-bins gitops-deps
 	$(PY) -m pytest tests/e2e/test_gitops_argocd.py -m argocd -s $(PYTEST_ARGS)
 
-# DEMO_ARGS: options of `python -m posttrain.local.demo` (--help), e.g. DEMO_ARGS=--sft-warmup
+# DEMO_ARGS: options of `python -m posttrain.local.demo` (--help), e.g. DEMO_ARGS=--sft-warmup; quote several
+# (DEMO_ARGS="--task agent --seed 7"): unquoted, make takes each further word for a target of its own
 demo: setup
 	bash hack/demo.sh $(DEMO_ARGS)
 
