@@ -326,7 +326,7 @@ def toml_to_cr(
     judge = config.judge if isinstance(config, RLConfig) else None
     if judge is not None and judge.cluster_problems():
         raise UserError([Problem(message, file=file, line=locate(text, f"judge.{field}"), field=f"judge.{field}",
-                                 fix=fix) for field, message, fix in judge.cluster_problems()])  # fmt: skip
+                                 fix=_judge_fix(field, fix)) for field, message, fix in judge.cluster_problems()])  # fmt: skip
     spec = config_to_spec(config, kind)
     if kind == "rl":
         url = task_url or env.get("TASK_APP_URL") or (spec.get("taskApp") or {}).get("url")
@@ -397,6 +397,14 @@ def toml_to_cr(
     )
     resource = {"apiVersion": API_VERSION, "kind": JOB_KINDS[kind], "metadata": metadata, "spec": spec}
     return resource, warnings
+
+
+def _judge_fix(field: str, fix: str) -> str:
+    """A judge without its key's Secret: the flags that name one without editing the TOML come first."""
+    if field != "api_key_secret_ref":
+        return fix
+    return ("pass --judge-key-secret NAME[:KEY] (convert) or --set judge.api_key_secret_ref.name=NAME, "
+            f"naming a Secret that holds the key; or {fix}")  # fmt: skip
 
 
 def _checked_task_url(url: str, given: str | None, text: str, file: str | None) -> str:

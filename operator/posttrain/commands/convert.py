@@ -15,6 +15,8 @@ from pathlib import Path
 
 from posttrain.api.convert import read_config, to_yaml, toml_to_cr
 from posttrain.api.exitcodes import CLI_USER_ERROR
+from posttrain.api.overrides import parse_set
+from posttrain.commands import experimental, judge_key
 from posttrain.commands.argtypes import http_url, job_name, namespace, object_name
 from posttrain.commands.validate import strict_warnings
 
@@ -23,6 +25,8 @@ EXAMPLES = """\
   posttrain convert --config examples/rl_qwen3_4b.toml --task-app math --api-key-secret math-task-app-key -n team-a > rljob.yaml
   posttrain convert -c examples/sft_lora.toml --dataset s3://posttrain/datasets/math_chat.jsonl -o sftjob.yaml
   posttrain convert -c rl.toml --task-app math --strict | kubectl apply --server-side -f -
+  posttrain convert -c crafter_rl_stepwise_hosted_judge.toml --task-app crafter --judge-key-secret judge-key:OPENAI_API_KEY
+  posttrain convert -c rl.toml --task-app math --set training.iterations_per_epoch=1
 """
 
 
@@ -56,9 +60,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="with --queue: Kueue WorkloadPriorityClass (spec.scheduling.workloadPriorityClassName); a higher one "
         "may preempt a lower one, which resumes from its last checkpoint",
     )  # fmt: skip
+    parser.add_argument(
+        "--set", dest="overrides", action="append", type=parse_set, default=None, metavar="KEY=VALUE",
+        help="replace one TOML key, validated like it (repeatable): --set training.iterations_per_epoch=1",
+    )  # fmt: skip
+    parser.add_argument(
+        judge_key.FLAG, dest="judge_key_secret", type=judge_key.parse, metavar="NAME[:KEY]",
+        help="Secret (and key in it) holding the judge provider's API key: [judge].api_key_secret_ref "
+        "(default key <PROVIDER>_API_KEY)",
+    )  # fmt: skip
+    experimental.add_flag(parser)
     parser.add_argument("--output", "-o", type=Path, help="write the YAML here (default: stdout)")
     parser.add_argument("--strict", action="store_true", help="treat warnings as errors: exit 2 when there are any (CI)")
     parser.set_defaults(func=run)
+
+
+def all_overrides(args: argparse.Namespace, text: str) -> tuple[list[tuple[str, object]], list[str]]:
+    """--set pairs, then --judge-key-secret's (it wins): (overrides, warnings)."""
+    from posttrain.api.convert import parse_toml
+
+    out = list(args.overrides or [])
+    if args.judge_key_secret is None:
+        return out, []
+    judge = judge_key.overrides(parse_toml(text, str(args.config)), args.judge_key_secret)
+    if not judge:
+        return out, [f"{judge_key.FLAG} is ignored: the config has no [judge]"]
+    return out + judge, []
 
 
 def local_datasets(args: argparse.Namespace, text: str) -> tuple[str | None, str | None]:
@@ -67,9 +94,10 @@ def local_datasets(args: argparse.Namespace, text: str) -> tuple[str | None, str
     cannot read this machine's files)."""
     from posttrain import dataset_upload
     from posttrain.api.convert import detect_kind, parse_toml
+    from posttrain.api.overrides import apply_overrides
     from posttrain.toml_locate import locate
 
-    raw = parse_toml(text, str(args.config))
+    raw = apply_overrides(parse_toml(text, str(args.config)), args.overrides)
     if detect_kind(raw, args.job_type, str(args.config)) != "sft":
         return args.dataset, None
     job = raw.get("job") if isinstance(raw.get("job"), dict) else {}
@@ -102,9 +130,11 @@ def run(args: argparse.Namespace) -> int:
         print("error: --priority-class: a priority orders jobs in a Kueue queue (fix: add --queue LOCALQUEUE)",
               file=sys.stderr)  # fmt: skip
         return CLI_USER_ERROR
+    experimental.apply(args)
     text = read_config(args.config)
     if args.output is not None:
         check_output_path(args.output, flag="--output")
+    overrides, warnings_before = all_overrides(args, text)
     dataset, validation = local_datasets(args, text)
     resource, warnings = toml_to_cr(
         text,
@@ -120,7 +150,9 @@ def run(args: argparse.Namespace) -> int:
         file=str(args.config),
         queue=args.queue,
         priority_class=args.priority_class,
+        overrides=overrides or None,
     )
+    warnings = warnings_before + warnings
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     strict_warnings(args, warnings)

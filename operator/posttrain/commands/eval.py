@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from posttrain.commands import experimental
 from posttrain.commands.argtypes import (
     finite_float,
     http_url,
@@ -91,6 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--inference-url", help="an OpenAI-compatible server serving --model (no local vLLM)")
     model.add_argument("--model-path", help="weights of a base id (a local folder or an s3:// URI)")
     model.add_argument("--max-model-len", type=positive_int, default=1024, help="vLLM context (default 1024)")
+    experimental.add_flag(model)
     episodes = parser.add_argument_group("episodes")
     episodes.add_argument(
         "--seeds", type=_seeds, default=_seeds("0-31"), help="e.g. 0-99 or 1,5,9 (default 0-31)"
@@ -192,6 +194,7 @@ def policy_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    experimental.apply(args)
     url, key = task_and_key(args)
     if args.cluster:
         return run_cluster(args, url, key)

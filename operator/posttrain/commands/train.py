@@ -26,6 +26,7 @@ from typing import Any
 
 from posttrain.api.overrides import apply_overrides, parse_set
 from posttrain.api.resources import LABEL_USE, USE_TASK_APP_KEY
+from posttrain.commands import experimental
 from posttrain.commands.argtypes import (
     http_url,
     job_name,
@@ -94,6 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Secret holding the task app key (key ENVIRONMENT_API_KEY); default: one made from $ENVIRONMENT_API_KEY",
     )
     parser.add_argument("--strict", action="store_true", help="treat warnings as errors: exit 2 when there are any (CI)")
+    experimental.add_flag(parser)
     parser.add_argument("--no-poll", dest="poll", action="store_false", help="apply and return")
     parser.add_argument("--poll-timeout", type=positive_float, default=3600.0, help="seconds (default 3600)")
     parser.add_argument("--poll-interval", type=positive_float, default=5.0, help="seconds (default 5)")
@@ -226,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.envfiles import load_env_files
 
     load_env_files(args.env_file)
+    experimental.apply(args)
     kind, raw, config = load_job(args)
     if args.local:
         from posttrain.commands.validate import tracker_problems

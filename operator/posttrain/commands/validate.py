@@ -18,6 +18,7 @@ from typing import Any
 from posttrain.api.config import normalized_config
 from posttrain.api.convert import load, read_config
 from posttrain.api.dataset import validate_jsonl
+from posttrain.commands import experimental
 from posttrain.errors import Problem, UserError
 
 # Shown at the end of --help (cli.py adds them).
@@ -43,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dataset", type=Path, help="SFT JSONL (default: [job].data when it is a local file)"
     )
     parser.add_argument("--strict", action="store_true", help="treat warnings as errors: exit 2 when there are any (CI)")
+    experimental.add_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -98,6 +100,7 @@ def tracker_problems(config: dict[str, Any], *, text: str, file: str) -> list[Pr
 
 
 def run(args: argparse.Namespace) -> int:
+    experimental.apply(args)
     if args.config is None and args.dataset is None:
         raise UserError(Problem("nothing to check", fix="pass --config FILE and/or --dataset JSONL"))
     config: dict[str, Any] = {}
