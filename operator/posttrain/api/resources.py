@@ -234,7 +234,8 @@ class TaskAppSpec(CRModel):
     image: str | None = Field(None, max_length=512, description="Image to deploy (Deployment + Service).")
     env: list[EnvVar] | None = Field(None, max_length=64, description="Environment of the deployed app.")
     port: int = Field(8000, ge=1, le=65535, description="Container port.")
-    replicas: int = Field(1, ge=0, description="Replicas of the deployed app.")
+    replicas: int = Field(1, ge=0, le=64, description="Replicas of the deployed app (the operator's "
+                          "POSTTRAIN_TASK_APP_MAX_REPLICAS bounds it further).")
     api_key_secret_ref: SecretKeySelector | None = Field(
         None,
         description="Secret with ENVIRONMENT_API_KEY, labelled posttrain.dev/use=task-app-key (the operator "

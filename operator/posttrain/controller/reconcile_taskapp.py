@@ -28,7 +28,7 @@ from posttrain.controller.kube import KubeError, object_path
 from posttrain.controller.objects import Owner, TaskAppObject, owner_of, parse_task_app
 from posttrain.controller.render.taskapp import render_task_app, secrets_of, task_app_service_url
 from posttrain.controller.runtime import Runtime
-from posttrain.controller.scheduling_policy import check_scheduling
+from posttrain.controller.scheduling_policy import check_scheduling, check_task_app_replicas
 from posttrain.controller.spec_errors import SpecError, render_failure_message
 from posttrain.controller.status import (
     CHILD_NOT_OWNED,
@@ -120,6 +120,7 @@ async def reconcile_task_app(rt: Runtime, body: Any, indexes: dict[str, Any], st
     try:
         app = parse_task_app(obj)
         check_scheduling(app.spec.scheduling, rt.settings, job=False)  # controller/scheduling_policy.py
+        check_task_app_replicas(app.spec.replicas, rt.settings)
     except SpecError as err:  # the CRD let through what posttrain's models refuse: say so, do not check
         url, policy = str(current.get("url") or ""), VerifyPolicy.from_settings(rt.settings)
         attempt = Attempt(False, INVALID_SPEC, render_failure_message(err))

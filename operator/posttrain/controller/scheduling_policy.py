@@ -90,3 +90,14 @@ def check_scheduling(scheduling: Any, settings: OperatorSettings, *, job: bool =
         if not node_selector_allowed(key, value, settings.allowed_node_selectors):
             raise _refuse(f"scheduling.nodeSelector.{key}", f"nodeSelector {key}={value}",
                           "allowed_node_selectors", key)  # fmt: skip
+
+
+def check_task_app_replicas(replicas: int, settings: OperatorSettings) -> None:
+    """SpecError when a TaskApp asks for more replicas than the operator's bound."""
+    if replicas > settings.task_app_max_replicas:
+        raise SpecError(
+            "replicas",
+            f"{replicas} replicas is more than this cluster's bound of {settings.task_app_max_replicas}",
+            f"ask for at most {settings.task_app_max_replicas}; or a cluster admin raises "
+            f"{_env('task_app_max_replicas')}",
+        )

@@ -99,15 +99,38 @@ class OperatorSettings(BaseSettings):
     gpu_node_label: str = GFD_PRODUCT_LABEL
     gpu_products: dict[str, list[str]] = Field(default_factory=lambda: dict(DEFAULT_GPU_PRODUCTS))
 
-    # What a tenant's spec.scheduling may ask for (controller/scheduling_policy.py): comma-separated, "*"
-    # allows anything. Empty (the default): nothing beyond what the operator sets itself (the GPU type's
-    # node affinity); a spec asking for more fails with reason InvalidSpec naming the setting.
-    allowed_priority_classes: str = ""  # PriorityClass names (priorityClassName)
-    allowed_workload_priority_classes: str = ""  # Kueue WorkloadPriorityClass names
-    allowed_tolerations: str = ""  # taint keys ("key": any value/effect, "key=value"); keyless: only "*"
-    allowed_node_selectors: str = ""  # node label keys ("key": any value, "key=value": that value)
-    # Every RLJob/SFTJob must name a Kueue queue (spec.scheduling.queueName): quota is not opt-in.
+    # What a tenant's spec.scheduling may ask for (controller/scheduling_policy.py; docs/security.md):
+    # comma-separated lists, "*" allows anything. Empty (the defaults): nothing beyond what the operator sets
+    # itself (the GPU type's node affinity); a spec asking for more fails with reason InvalidSpec naming the
+    # setting to change.
+    # PriorityClass names a job or TaskApp may set as priorityClassName (comma-separated; "*": any).
+    allowed_priority_classes: str = ""
+    # Kueue WorkloadPriorityClass names a job may set as workloadPriorityClassName (comma-separated; "*": any).
+    allowed_workload_priority_classes: str = ""
+    # Taint keys a toleration may name ("key": any value and effect; "key=value": that value only). A keyless
+    # toleration ({operator: Exists}) tolerates every taint: only "*" allows it.
+    allowed_tolerations: str = ""
+    # Node label keys a nodeSelector may use ("key": any value; "key=value": that value only; "*": any).
+    allowed_node_selectors: str = ""
+    # Every RLJob/SFTJob must name a Kueue queue (spec.scheduling.queueName): Kueue's quota is not opt-in.
     require_queue: bool = False
+
+    # Requests every container of a job's pods gets for each resource its spec leaves out (JSON, e.g.
+    # '{"cpu": "500m", "memory": "1Gi"}'; render/pods.py default_resources): not where the spec sets that
+    # resource's limit (Kubernetes then requests the limit). A namespace's ResourceQuota on requests.cpu or
+    # requests.memory needs requests on every pod.
+    default_requests: dict[str, str] = Field(default_factory=lambda: {"cpu": "100m", "memory": "256Mi"})
+    # Limits every container of a job's pods gets for each resource its spec sets neither a request nor a
+    # limit of (JSON; empty by default: trainers' and vLLM's memory depends on the model).
+    default_limits: dict[str, str] = Field(default_factory=dict)
+    # The same two for a TaskApp's pods (its spec.scheduling.resources.requests/limits win).
+    task_app_default_requests: dict[str, str] = Field(default_factory=lambda: {"cpu": "100m", "memory": "256Mi"})
+    task_app_default_limits: dict[str, str] = Field(default_factory=lambda: {"cpu": "2", "memory": "2Gi"})
+    # A TaskApp's spec.replicas above this fails it (InvalidSpec); the CRD's own maximum is 64.
+    task_app_max_replicas: int = Field(8, ge=1, le=64)
+    # PodDisruptionBudgets (render/disruption.py) keep a voluntary eviction (a node drain) from taking a
+    # running job's trainer or rollout pods; Kueue's preemption deletes pods and is not held by them.
+    disruption_budgets: bool = True
 
     # Rollout / reference / judge servers.
     server_port: int = 8000

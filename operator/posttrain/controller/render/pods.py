@@ -99,6 +99,23 @@ def _checked(given: ResourceRequirements | None, where: str) -> tuple[dict[str, 
     return dict(given.requests or {}), dict(given.limits or {})
 
 
+def default_resources(
+    requests: dict[str, Any], limits: dict[str, Any], default_requests: dict[str, str], default_limits: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(requests, limits) with the operator's defaults for what the spec left out: a request only where the
+    spec sets neither that resource's request nor its limit (Kubernetes requests the limit then), a limit
+    only where it sets neither (a limit below the spec's own request would be refused)."""
+    given_requests, given_limits = dict(requests), dict(limits)
+    requests, limits = dict(requests), dict(limits)
+    for name, value in default_requests.items():
+        if name not in given_requests and name not in given_limits:
+            requests[name] = value
+    for name, value in default_limits.items():
+        if name not in given_limits and name not in given_requests:
+            limits[name] = value
+    return requests, limits
+
+
 def resources(spec: JobSpecCommon, role: str, gpus: int, settings: OperatorSettings) -> dict[str, Any]:
     """spec.scheduling.resources (for every role, then the role's own on top) plus the role's GPUs."""
     given = spec.scheduling.resources if spec.scheduling else None
@@ -107,6 +124,7 @@ def resources(spec: JobSpecCommon, role: str, gpus: int, settings: OperatorSetti
     role_requests, role_limits = _checked(per_role, f"{role}.")
     requests = {**every_requests, **role_requests}
     limits = {**every_limits, **role_limits}
+    requests, limits = default_resources(requests, limits, settings.default_requests, settings.default_limits)
     if gpus > 0:
         requests[settings.gpu_resource] = str(gpus)
         limits[settings.gpu_resource] = str(gpus)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.api.resources import DEFAULT_API_KEY_SECRET_KEY, RLJobSpec
+from posttrain.api.resources import DEFAULT_API_KEY_SECRET_KEY, RLJobSpec, Scheduling
 from posttrain.controller.bounds import truncate
 from posttrain.controller.objects import TaskAppObject
 from posttrain.controller.render import pods, security
@@ -80,6 +80,17 @@ def _env(app: TaskAppObject) -> list[dict[str, Any]]:
     return env
 
 
+def task_app_resources(scheduling: Scheduling | None, settings: OperatorSettings) -> dict[str, Any]:
+    """spec.scheduling.resources' requests/limits for every role, the operator's TaskApp defaults for the rest."""
+    given = scheduling.resources if scheduling is not None else None
+    requests = dict(given.requests or {}) if given is not None else {}
+    limits = dict(given.limits or {}) if given is not None else {}
+    requests, limits = pods.default_resources(
+        requests, limits, settings.task_app_default_requests, settings.task_app_default_limits
+    )
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
 def render_task_app(app: TaskAppObject, settings: OperatorSettings) -> list[dict[str, Any]]:
     """Deployment + Service for a TaskApp with spec.image (nothing for spec.url)."""
     spec, owner = app.spec, app.owner
@@ -93,6 +104,7 @@ def render_task_app(app: TaskAppObject, settings: OperatorSettings) -> list[dict
         "ports": [{"name": "http", "containerPort": spec.port}],
         "env": _env(app),
         "readinessProbe": {"httpGet": {"path": "/", "port": spec.port}, "periodSeconds": 5},
+        "resources": task_app_resources(spec.scheduling, settings),
     }
     pod = security.lock_down(
         {"containers": [container], **pods.pod_scheduling(spec.scheduling)},
