@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--capture-max-cids", type=int, default=20_000)
     s.add_argument("--capture-ttl", type=float, default=3600.0, help="seconds after a cid's last write")
     s.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM flag (repeatable)")
+    s.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the job's seed: each captured sampling request (a cid) without a seed of its own gets one derived "
+        "from it, the cid and the call's index in the cid (posttrain_rollout.seeding); unset: unseeded",
+    )
     s.add_argument("--log-level", default="info")
     s.add_argument("--max-images-per-message", type=int, default=None, help="each message keeps its first N")
     s.add_argument(
@@ -181,7 +188,10 @@ def serve(args: argparse.Namespace) -> int:
         upstream_alive=lambda: proc.poll() is None,
         token=os.environ.get(args.token_env, "").strip() or None,
         image_limits=ImageLimits(args.max_images_per_message, args.max_images_per_step, args.image_only_mode),
+        seed=args.seed,
     )
+    if args.seed is not None:
+        log.info("sampling seeded from the job's seed %d", args.seed)
     rc = 1
     try:
         rc = asyncio.run(_serve(args, proc, proxy, started))

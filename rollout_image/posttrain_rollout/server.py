@@ -7,7 +7,11 @@ vLLM listens on 127.0.0.1 only and the proxy is the sole way in.
 
 With a token (the operator's per-job Secret, POSTTRAIN_ROLLOUT_TOKEN), POST /v1/weights and the capture
 routes answer only `Authorization: Bearer <token>`, i.e. the job's trainer: nobody else can swap the
-policy's weights or read its rollouts. Generation stays open (the task app calls it)."""
+policy's weights or read its rollouts. Generation stays open (the task app calls it).
+
+With a job seed (--seed), every captured generation request (a `cid`) that names no `seed` of its own is
+sent to vLLM with one derived from the job seed, the cid and the call's index within it
+(posttrain_rollout.seeding): a rerun with the same seed samples the same tokens."""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from posttrain_rollout import reference, vision, weights
+from posttrain_rollout import reference, seeding, vision, weights
 from posttrain_rollout.captures import CaptureStore, body_text, entries_from_response
 from posttrain_rollout.weights import WeightGate
 
@@ -119,6 +123,7 @@ class Proxy:
         max_connections: int = 1024,
         token: str | None = None,
         image_limits: vision.ImageLimits | None = None,
+        seed: int | None = None,
     ):
         self.image_limits = image_limits or vision.ImageLimits()
         self.upstream = upstream.rstrip("/")
@@ -133,6 +138,8 @@ class Proxy:
         self.timeout_s = timeout_s
         self.max_connections = max_connections
         self.token = token or None
+        self.seed = seed  # the job's: seeds captured sampling requests (posttrain_rollout.seeding); None: not
+        self.calls = seeding.CallCounter(captures.max_cids if captures else 20_000)
         self.client: httpx.AsyncClient | None = None
         self._session = None  # aiohttp.ClientSession for the generation hot path
         self._use_aiohttp: bool | None = None
@@ -219,6 +226,8 @@ class Proxy:
         if self.lora_name and body.get("model") in (None, self.served_model_name):
             body["model"] = self.lora_name  # the hot-loaded adapter is the policy
         fwd = prepare_request(body, chat=chat, capture=bool(cid))
+        if cid and self.seed is not None and fwd.get("seed") is None:
+            fwd["seed"] = seeding.request_seed(self.seed, cid, self.calls.next(cid))
         images: list[str] = []
         if chat:
             fwd["messages"], _ = vision.apply_limits(fwd.get("messages"), self.image_limits)

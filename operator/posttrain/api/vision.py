@@ -46,6 +46,9 @@ def rollout_image_args(config: dict[str, Any]) -> list[str]:
 
 def rollout_server_args(config: dict[str, Any]) -> list[str]:
     """Every flag of the policy's `posttrain_rollout serve` a normalised RL config sets: the image limits
-    (applied before vLLM sees a request) and [vllm].tool_call_parser."""
+    (applied before vLLM sees a request), [vllm].tool_call_parser and the job's seed (sampling_seed)."""
+    from posttrain.api.sampling_seed import seed_args
+
     parser = _section(config, "vllm").get("tool_call_parser")
-    return [*rollout_image_args(config), *(["--tool-call-parser", str(parser)] if parser else [])]
+    return [*rollout_image_args(config), *(["--tool-call-parser", str(parser)] if parser else []),
+            *seed_args(config)]  # fmt: skip

@@ -131,6 +131,14 @@ def _precision_line(config: dict[str, Any]) -> str:
     return f"machine: {hardware.probe().describe()}; {precision.describe()}{warning}"
 
 
+def seed_line(config: dict[str, Any]) -> str:
+    """The RL job's seed, printed at the start: it seeds the trainer and every sampling request (a rerun with
+    it on the same machine repeats the run)."""
+    from posttrain.api.sampling_seed import job_seed
+
+    return f"seed {job_seed(config)} (trainer and sampling; set with --set training.seed=N)"
+
+
 def _find_dataset(value: str, config_path: Path) -> Path:
     for candidate in (Path(value), config_path.parent / value):
         if candidate.is_file():
@@ -329,6 +337,8 @@ class LocalRun:
             f"run folder {self.run_dir}"
         )
         printer.line(_precision_line(self.config))
+        if opts.kind == "rl":
+            printer.line(seed_line(self.config))
         printer.record = RunRecord(self.run_dir, name=self.name, kind=opts.kind, uid=self.uid,
                                    model=self.source or self.base, config=str(opts.config_path))  # fmt: skip
         with sigterm_as_keyboard_interrupt(), ProcessSet(self.run_dir / "pids.json") as self.procs:
