@@ -12,7 +12,10 @@ Options: --task agent runs the multi-step variant instead: examples/demo/agent.t
 rewards on the craftworld task app (episodes of 4 decisions; the curve is the mean episode return);
 --sft-warmup first runs the short full fine-tune examples/demo/sft.toml and chains its
 fine_tuned_model into the RL job as [model].source (FFT-first chaining through the embedded S3);
---independent-eval re-evaluates the base and the final model from S3 on a fresh rollout server.
+--independent-eval re-evaluates the base and the final model from S3 on a fresh rollout server;
+--seed N seeds the trainer and every sampling request (posttrain.api.sampling_seed; default the config's
+[training] seed, else 0): the same seed on the same machine repeats the run. The seed is printed at the start;
+a demo that misses its bar says why in one line (demo_report.diagnosis) and prints the command that reruns it.
 
 The dtypes follow the machine (posttrain.hardware: bf16 where it is native, fp32 elsewhere); the task, its
 difficulty and the held-out seeds are the same everywhere. Ctrl-C, SIGTERM to the demo or to its process
@@ -31,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from posttrain.local.demo_report import phase_table, plot
+from posttrain.local.demo_report import diagnosis, phase_table, plot, rerun_command
 from posttrain.local.models import REPO_ROOT
 
 DEMO_DIR = REPO_ROOT / "examples" / "demo"
@@ -151,7 +154,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also evaluate the base and the final model from S3 on a fresh rollout server")  # fmt: skip
     parser.add_argument("--eval-seeds", default="1000000-1000127", help="seeds of --independent-eval")
     parser.add_argument("--model-path", help="weights for the config's base model (as for train --local)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the trainer and of every sampling request (default: the config's "
+                        "[training] seed, else 0); the same seed on the same machine repeats the run")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        parser.error(f"--seed {args.seed}: a seed is a whole number from 0 to 2**63 - 1")
     if args.task == "agent" and args.sft_warmup:
         parser.error("--sft-warmup warms up on the math task: use it with --task math")
     config, args.title, min_accuracy, args.eval_measure = TASKS[args.task]
@@ -175,6 +183,7 @@ class Demo:
         self.marks: dict[str, float] = {}  # when the RL job's lines of interest arrived (demo_report)
         self.rl_toml: Path = args.config
         self.sft: dict[str, Any] | None = None
+        self.seed = args.seed if args.seed is not None else _config_seed(args.config)
 
     def timed(self, key: str, t0: float) -> None:
         self.timings[key] = round(time.monotonic() - t0, 1)
@@ -193,6 +202,7 @@ class Demo:
 
         print(f"== machine: {hardware.probe().describe()}, {os.cpu_count()} cores", flush=True)
         print(f"   {self.precision().describe()}; {self.nproc} trainer process(es)", flush=True)
+        print(f"== seed {self.seed} (set with --seed N; rerun this one: {self.rerun()})", flush=True)
         self.prepare_model()
         if self.args.sft_warmup:
             self.sft_warmup()
@@ -213,8 +223,13 @@ class Demo:
                 f"  WARNING: the final model's held-out accuracy is below {self.args.min_accuracy}",
                 flush=True,
             )
+            print(f"  why: {summary['diagnosis']}", flush=True)
+            print(f"  rerun it (seed {self.seed}): {self.rerun()}", flush=True)
             return 1
         return 0
+
+    def rerun(self) -> str:
+        return rerun_command(self.seed, self.args.task, self.args.sft_warmup)
 
     def prepare_model(self) -> None:
         from posttrain import modelzoo
@@ -242,6 +257,7 @@ class Demo:
               flush=True)  # fmt: skip
         extra = ["--model-path", str(self.args.model_path)] if self.args.model_path else []
         t0 = time.monotonic()
+        extra += ["--set", f"training.seed={self.seed}"]
         rl = train("rl", self.rl_toml, self.runs_dir, "demo-rl", self.nproc, extra, self.marks)
         self.timed("rl_s", t0)
         return rl
@@ -288,7 +304,11 @@ class Demo:
         from posttrain import hardware
 
         returns, evaluations = outcome["returns"], outcome["evaluations"]
+        eval_base = evaluations[0]["eval_score"] if len(evaluations) >= 2 else None
+        eval_final = evaluations[-1]["eval_score"] if evaluations else None
         return {
+            "seed": self.seed,
+            "rerun": self.rerun(),
             "total_s": round(time.monotonic() - self.started, 1),
             "timings": self.timings,
             "machine": hardware.probe().describe(),
@@ -304,8 +324,10 @@ class Demo:
             "marks": self.marks,
             "eval_seconds": [e.get("eval_seconds") for e in evaluations],
             "eval_seeds": _eval_seeds_text(self.rl_toml),
-            "eval_base": evaluations[0]["eval_score"] if len(evaluations) >= 2 else None,
-            "eval_fine_tuned": evaluations[-1]["eval_score"] if evaluations else None,
+            "eval_base": eval_base,
+            "eval_fine_tuned": eval_final,
+            "diagnosis": diagnosis(outcome["detail"], eval_base, eval_final, self.args.min_accuracy,
+                                   self.args.eval_measure),  # fmt: skip
             "independent_eval": independent or None,
             "reward_curve": str(outcome["curve"]),
         }
@@ -372,6 +394,15 @@ def _eval_seeds_text(toml_path: Path) -> str:
     if seeds and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
         return f"{len(seeds)} seeds {seeds[0]}-{seeds[-1]}"
     return f"{len(seeds)} seeds"
+
+
+def _config_seed(toml_path: Path) -> int:
+    """The seed a config's RL job runs with when the demo sets none (posttrain.api.sampling_seed)."""
+    import tomllib
+
+    from posttrain.api.sampling_seed import job_seed
+
+    return job_seed(tomllib.loads(toml_path.read_text()))
 
 
 def _env_config(toml_path: Path) -> dict[str, Any]:

@@ -181,3 +181,74 @@ def plot(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def first_at_least(values: list[Any], target: float) -> int | None:
+    """1-based index of the first number >= target, or None."""
+    for index, value in enumerate(values, 1):
+        if isinstance(value, int | float) and value >= target:
+            return index
+    return None
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[1, 2, 3, 5] -> "1-3, 5"."""
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def diagnosis(
+    detail: list[dict[str, Any]], eval_base: float | None, eval_final: float | None, bar: float,
+    measure: str = "accuracy",
+) -> str:  # fmt: skip
+    """Why a demo missed its bar, in one line, from the run's own metrics: its held-out score against the bar,
+    the iterations whose groups were all uniform (every rollout of a group rewarded alike: advantage 0, no
+    gradient), and how far the sampled training mean_return rose."""
+    if eval_final is None:
+        return "the job ended without a final held-out evaluation"
+    head = f"held-out {measure} {eval_final:.3f} < {bar}"
+    if eval_base is not None:
+        head += f" (base model {eval_base:.3f})"
+    parts: list[str] = []
+    steps = [int(d.get("step") or i) for i, d in enumerate(detail, 1)]
+    uniform = [s for s, d in zip(steps, detail, strict=True) if d.get("mixed_groups") == 0]
+    leading = 0
+    for d in detail:
+        if d.get("mixed_groups") != 0:
+            break
+        leading += 1
+    if detail and leading == len(detail):
+        parts.append("no iteration had a mixed group (every group all-0 or all-1): no gradient at all")
+    elif leading:
+        first = steps[0]
+        span = f"iteration {first}" if leading == 1 else f"iterations {first}-{steps[leading - 1]}"
+        parts.append(f"{span} had no mixed groups (every group all-0 or all-1), so no gradient until "
+                     f"iteration {steps[leading]}")  # fmt: skip
+        later = uniform[leading:]
+        if later:
+            parts.append(f"nor had iteration(s) {_ranges(later)}")
+    elif uniform:
+        parts.append(f"iteration(s) {_ranges(uniform)} had no mixed groups (no gradient)")
+    returns = [d.get("mean_return") for d in detail]
+    numbers = [r for r in returns if isinstance(r, int | float)]
+    if numbers:
+        reached = first_at_least(returns, 0.5)
+        if reached is None:
+            best = max(numbers)
+            parts.append(f"training mean_return rose only to {best:.2f} (iteration {steps[returns.index(best)]})")
+        else:
+            parts.append(f"training mean_return first reached 0.5 at iteration {steps[reached - 1]} of "
+                         f"{len(detail)}, ending at {numbers[-1]:.2f}")  # fmt: skip
+    return head + (": " + "; ".join(parts) if parts else "")
+
+
+def rerun_command(seed: int, task: str = "math", sft_warmup: bool = False) -> str:
+    """The command that reruns a demo with its seed (same machine: the same run)."""
+    args = [*(["--task", task] if task != "math" else []), *(["--sft-warmup"] if sft_warmup else []),
+            "--seed", str(seed)]  # fmt: skip
+    return f'make demo DEMO_ARGS="{" ".join(args)}"'

@@ -1,0 +1,55 @@
+"""hack/bench_demo_curve.py's reliability summary: one record per demo run, the distribution over runs and
+its JSON last line (pure functions on plain data; the bench itself is not a test)."""
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+HACK = Path(__file__).resolve().parents[2] / "hack"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(HACK))  # it imports hack/abtiming.py as a sibling
+    module = importlib.import_module("bench_demo_curve")
+    yield module
+    sys.modules.pop("bench_demo_curve", None)
+
+
+def summary(returns, final, base=0.086, diagnosis="held-out accuracy 0.633 < 0.8"):
+    return {"mean_return": returns, "eval_fine_tuned": final, "eval_base": base, "diagnosis": diagnosis}
+
+
+def test_a_run_record(bench):
+    ok = bench.run_record(3, 241.26, 0, summary([0.0, 0.3, 0.5, 0.9], 0.891))
+    assert ok == {"seed": 3, "wall_s": 241.3, "exit_code": 0, "first_0_5": 3, "iterations": 4,
+                  "held_out": 0.891, "held_out_base": 0.086, "diagnosis": None}  # fmt: skip
+    missed = bench.run_record(4, 230.0, 1, summary([0.0, 0.06, 0.2], 0.633))
+    assert missed["first_0_5"] is None and missed["diagnosis"] == "held-out accuracy 0.633 < 0.8"
+    crashed = bench.run_record(5, 12.0, 2, None)
+    assert crashed["held_out"] is None and crashed["first_0_5"] is None and crashed["iterations"] == 0
+
+
+def test_the_distribution_counts_a_run_without_a_score_as_a_miss(bench):
+    records = [bench.run_record(s, w, 0 if h and h >= 0.8 else 1, summary([0.6], h) if h is not None else None)
+               for s, w, h in [(0, 240.0, 0.633), (1, 250.0, 0.891), (2, 230.0, 0.883), (3, 260.0, 0.82),
+                               (4, 300.0, None)]]  # fmt: skip
+    dist = bench.distribution(records, "AMD EPYC 9B14; AVX-512", 0.8)
+    assert dist["runs"] == 5 and dist["seeds"] == [0, 1, 2, 3, 4]
+    assert dist["held_out"] == [0.633, 0.891, 0.883, 0.82, None]
+    assert dist["min"] == 0.0 and dist["median"] == 0.82
+    assert dist["share_at_least_0_8"] == 0.6 == dist["share_at_least_bar"]
+    assert dist["wall_s_median"] == 250.0 and dist["cpu"] == "AMD EPYC 9B14; AVX-512"
+    assert dist["first_0_5"] == [1, 1, 1, 1, None]
+    line = json.loads(json.dumps(dist))  # the last line is one JSON object with the issue's keys
+    assert {"runs", "held_out", "share_at_least_0_8", "wall_s_median", "cpu"} <= set(line)
+    assert bench.distribution([], "x")["share_at_least_0_8"] is None
+
+
+def test_cpu_name_from_cpuinfo(bench):
+    text = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9B14 96-Core Processor\n"
+    assert bench.cpu_name(text) == "AMD EPYC 9B14 96-Core Processor"
+    assert bench.cpu_name("processor : 0\n")  # no model name: the platform's, never empty

@@ -1,0 +1,73 @@
+"""A demo that misses its bar says why in one line, from the run's own metrics, and how to rerun it with its
+seed (posttrain.local.demo_report.diagnosis / rerun_command; pure, on plain metric rows)."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+from posttrain.local.demo import parse_args
+from posttrain.local.demo_report import diagnosis, first_at_least, rerun_command
+
+
+def rows(returns: list[float], mixed: list[int]) -> list[dict]:
+    return [{"step": i, "mean_return": r, "mixed_groups": m, "groups": 8}
+            for i, (r, m) in enumerate(zip(returns, mixed, strict=True), 1)]  # fmt: skip
+
+
+def test_leading_iterations_without_mixed_groups_are_named():
+    detail = rows([0.0, 0.02, 0.0, 0.06, 0.03, 0.05, 0.3, 0.5], [0, 0, 0, 0, 0, 0, 3, 6])
+    line = diagnosis(detail, 0.086, 0.633, 0.8)
+    assert line == ("held-out accuracy 0.633 < 0.8 (base model 0.086): iterations 1-6 had no mixed groups "
+                    "(every group all-0 or all-1), so no gradient until iteration 7; training mean_return "
+                    "first reached 0.5 at iteration 8 of 8, ending at 0.50")  # fmt: skip
+    assert "\n" not in line
+
+
+def test_a_slow_rise_is_named_with_its_peak():
+    detail = rows([0.05, 0.2, 0.45, 0.38], [2, 4, 6, 5])
+    assert diagnosis(detail, 0.1, 0.63, 0.8) == (
+        "held-out accuracy 0.630 < 0.8 (base model 0.100): training mean_return rose only to 0.45 (iteration 3)"
+    )
+
+
+def test_uniform_iterations_later_in_the_run_and_all_uniform():
+    later = diagnosis(rows([0.1, 1.0, 0.2, 1.0, 1.0], [1, 0, 2, 0, 0]), None, 0.7, 0.8)
+    assert "iteration(s) 2, 4-5 had no mixed groups" in later and "base model" not in later
+    after_leading = diagnosis(rows([0.0, 0.2, 0.0], [0, 3, 0]), 0.1, 0.2, 0.8)
+    assert "iteration 1 had no mixed groups" in after_leading and "nor had iteration(s) 3" in after_leading
+    none = diagnosis(rows([0.0, 0.0], [0, 0]), 0.05, 0.05, 0.8)
+    assert "no iteration had a mixed group" in none and "rose only to 0.00 (iteration 1)" in none
+    assert diagnosis([], 0.1, None, 0.8) == "the job ended without a final held-out evaluation"
+    assert diagnosis([], 0.4, 0.44, 0.5, "mean return") == "held-out mean return 0.440 < 0.5 (base model 0.400)"
+
+
+def test_first_at_least_skips_missing_values():
+    assert first_at_least([None, 0.4, 0.5, 0.9], 0.5) == 3
+    assert first_at_least([0.1, None], 0.5) is None
+
+
+@pytest.mark.parametrize(
+    "task,warmup,expected",
+    [("math", False, 'make demo DEMO_ARGS="--seed 7"'),
+     ("agent", False, 'make demo DEMO_ARGS="--task agent --seed 7"'),
+     ("math", True, 'make demo DEMO_ARGS="--sft-warmup --seed 7"')],
+)  # fmt: skip
+def test_the_rerun_command_is_one_the_demo_accepts(task, warmup, expected):
+    command = rerun_command(7, task, warmup)
+    assert command == expected
+    demo_args = shlex.split(command)[2].split("=", 1)[1]
+    args = parse_args(shlex.split(demo_args))
+    assert (args.seed, args.task, args.sft_warmup) == (7, task, warmup)
+
+
+def test_the_demo_seed_defaults_to_the_configs():
+    assert parse_args([]).seed is None  # Demo then reads the config's [training] seed (0 in examples/demo)
+    with pytest.raises(SystemExit):
+        parse_args(["--seed", "-3"])
+
+
+def test_the_demo_configs_run_with_seed_0_unless_told():
+    from posttrain.local.demo import TASKS, _config_seed
+
+    assert {task: _config_seed(entry[0]) for task, entry in TASKS.items()} == {"math": 0, "agent": 0}
