@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fixtures.vllm import STOP_GRACE_S, start_rollout_server
+from posttrain.api.rollout_settings import RolloutSettings
 from posttrain import reaper
 from posttrain.local.processes import ProcessSet
 from posttrain.local.taskapp import start_taskapp
@@ -108,7 +109,7 @@ def test_multi_turn_episode_tokens_are_exact(servers, vllm_model_dir):
     for seed in SEEDS:
         cid = f"mt-exact-s{seed}-r0"
         body = build_rollout_request(
-            config=config,
+            settings=RolloutSettings.from_config(config),
             model=policy.served_model_name,
             run_id=cid,
             seed=seed,
@@ -170,7 +171,7 @@ def test_trainer_runs_multi_turn_episodes_with_decision_credit(servers, vllm_mod
     from posttrain_trainer.rl_config import RLTrainerConfig
 
     task_url, policy = servers
-    client = RolloutClient(task_url=task_url, config=CONFIG, model=policy.served_model_name, api_key=KEY)
+    client = RolloutClient(task_url=task_url, settings=RolloutSettings.from_config(CONFIG), model=policy.served_model_name, api_key=KEY)
     started = time.perf_counter()
     results = []
     with RolloutLoop() as loop:

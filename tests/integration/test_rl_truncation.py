@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
+from posttrain.api.rollout_settings import RolloutSettings
 from posttrain.localhost import free_port
 from posttrain_rollout.server import Proxy, create_app
 from posttrain_trainer import gspo
@@ -119,7 +120,7 @@ def _collect(
     config, math_taskapp, endpoint: str, seeds: list[int], group: int, run: str, model: str = "policy"
 ):
     client = RolloutClient(
-        task_url=math_taskapp.url, config=config, model=model, api_key=math_taskapp.api_key
+        task_url=math_taskapp.url, settings=RolloutSettings.from_config(config), model=model, api_key=math_taskapp.api_key
     )
     with RolloutLoop() as loop:
         return loop.collect(client, plan_rollouts(run, 0, seeds, group, [endpoint]))

@@ -23,6 +23,7 @@ import httpx
 import pytest
 import torch
 from fixtures.vllm import STOP_GRACE_S, RolloutServer, start_rollout_server
+from posttrain.api.rollout_settings import RolloutSettings
 from posttrain.local.processes import ProcessSet
 from posttrain.local.taskapp import start_taskapp
 from posttrain.localhost import stop_group
@@ -120,7 +121,7 @@ def test_images_reach_vllm_and_trainer_logprobs_match(
     sys.path.pop(0)
     config = _config({"frames": 2, "images": "url"})  # http URLs: the rollout server inlines what it fetched
     client = RolloutClient(
-        task_url=shapes_taskapp, config=config, model=vl_server.served_model_name, api_key=KEY
+        task_url=shapes_taskapp, settings=RolloutSettings.from_config(config), model=vl_server.served_model_name, api_key=KEY
     )
     with RolloutLoop() as loop:
         results = loop.collect(client, plan_rollouts("vis", 0, [0, 1, 2], 2, [vl_server.url]))
@@ -181,7 +182,7 @@ def test_gspo_on_images_syncs_weights_and_moves_image_logprobs(
     )
     # a fixed image prompt, sampled from the served base weights, to measure the policy before and after
     client = RolloutClient(
-        task_url=shapes_taskapp, config=_config({}), model=vl_server.served_model_name, api_key=KEY
+        task_url=shapes_taskapp, settings=RolloutSettings.from_config(_config({})), model=vl_server.served_model_name, api_key=KEY
     )
     processor = load_processor(vllm_vl_model_dir)
     media = media_token_ids(processor)

@@ -16,6 +16,7 @@ import typing
 from pathlib import Path
 
 import pytest
+from posttrain.api.rollout_settings import RolloutSettings
 from posttrain.api.config import RLConfig, SFTConfig
 from posttrain.api.convert import load
 from posttrain.api.inert import RL_FIXED, RL_INERT, SFT_INERT
@@ -32,7 +33,8 @@ CONSUMERS = [
     *(OPERATOR / "local").glob("*.py"),
     *(OPERATOR / "commands").glob("*.py"),
     *(OPERATOR / "evaluation").glob("*.py"),
-    *(OPERATOR / "api" / f for f in ("topology.py", "convert.py", "reward.py", "jobfile.py", "model_ids.py")),
+    *(OPERATOR / "api" / f for f in ("topology.py", "convert.py", "reward.py", "jobfile.py", "model_ids.py",
+                                     "rollout_settings.py", "settings.py")),
 ]
 FORWARDED = ("rollout.env_config.", "rollout.policy_config.")
 # Checked against what an iteration does (posttrain.api.inert.inert_warnings warns when they disagree).
@@ -147,7 +149,7 @@ def test_forwarded_and_policy_sampling_keys_reach_the_request():
         "rollout": {"env_name": "e", "policy_name": "p", "max_turns": 2, "env_config": {"difficulty": "hard"},
                     "policy_config": {"use_tools": False, "max_llm_calls": 3}},
     }  # fmt: skip
-    body = build_rollout_request(config=config, model="m", run_id="r", seed=0, url="http://p?cid=r")
+    body = build_rollout_request(settings=RolloutSettings.from_config(config), model="m", run_id="r", seed=0, url="http://p?cid=r")
     policy = body["policy"]["config"]
     assert (policy["top_k"], policy["repetition_penalty"], policy["stop"]) == (20, 1.1, ["</s>"])
     assert (policy["temperature"], policy["use_tools"], policy["max_llm_calls"]) == (0.3, False, 3)

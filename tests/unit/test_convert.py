@@ -246,9 +246,7 @@ def test_a_synth_backend_id_is_refused_by_validate_and_convert(capsys, tmp_path)
 
 
 def test_overlong_and_retention_keys_travel_to_the_trainer():
-    from posttrain_trainer.checkpoint import keep_checkpoints
     from posttrain_trainer.rl_config import parse_rl_config
-    from posttrain_trainer.weightsync import keep_weight_versions
 
     text = (REPO / "examples" / "rl_qwen3_4b.toml").read_text()
     text = text.replace(
@@ -265,7 +263,7 @@ def test_overlong_and_retention_keys_travel_to_the_trainer():
     config = spec_to_config(parse_spec("RLJob", cr["spec"]))
     cfg = parse_rl_config(config)
     assert (cfg.overlong, cfg.overlong_penalty) == ("penalty", -0.5)
-    assert keep_checkpoints(config) == 4 and keep_weight_versions(config) == 1
+    assert (cfg.keep_checkpoints, cfg.keep_weight_versions) == (4, 1)
 
 
 @pytest.mark.parametrize(

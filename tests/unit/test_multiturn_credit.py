@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from posttrain.api.rollout_settings import RolloutSettings
 from posttrain_trainer import gspo, step_rewards
 from posttrain_trainer.rl import sequences_from_results
 from posttrain_trainer.rollouts import RolloutClient, plan_rollouts
@@ -103,7 +104,7 @@ class World:
 
 def _episodes(scripts: list[list[str]], rewrite_history_at: int | None = None):
     world = World(scripts, rewrite_history_at)
-    client = RolloutClient(task_url="http://task.test", config=CONFIG, model="m", api_key="k")
+    client = RolloutClient(task_url="http://task.test", settings=RolloutSettings.from_config(CONFIG), model="m", api_key="k")
     specs = plan_rollouts("run", 0, [0], len(scripts), ["http://policy.test"])
 
     async def go():

@@ -9,6 +9,7 @@ import asyncio
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
+from posttrain.api.rollout_settings import RolloutSettings
 from posttrain.localhost import free_port
 from posttrain_rollout.server import Proxy, create_app
 
@@ -240,7 +241,7 @@ def test_the_trainer_sends_the_token_the_server_demands(tmp_path, monkeypatch):
         chat = {"messages": [{"role": "user", "content": "x"}]}
         for cid in ("a", "b"):
             assert httpx.post(f"{base}/v1/chat/completions?cid={cid}", json=chat).status_code == 200
-        client = RolloutClient(task_url="http://task", config={}, model="m", api_key="k")
+        client = RolloutClient(task_url="http://task", settings=RolloutSettings(), model="m", api_key="k")
 
         async def captures(cid: str):
             async with httpx.AsyncClient() as http:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from posttrain.api.rollout_settings import RolloutSettings
 from posttrain_trainer.rollouts import (
     ErrorBudget,
     RolloutBudgetExceeded,
@@ -12,9 +13,7 @@ from posttrain_trainer.rollouts import (
     inference_url,
     make_cid,
     plan_rollouts,
-    rubric_weights,
     run_tag,
-    semaphore_size,
 )
 
 CONFIG = {
@@ -54,7 +53,7 @@ def test_plan_rollouts_groups_and_round_robin():
 
 def test_request_shape_follows_synth():
     body = build_rollout_request(
-        config=CONFIG,
+        settings=RolloutSettings.from_config(CONFIG),
         model="HuggingFaceTB/SmolLM2-135M-Instruct",
         run_id="x-it0-s7-r0",
         seed=7,
@@ -70,7 +69,7 @@ def test_request_shape_follows_synth():
     assert body["ops"] == ["agent", "env", "agent", "env"]
     assert body["record"]["trajectories"] is True
     ev = build_rollout_request(
-        config=CONFIG,
+        settings=RolloutSettings.from_config(CONFIG),
         model="m",
         run_id="e",
         seed=1,
@@ -82,9 +81,9 @@ def test_request_shape_follows_synth():
 
 
 def test_semaphore_is_the_smaller_cap():
-    assert semaphore_size(CONFIG) == 4
-    assert semaphore_size({"rollout": {"max_concurrent_rollouts": 3}}) == 3
-    assert semaphore_size({}) == 8
+    assert RolloutSettings.from_config(CONFIG).concurrency == 4
+    assert RolloutSettings.from_config({"rollout": {"max_concurrent_rollouts": 3}}).concurrency == 3
+    assert RolloutSettings.from_config({}).concurrency == 8
 
 
 def test_single_turn_sequence():
@@ -129,14 +128,6 @@ def test_multi_turn_history_rewritten_starts_new_sequence():
     assert seqs[0].sampling_logprobs == [0.0, 0.0]  # absent logprobs -> zeros (diagnostics only)
 
 
-def test_rubric_weights_need_rubric_and_judge():
-    assert rubric_weights({}) == {"env": 1.0, "event": 0.0, "outcome": 0.0}
-    rubric = {"rubric": {"enabled": True, "weights": {"env": 0.2, "event": 0.3, "outcome": 0.5}}}
-    assert rubric_weights(rubric) == {"env": 1.0, "event": 0.0, "outcome": 0.0}  # no [judge]: disabled
-    with_judge = {**rubric, "judge": {"options": {"provider": "openai", "model": "m", "outcome": True}}}
-    assert rubric_weights(with_judge) == {"env": 0.2, "event": 0.3, "outcome": 0.5}
-
-
 def test_episode_return_fallbacks():
     assert episode_return({"metrics": {"episode_returns": [0.5], "mean_return": 9}}) == 0.5
     assert episode_return({"metrics": {"mean_return": 0.25}}) == 0.25
@@ -155,7 +146,7 @@ def test_error_budget():
     ErrorBudget(0.0).check(8, [])
     with pytest.raises(RolloutBudgetExceeded):
         ErrorBudget(0.0).check(8, ["x"])
-    assert ErrorBudget.from_config({"rollout": {"error_budget": 0.5}}).fraction == 0.5
+    assert ErrorBudget.from_settings(RolloutSettings.from_config({"rollout": {"error_budget": 0.5}})).fraction == 0.5
     with pytest.raises(ValueError):
         ErrorBudget(1.5)
 
@@ -225,28 +216,24 @@ def test_overlong_config_is_checked():
 
 
 def test_checkpoint_retention_rule():
-    from posttrain_trainer.checkpoint import DEFAULT_KEEP_CHECKPOINTS, checkpoints_to_delete, keep_checkpoints
+    from posttrain.api.settings import settings_for
+    from posttrain_trainer.checkpoint import checkpoints_to_delete
 
     assert checkpoints_to_delete([2, 4, 6, 8], [2, 4, 6, 8], keep=2) == [2, 4]
     # incomplete ones (a job died while saving) go when older than the newest complete one
     assert checkpoints_to_delete([2, 4], [2, 3, 4, 5], keep=1) == [2, 3]
     assert checkpoints_to_delete([2, 4], [2, 4], keep=0) == []  # 0 keeps every checkpoint
     assert checkpoints_to_delete([], [3], keep=1) == []
-    assert (
-        keep_checkpoints({}) == DEFAULT_KEEP_CHECKPOINTS
-        and keep_checkpoints({"training": {"keep_checkpoints": 5}}) == 5
-    )
+    assert settings_for("rl", {}).keep_checkpoints == 3
+    assert settings_for("sft", {"training": {"keep_checkpoints": 5}}).keep_checkpoints == 5
 
 
 def test_weight_version_retention_rule():
-    from posttrain_trainer.weightsync import (
-        DEFAULT_KEEP_WEIGHT_VERSIONS,
-        keep_weight_versions,
-        versions_to_delete,
-    )
+    from posttrain.api.settings import settings_for
+    from posttrain_trainer.weightsync import versions_to_delete
 
     assert versions_to_delete([1, 2, 3, 4], keep=2, served=4) == [1, 2]
     assert versions_to_delete([1, 2, 3, 4], keep=1, served=2) == [1, 3]  # never the served version
     assert versions_to_delete([1, 2, 3], keep=0, served=3) == []
-    assert keep_weight_versions({}) == DEFAULT_KEEP_WEIGHT_VERSIONS
-    assert keep_weight_versions({"training": {"keep_weight_versions": 1}}) == 1
+    assert settings_for("rl", {}).keep_weight_versions == 2
+    assert settings_for("rl", {"training": {"keep_weight_versions": 1}}).keep_weight_versions == 1

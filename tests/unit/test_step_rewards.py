@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from posttrain.api.rollout_settings import RolloutSettings
 from posttrain_trainer import gspo
 from posttrain_trainer.rl import sequences_from_results
 from posttrain_trainer.rollouts import (
@@ -40,7 +41,7 @@ ROLLOUT = {"env_name": "craftworld", "policy_name": "p", "max_turns": 3, "env_co
 def _request(training: dict, env_config: dict | None = None) -> dict:
     rollout = {**ROLLOUT, **({"env_config": env_config} if env_config is not None else {})}
     config = {"rollout": rollout, "training": training}
-    return build_rollout_request(config=config, model="m", run_id="r", seed=1, url="http://p/v1?cid=r")
+    return build_rollout_request(settings=RolloutSettings.from_config(config), model="m", run_id="r", seed=1, url="http://p/v1?cid=r")
 
 
 def test_request_carries_the_step_rewards_block():

@@ -73,7 +73,7 @@ def test_tensorboard_event_files_per_step(tmp_path: Path) -> None:
     assert scalars({"step": 1, "loss": 0.5, "ok": True, "judge_scores": {"outcome": 0.25}, "x": float("nan")}) == {
         "loss": 0.5, "judge_scores/outcome": 0.25,
     }  # fmt: skip
-    job = SimpleNamespace(config={"training": {"report_to": ["tensorboard"]}}, workdir=str(tmp_path), storage=None,
+    job = SimpleNamespace(settings=SimpleNamespace(report_to=["tensorboard"]), workdir=str(tmp_path), storage=None,
                           kind="rl", base_model="m", job=SimpleNamespace(namespace="ns", name="j", uid="u"))  # fmt: skip
     tracker = Trackers(job, enabled=True, env={})
     for step, reward in ((1, 0.1), (2, 0.4), (3, 0.8)):

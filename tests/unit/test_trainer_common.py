@@ -31,11 +31,10 @@ def test_jobfile_roundtrip_and_defaults(tmp_path):
     job = load_jobfile(path)
     assert job.plural == "sftjobs" and job.job.group == "posttrain.dev" and job.job.version == "v1alpha1"
     assert job.storage.prefix == "jobs/team-a/demo-1234abcd/"
-    assert job.config["unknown_section"] == {"x": 1}
+    assert job.record["unknown_section"] == {"x": 1}
     assert job.task_app is None and job.endpoints.policy == []
     assert job.weight_sync.via == "path" and job.checkpoint_every == 0
     assert job.model_extra["a_future_field"] is True
-    assert job.section("hyperparameters") == {"n_epochs": 1} and job.section("missing") == {}
 
 
 def test_jobfile_imports_no_torch():

@@ -28,5 +28,5 @@ def test_operator_jobfile_validates_in_the_trainer():
     assert parsed.kind == "sft" and parsed.plural == "sftjobs" and parsed.report.mode == "kubernetes"
     assert parsed.storage.prefix == "jobs/team/demo-1234abcd/"
     assert parsed.dataset.train == "s3://posttrain/datasets/train.jsonl"
-    assert parsed.config["hyperparameters"] == {"n_epochs": 1}
+    assert parsed.record["hyperparameters"] == {"n_epochs": 1}
     assert job_model_id(parsed) == "ft:Qwen/Qwen3-4B:team.demo.1234abcd"

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     if job.kind != args.kind:
         print(f"error: job file kind is {job.kind!r} but the command says {args.kind!r}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    problems = trackers.problems(trackers.report_to(job.config), os.environ)
+    problems = trackers.problems(list(job.settings.report_to or []), os.environ)
     if problems:  # [training] report_to names a tracker this image or environment cannot serve
         for message, fix in problems:
             print(f"error: {trackers.FIELD}: {message} (fix: {fix})", file=sys.stderr, flush=True)

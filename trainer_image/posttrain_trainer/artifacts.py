@@ -30,19 +30,6 @@ def job_model_id(job: JobFile) -> str:
     )
 
 
-def trainer_mode(job: JobFile) -> str:
-    model = job.section("model") or job.section("policy")
-    mode = model.get("trainer_mode")
-    if not mode:
-        training = job.section("training")
-        mode = (
-            "lora"
-            if training.get("mode") == "lora" or job.section("hyperparameters").get("train_kind") == "peft"
-            else "full"
-        )
-    return str(mode)
-
-
 def finalize(
     job: JobFile,
     model,
@@ -69,7 +56,7 @@ def finalize(
     metrics_path = workdir / "metrics.jsonl"
     metrics_path.write_text("".join(json.dumps(line, default=str) + "\n" for line in (metrics_lines or [])))
     config_path = workdir / "config.json"
-    config_path.write_text(json.dumps(job.config, indent=2, default=str))
+    config_path.write_text(json.dumps(job.record, indent=2, default=str))  # for the record: nothing reads it
 
     if job.storage is None:
         artifacts = {
@@ -101,11 +88,11 @@ def finalize(
         "kind": job.kind,
         "base_model": job.base_model,
         "model_path": job.model_path,
-        "trainer_mode": trainer_mode(job),
+        "trainer_mode": job.settings.trainer_mode,  # posttrain.api.settings.trainer_mode, resolved once
         "job": job.job.model_dump(),
         "steps": steps,
         "metrics": metrics,
-        "config": job.config,
+        "config": job.record,
         "artifacts": artifacts,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -15,7 +15,7 @@ checked before any file is read. A checkpoint whose files differ from it fails t
 CheckpointIntegrityError. DeepSpeed's own shard files are torch.save archives: they are checked against
 the same manifest and read with torch.load(weights_only=True) (tensors and plain data only).
 
-Retention: [training] keep_checkpoints (default DEFAULT_KEEP_CHECKPOINTS; 0 keeps every one). After a
+Retention: [training] keep_checkpoints (job.settings.keep_checkpoints, default 3; 0 keeps every one). After a
 checkpoint is complete, rank 0 deletes the complete checkpoints older than the newest `keep`, and the
 incomplete ones older than the newest complete checkpoint (left by a job that died while saving). The newest
 complete checkpoint, the one a resume reads, is never deleted. Local copies are removed right after upload."""
@@ -50,7 +50,6 @@ from posttrain_trainer.safe_state import (
 
 STATE_FILE = "trainer_state.json"
 MODEL_FILE = "model.safetensors"
-DEFAULT_KEEP_CHECKPOINTS = 3
 _STEP_RE = re.compile(r"checkpoints/step-(\d+)/")
 
 
@@ -203,13 +202,6 @@ def list_checkpoints(client, bucket: str, prefix: str) -> list[int]:
             if match:
                 steps.add(int(match.group(1)))
     return sorted(steps)
-
-
-def keep_checkpoints(config: dict[str, Any]) -> int:
-    """[training] keep_checkpoints (validated by the CLI and the custom resource: an integer >= 0)."""
-    training = config.get("training") if isinstance(config.get("training"), dict) else {}
-    value = training.get("keep_checkpoints")
-    return DEFAULT_KEEP_CHECKPOINTS if value is None else int(value)
 
 
 def checkpoints_to_delete(complete: list[int], started: list[int], keep: int) -> list[int]:

@@ -246,11 +246,11 @@ class RestemRun:
         wait_until_serving(job)
         self.rollouts = RolloutClient(
             task_url=job.task_app.url,
-            config=job.config,
+            settings=self.cfg.rollout,
             model=job.base_model,
             api_key_env=job.task_app.api_key_env,
         )
-        self.budget = ErrorBudget.from_config(job.config)
+        self.budget = ErrorBudget.from_settings(self.cfg.rollout)
         self.syncer = WeightSyncer(job, client=self.store.client) if D.is_main() else None
 
     def resume(self) -> None:
@@ -358,7 +358,7 @@ class RestemRun:
         if D.is_main():
             module = self.engine.module
             result = self.syncer.sync(
-                module, self.tokenizer, version, sync_format(self.job.config, is_peft(module))
+                module, self.tokenizer, version, sync_format(self.cfg.weight_sync_format, is_peft(module))
             )
             seconds = result.total_seconds
             self.reporter.event("weight_sync", **result.as_metrics(), path=result.path)
@@ -372,7 +372,7 @@ class RestemRun:
         if D.is_main() and cfg.eval_seeds:
             # a sampled evaluation (evaluation.temperature > 0) runs `instances` episodes over the seeds, so
             # that each seed is scored several times (greedy answers would repeat themselves)
-            repeats = max(1, -(-cfg.eval_instances // len(cfg.eval_seeds))) if cfg.eval_temperature > 0 else 1
+            repeats = max(1, -(-(cfg.eval_instances or 0) // len(cfg.eval_seeds))) if cfg.eval_temperature > 0 else 1
             specs = plan_rollouts(
                 self.run_tag, at, cfg.eval_seeds, repeats, self.job.endpoints.policy, kind="ev"
             )

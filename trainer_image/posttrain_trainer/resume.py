@@ -29,7 +29,7 @@ class CheckpointStore:
         self.reporter = reporter
         self.client = s3.client_from_env(job.storage) if job.storage is not None else None
         self.workdir = Path(job.workdir)
-        self.keep = ckpt.keep_checkpoints(job.config)
+        self.keep = job.settings.keep_checkpoints
         self.last_uri: str | None = None  # the newest checkpoint this run saved or resumed from
         self.saved_step: int | None = None  # the step of the last checkpoint this run saved
 

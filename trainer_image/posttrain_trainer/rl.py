@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -76,11 +77,12 @@ from posttrain_trainer.rollouts import (
     RolloutClient,
     RolloutLoop,
     RolloutResult,
+    api_headers,
     plan_rollouts,
-    rubric_weights,
     run_tag,
     wait_for_servers,
 )
+from posttrain_trainer.task_rubric import judge_rubrics
 
 # The per-iteration "iteration" event: why the reward moves (or does not): how many groups carried signal,
 # what the update did, where the time went.
@@ -789,28 +791,44 @@ class RLRun:
 
         job = self.job
         wait_until_serving(job)
-        self.judge = EpisodeJudge.from_config(job.config, rubric_weights(job.config), job.endpoints.judges)
-        if self.judge is not None and D.is_main():
-            options = self.judge.options
-            print(
-                f"[posttrain] judge {options['provider']}/{options['model']} at {self.judge.client.base_url} "
-                f"scores {'outcome ' if options['outcome'] else ''}{'events' if options['event'] else ''}",
-                flush=True,
-            )
+        self.judge = self.make_judge() if D.is_main() else None  # rank 0 collects and scores rollouts
         self.rollouts = RolloutClient(
             task_url=job.task_app.url,
-            config=job.config,
+            settings=self.cfg.rollout,
             model=job.base_model,
             api_key_env=job.task_app.api_key_env,
+            weights=self.cfg.judge.blend(),
             judge=self.judge,
         )
-        self.budget = ErrorBudget.from_config(job.config)
+        self.budget = ErrorBudget.from_settings(self.cfg.rollout)
         self.syncer = (
             WeightSyncer(job, client=self.store.client, dtype=torch_dtype(self.precision.sync))
             if D.is_main()
             else None
         )
-        self.sync_format = sync_format(job.config, is_peft(self.engine.module))
+        self.sync_format = sync_format(self.cfg.weight_sync_format, is_peft(self.engine.module))
+
+    def make_judge(self) -> EpisodeJudge | None:
+        """The judge the job's settings call (None: no judge is called), with each judged score's rubric:
+        its rubric_overrides, else the task app's /task_info rubric (task_rubric.py); the rubric used goes
+        to the trace store now and to the manifest at the end."""
+        settings, job = self.cfg.judge, self.job
+        if not settings.enabled:
+            return None
+        rubrics = judge_rubrics(
+            settings,
+            task_url=job.task_app.url if job.task_app else None,
+            headers=api_headers(os.environ.get(job.task_app.api_key_env)) if job.task_app else {},
+            seed=self.cfg.seed_start,
+        )
+        judge = EpisodeJudge.from_settings(settings, job.endpoints.judges, rubrics=rubrics)
+        assert judge is not None
+        print(f"[posttrain] {judge.describe()}", flush=True)
+        if rubrics.note:
+            print(f"[posttrain] judge rubric: {rubrics.note}; it scores with its generic prompt", flush=True)
+        if self.traces is not None:
+            self.traces.metadata["judge_rubric"] = rubrics.record()
+        return judge
 
     def step(self) -> None:
         """One iteration."""
@@ -977,7 +995,7 @@ class RLRun:
         score = None
         if D.is_main():
             seeds = list(cfg.eval_seeds)
-            if cfg.eval_temperature > 0 and cfg.eval_instances > len(seeds):
+            if cfg.eval_temperature > 0 and (cfg.eval_instances or 0) > len(seeds):
                 seeds = [seeds[i % len(seeds)] for i in range(cfg.eval_instances)]
             specs = plan_rollouts(self.run_tag, at, seeds, 1, self.job.endpoints.policy, kind="ev")
             if len(set(seeds)) < len(seeds):  # repeated seeds (sampled eval): keep the cids unique
@@ -1032,6 +1050,8 @@ class RLRun:
             "trainer_mode": self.cfg.trainer_mode,
             "group_size": self.cfg.group_size,
             "batch_size": self.cfg.batch_size,
+            # the rubric each judged score was scored against and its source (overrides | task_info | none)
+            **({"judge_rubric": self.judge.rubrics.record()} if self.judge is not None else {}),
         }
         saved = None
         with D.full_weights(self.engine) as state:  # sharded engines: gathered while rank 0 saves

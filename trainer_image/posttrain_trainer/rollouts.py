@@ -18,10 +18,11 @@ backend sends them); each step's info.meta.decision_rewards becomes a per-decisi
 (step_rewards.decision_rewards), which rl.py turns into per-token credit.
 
 Reward (synth's rubric formula): total = w_env * episode_return + w_event * events_score + w_outcome *
-outcome_score, weights from [rubric].weights when [rubric].enabled and a [judge] is configured (synth disables
-rubric scoring without [judge]), else env only. Scores come from the LLM judge (judging.EpisodeJudge) when
-one is configured (a rollout it cannot score fails), else from the task app's metrics (outcome_score,
-events_score); the formula is posttrain.api.reward.blend_reward.
+outcome_score, weights from the job's judge settings (job.settings.judge: [judge] reward_blend, or [rubric]
+enabled with [rubric.weights], when a [judge] is configured; synth blends nothing without one), else env
+only. Scores come from the LLM judge (judging.EpisodeJudge) when one is called (a rollout it cannot score
+fails), else from the task app's metrics (outcome_score, events_score); the formula is
+posttrain.api.reward.blend_reward.
 
 finish_reason: every captured call's finish_reason (the rollout server records vLLM's) is kept on the result;
 a call that stopped at max_tokens ("length") makes the rollout truncated, which rl.py treats by
@@ -47,18 +48,12 @@ from typing import Any
 from posttrain.api import traces
 from posttrain.api.model_ids import uid8
 from posttrain.api.reward import blend_reward
+from posttrain.api.rollout_settings import DEFAULT_ERROR_BUDGET, DEFAULT_TIMEOUT_S, RolloutSettings  # noqa: F401
 from posttrain.api.urls import CID_PREFIX, check_url, join_url
 
 from posttrain_trainer.server_auth import rollout_auth_headers
-from posttrain_trainer.step_rewards import (
-    StepRewardSettings,
-    decision_meta,
-    decision_rewards,
-    with_step_rewards,
-)
+from posttrain_trainer.step_rewards import decision_meta, decision_rewards
 
-DEFAULT_ERROR_BUDGET = 0.25
-DEFAULT_TIMEOUT_S = 600.0
 CHAT_PATH = "/v1/chat/completions"
 TRUNCATED = "length"  # the OpenAI/vLLM finish_reason of a response cut at max_tokens
 _CID_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -118,46 +113,9 @@ def inference_url(base: str, cid: str, path: str = CHAT_PATH) -> str:
     return f"{base.rstrip('/')}{path}?cid={cid}"
 
 
-def section(config: dict[str, Any], name: str) -> dict[str, Any]:
-    value = config.get(name)
-    return value if isinstance(value, dict) else {}
-
-
-def semaphore_size(config: dict[str, Any]) -> int:
-    """min(rollout.max_concurrent_rollouts, training.async_semaphore_max), whichever are given (default 8)."""
-    caps = [
-        section(config, "rollout").get("max_concurrent_rollouts"),
-        section(config, "training").get("async_semaphore_max"),
-        section(config, "rollout").get("async_semaphore_max"),
-    ]
-    caps = [int(c) for c in caps if isinstance(c, (int, float)) and c > 0]
-    return min(caps) if caps else 8
-
-
-def policy_sampling_config(config: dict[str, Any], model: str) -> dict[str, Any]:
-    """policy.config without inference_url: model, sampling params (rollout.policy_config wins over
-    [policy]'s temperature/top_p/max_tokens/top_k/repetition_penalty/stop_sequences, the last sent as `stop`),
-    max_turns; everything in rollout.policy_config passes through."""
-    policy = section(config, "policy")
-    rollout = section(config, "rollout")
-    out: dict[str, Any] = {"model": policy.get("served_model_name") or model}
-    for key in ("temperature", "top_p", "max_tokens", "thinking_mode", "thinking_budget", "top_k"):
-        if policy.get(key) is not None:
-            out[key] = policy[key]
-    if policy.get("repetition_penalty") not in (None, 1.0):  # 1.0 is no penalty: nothing to send
-        out["repetition_penalty"] = policy["repetition_penalty"]
-    if policy.get("stop_sequences"):
-        out["stop"] = list(policy["stop_sequences"])  # the chat-completions name
-    out.update(dict(rollout.get("policy_config") or {}))
-    max_turns = rollout.get("max_turns") or section(config, "training").get("max_turns")
-    if max_turns and "max_turns" not in out:
-        out["max_turns"] = int(max_turns)
-    return out
-
-
 def build_rollout_request(
     *,
-    config: dict[str, Any],
+    settings: RolloutSettings,
     model: str,
     run_id: str,
     seed: int,
@@ -165,29 +123,22 @@ def build_rollout_request(
     mode: str = "rl",
     policy_overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The body of a task app's POST /rollout, as synth's RolloutRequest shapes it: the env (name, seed,
-    env_config), the policy (name, sampling config with the inference URL), the ops (agent/env per turn),
-    what to record, and the safety limits."""
-    rollout = section(config, "rollout")
-    max_turns = int(rollout.get("max_turns") or section(config, "training").get("max_turns") or 1)
-    env_config = with_step_rewards(
-        dict(rollout.get("env_config") or {}), StepRewardSettings.from_config(config)
-    )
-    policy_config = policy_sampling_config(config, model)
+    """The body of a task app's POST /rollout, as synth's RolloutRequest shapes it, from the job's resolved
+    settings (job.settings.rollout): the env (name, seed, env_config), the policy (name, sampling config with
+    the inference URL), the ops (agent/env per turn), what to record, and the safety limits."""
+    policy_config = {"model": settings.served_model_name or model, **settings.policy_config}
     policy_config.update(policy_overrides or {})
     policy_config["inference_url"] = url
-    ops = rollout.get("ops")
-    ops = list(ops) * max_turns if isinstance(ops, list) and ops else ["agent", "env"] * max_turns
     return {
         "run_id": run_id,
         "mode": mode,
         "env": {
-            "env_name": rollout.get("env_name"),
+            "env_name": settings.env_name,
             "seed": int(seed),
-            "config": env_config,
+            "config": dict(settings.env_config),
         },
-        "policy": {"policy_name": rollout.get("policy_name"), "config": policy_config},
-        "ops": ops,
+        "policy": {"policy_name": settings.policy_name, "config": policy_config},
+        "ops": list(settings.ops) * settings.max_turns,
         "record": {
             "trajectories": True,
             "logprobs": False,
@@ -196,7 +147,7 @@ def build_rollout_request(
             "trace_format": "compact",
         },
         "on_done": "reset",
-        "safety": {"max_ops": 100000, "max_time_s": float(rollout.get("timeout_s") or DEFAULT_TIMEOUT_S)},
+        "safety": {"max_ops": 100000, "max_time_s": float(settings.timeout_s)},
         "training_session_id": None,
         "synth_base_url": None,
     }
@@ -215,23 +166,6 @@ def episode_return(response: dict[str, Any]) -> float:
         for step in trajectory.get("steps") or []:
             total += float(step.get("reward") or 0.0)
     return total
-
-
-def rubric_weights(config: dict[str, Any]) -> dict[str, float]:
-    """{env, event, outcome}: [rubric].weights (or [judge].reward_blend) when rubric scoring is on and a
-    judge is configured; {env: 1} otherwise."""
-    rubric = section(config, "rubric")
-    judge = section(config, "judge")
-    weights = {"env": 1.0, "event": 0.0, "outcome": 0.0}
-    enabled = bool(rubric.get("enabled")) and bool(judge) and judge.get("enabled", True) is not False
-    if not enabled:
-        return weights
-    given = rubric.get("weights") or rubric.get("reward_blend") or judge.get("reward_blend") or {}
-    for key, value in dict(given).items():
-        name = {"events": "event", "env_return": "env"}.get(key, key)
-        if name in weights and value is not None:
-            weights[name] = float(value)
-    return weights
 
 
 @dataclass
@@ -354,10 +288,8 @@ class ErrorBudget:
         self.min_failures = int(min_failures)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> ErrorBudget:
-        rollout = section(config, "rollout")
-        value = rollout.get("error_budget", section(config, "training").get("rollout_error_budget"))
-        return cls(DEFAULT_ERROR_BUDGET if value is None else float(value))
+    def from_settings(cls, settings: RolloutSettings) -> ErrorBudget:
+        return cls(settings.error_budget)
 
     def allowed(self, total: int) -> int:
         return max(self.min_failures, int(math.floor(self.fraction * total + 1e-9)))
@@ -478,26 +410,26 @@ class RolloutClient:
         self,
         *,
         task_url: str,
-        config: dict[str, Any],
+        settings: RolloutSettings,
         model: str,
         api_key: str | None = None,
         api_key_env: str = "ENVIRONMENT_API_KEY",
         concurrency: int | None = None,
         timeout_s: float | None = None,
         retries: int = 1,
+        weights: dict[str, float] | None = None,
         judge: Any = None,
     ):
         self.task_url = check_url(task_url).rstrip("/")  # posttrain.api.urls' rule, as the operator's
-        self.config = config
+        self.settings = settings  # the job's resolved settings.rollout
         self.model = model
         self.api_key = api_key if api_key is not None else os.environ.get(api_key_env)
-        self.concurrency = concurrency or semaphore_size(config)
-        rollout = section(config, "rollout")
-        self.timeout_s = float(timeout_s or rollout.get("timeout_s") or DEFAULT_TIMEOUT_S)
+        self.concurrency = concurrency or settings.concurrency
+        self.timeout_s = float(timeout_s or settings.timeout_s)
         self.retries = retries
-        self.weights = rubric_weights(config)
+        self.weights = dict(weights) if weights else {"env": 1.0, "event": 0.0, "outcome": 0.0}
         self.judge = judge  # judging.EpisodeJudge: scores training episodes with an LLM judge
-        self.step_rewards = StepRewardSettings.from_config(config)
+        self.step_rewards = settings.step_rewards
 
     async def collect(
         self,
@@ -545,7 +477,7 @@ class RolloutClient:
         started = time.perf_counter()
         url = inference_url(spec.endpoint, spec.cid)
         body = build_rollout_request(
-            config=self.config,
+            settings=self.settings,
             model=self.model,
             run_id=spec.cid,
             seed=spec.seed,

@@ -2,7 +2,8 @@
 
 Settings: `[training]` step_rewards_enabled / _mode / _strategy / _indicator_lambda / _beta / _weights /
 _k_limits and event_rewards_kind (the flat form), or the same keys under `[training.rewards]` (the nested
-form, which wins where both are given).
+form, which wins where both are given), resolved once into the job file's settings
+(posttrain.api.rollout_settings.StepRewardSettings: `job.settings.rollout.step_rewards`).
 
 1. The request: when step_rewards_enabled is set, the block {enabled, mode, strategy, indicator_lambda,
    step_beta, weights, k_limits} goes to the task app as `env.config.step_rewards`, where synth's backend puts
@@ -25,91 +26,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-STRATEGIES = {
-    "consistent": "consistent",
-    "simple": "consistent",
-    "per_achievement": "per_achievement",
-    "per-achievement": "per_achievement",
-    "complex": "per_achievement",
-}
-EVENT_KINDS = ("unique", "absolute")
+from posttrain.api.rollout_settings import (  # noqa: F401 - re-exported
+    EVENT_KINDS,
+    STEP_REWARD_STRATEGIES,
+    StepRewardSettings,
+    with_step_rewards,
+)
+
+# The settings are resolved once into the job file (posttrain.api.rollout_settings), re-exported here.
+STRATEGIES = STEP_REWARD_STRATEGIES
 EPS = 1e-6
-
-
-@dataclass(frozen=True)
-class StepRewardSettings:
-    enabled: bool | None = None  # None: the TOML did not say (nothing is sent)
-    mode: str = "off"
-    strategy: str = "consistent"
-    indicator_lambda: float = 1.0
-    beta: float = 0.0
-    weights: dict[str, float] = field(default_factory=dict)
-    k_limits: dict[str, int] = field(default_factory=dict)
-    event_kind: str = "unique"
-
-    @property
-    def active(self) -> bool:
-        """Decision rewards become per-decision credit."""
-        return bool(self.enabled) and self.mode == "decision_stepwise"
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> StepRewardSettings:
-        training = config.get("training") if isinstance(config.get("training"), dict) else {}
-        nested = training.get("rewards") if isinstance(training.get("rewards"), dict) else {}
-
-        def pick(key: str) -> Any:
-            return nested[key] if nested.get(key) is not None else training.get(key)
-
-        strategy = str(pick("step_rewards_strategy") or "consistent").strip().lower()
-        if strategy not in STRATEGIES:
-            raise ValueError(
-                f"training.step_rewards_strategy = {strategy!r}: use one of {', '.join(sorted(STRATEGIES))}"
-            )
-        kind = str(pick("event_rewards_kind") or "unique")
-        if kind not in EVENT_KINDS:
-            raise ValueError(f"training.event_rewards_kind = {kind!r}: use unique or absolute")
-        lam = pick("step_rewards_indicator_lambda")
-        enabled = pick("step_rewards_enabled")
-        return cls(
-            enabled=None if enabled is None else bool(enabled),
-            mode=str(pick("step_rewards_mode") or ("decision_stepwise" if enabled else "off")),
-            strategy=STRATEGIES[strategy],
-            indicator_lambda=1.0 if lam is None else float(lam),
-            beta=float(pick("step_rewards_beta") or 0.0),
-            weights={str(k): float(v) for k, v in dict(pick("step_rewards_weights") or {}).items()},
-            k_limits={str(k): int(v) for k, v in dict(pick("step_rewards_k_limits") or {}).items()},
-            event_kind=kind,
-        )
-
-    def request_block(self) -> dict[str, Any] | None:
-        """The `step_rewards` block for env.config, or None when the TOML does not configure step rewards."""
-        if self.enabled is None:
-            return None
-        block: dict[str, Any] = {
-            "enabled": bool(self.enabled),
-            "mode": self.mode,
-            "strategy": self.strategy,
-            "indicator_lambda": self.indicator_lambda,
-            "step_beta": self.beta,
-            "event_rewards_kind": self.event_kind,
-        }
-        if self.weights:
-            block["weights"] = dict(self.weights)
-        if self.k_limits:
-            block["k_limits"] = dict(self.k_limits)
-        return block
-
-
-def with_step_rewards(env_config: dict[str, Any], settings: StepRewardSettings) -> dict[str, Any]:
-    """env.config with the step_rewards block added (the TOML's own env_config.step_rewards keys win)."""
-    block = settings.request_block()
-    if block is None:
-        return dict(env_config)
-    own = env_config.get("step_rewards") if isinstance(env_config.get("step_rewards"), dict) else {}
-    return {**env_config, "step_rewards": {**block, **own}}
 
 
 def decision_meta(response: dict[str, Any]) -> list[dict[str, Any] | None]:

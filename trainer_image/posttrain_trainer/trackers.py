@@ -40,7 +40,7 @@ class Trackers:
     def __init__(self, job: JobFile, *, enabled: bool, env: dict[str, str] | None = None):
         env = dict(os.environ if env is None else env)
         self.job = job
-        self.names = spec.report_to(job.config) if enabled else []
+        self.names = list(job.settings.report_to or []) if enabled else []
         self.writers: dict[str, Any] = {}
         self.tb_dir = Path(job.workdir) / TB_DIR
         problems = spec.problems(self.names, env)

@@ -7,7 +7,7 @@ CPU the rollout server merges it itself or refuses). The folder goes to the shar
 "path": a volume both sides mount) or to S3 under <prefix>weights/v<N>/ (via = "s3"); then POST /v1/weights
 {path, format, version} to every policy endpoint. Timed: save, upload and server seconds are returned.
 
-Retention: [training] keep_weight_versions (default DEFAULT_KEEP_WEIGHT_VERSIONS; 0 keeps every one). After
+Retention: [training] keep_weight_versions (job.settings.keep_weight_versions, default 2; 0 keeps every one). After
 every policy server has loaded version N, the versions older than the newest `keep` are deleted from the
 local folder and from S3 (<prefix>weights/v<M>/). The version just loaded, the one being served, is never
 deleted. The rollout server keeps its own downloads of the last two syncs only."""
@@ -27,20 +27,12 @@ from posttrain.api.jobfile import JobFile
 
 from posttrain_trainer.server_auth import rollout_auth_headers
 
-DEFAULT_KEEP_WEIGHT_VERSIONS = 2
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 _VERSION_KEY = re.compile(r"weights/v(\d+)/")
 
 
 class WeightSyncError(RuntimeError):
     pass
-
-
-def keep_weight_versions(config: dict[str, Any]) -> int:
-    """[training] keep_weight_versions (validated by the CLI and the custom resource: an integer >= 0)."""
-    training = config.get("training") if isinstance(config.get("training"), dict) else {}
-    value = training.get("keep_weight_versions")
-    return DEFAULT_KEEP_WEIGHT_VERSIONS if value is None else int(value)
 
 
 def versions_to_delete(versions: list[int], keep: int, served: int) -> list[int]:
@@ -72,11 +64,9 @@ class SyncResult:
         }
 
 
-def sync_format(config: dict[str, Any], is_lora: bool) -> str:
-    """ "full" unless training.weight_sync.format/mode asks for "lora" (and the model is a LoRA)."""
-    training = config.get("training") if isinstance(config.get("training"), dict) else {}
-    ws = training.get("weight_sync") if isinstance(training.get("weight_sync"), dict) else {}
-    wanted = str(ws.get("format") or "full").lower()
+def sync_format(wanted: str, is_lora: bool) -> str:
+    """ "full" unless the settings' weight_sync_format ([training.weight_sync] format) asks for "lora" and the
+    model is a LoRA."""
     return "lora" if wanted == "lora" and is_lora else "full"
 
 
@@ -97,7 +87,7 @@ class WeightSyncer:
         base = job.weight_sync.shared_dir or str(Path(job.workdir) / "weights")
         self.shared_dir = Path(base)
         self.client = client
-        self.keep = keep_weight_versions(job.config) if keep is None else int(keep)
+        self.keep = job.settings.keep_weight_versions if keep is None else int(keep)
         self.timeout_s = timeout_s
         self.dtype = dtype
 

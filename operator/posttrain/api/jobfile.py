@@ -1,9 +1,11 @@
 """The trainer's job file: one JSON document per job, built by `build_jobfile` for the operator
 (posttrain.controller.render.jobfile, into the job's Secret) and the local runner (posttrain.local.runner),
 read by the trainer (posttrain_trainer). Both images ship this package, so both sides validate the same
-model. `settings` holds the trainer's settings, typed and resolved once (posttrain.api.settings); `config`
-keeps the normalised synth config for what the trainer forwards as it is (the task app's env and policy
-config, the judge, step rewards) and for the job's artifacts.
+model. `settings` holds the trainer's settings, typed and resolved once (posttrain.api.settings): the
+trainer reads every value from there, including what it forwards to the task app as it is
+(settings.rollout.env_config / policy_config). `record` keeps the normalised synth config for the record only
+(the job's config.json and manifest.json artifacts); nothing reads a value from it
+(tests/unit/test_no_raw_config.py).
 
 Pure pydantic, no torch import, so the operator and the CLI can build and validate job files cheaply.
 Secrets never appear here: S3 keys come from S3_ACCESS_KEY_ID / S3_SECRET_ACCESS_KEY, the task app key from
@@ -15,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from posttrain.api.resources import GROUP, JOB_KINDS, VERSION, plural
 from posttrain.api.settings import AnySettings, settings_for
@@ -83,9 +85,15 @@ class WeightSyncRef(_Lenient):
 
 
 class JobFile(_Lenient):
+    model_config = ConfigDict(extra="allow", serialize_by_alias=True)  # `record` is written as "config"
+
     kind: Literal["rl", "sft"]
     job: JobRef = Field(default_factory=JobRef)
-    config: dict[str, Any] = Field(default_factory=dict)  # normalised synth config, snake_case, extras kept
+    # the normalised synth config (snake_case, extras kept), for the record only: the artifacts' config.json.
+    # Its key in the file stays "config" (job files of every version read alike); in Python it is `record`.
+    record: dict[str, Any] = Field(
+        default_factory=dict, validation_alias=AliasChoices("config", "record"), serialization_alias="config"
+    )
     base_model: str
     model_path: str  # local folder or s3:// URI
     task_app: TaskAppRef | None = None
@@ -96,23 +104,18 @@ class JobFile(_Lenient):
     report: ReportRef = Field(default_factory=ReportRef)
     workdir: str = "/tmp/posttrain"
     weight_sync: WeightSyncRef = Field(default_factory=WeightSyncRef)
-    # the trainer's settings; a job file without them (an older operator's) gets them from `config`
+    # the trainer's settings; a job file without them (an older operator's) gets them from `record`
     settings: AnySettings | None = None
 
     @model_validator(mode="after")
     def _settings(self) -> JobFile:
         if self.settings is None:
-            self.settings = settings_for(self.kind, self.config)
+            self.settings = settings_for(self.kind, self.record)
         return self
 
     @property
     def plural(self) -> str:
         return self.job.plural or plural(JOB_KINDS[self.kind])
-
-    def section(self, name: str) -> dict[str, Any]:
-        """A config section as a dict ({} when absent or not a table)."""
-        value = self.config.get(name)
-        return value if isinstance(value, dict) else {}
 
 
 def checkpoint_every(config: dict[str, Any], default: int) -> int:
@@ -148,7 +151,7 @@ def build_jobfile(
     return JobFile(
         kind=kind,
         job=job,
-        config=config,
+        record=config,
         base_model=base_model,
         model_path=model_path,
         task_app=task_app,

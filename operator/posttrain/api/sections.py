@@ -6,43 +6,45 @@ live in posttrain.api.config; the per-section rules live here."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import Field, field_validator
 
-from posttrain.api import model_ids, trackers
+from posttrain.api import model_ids
 from posttrain.api.base import Section
-from posttrain.api.settings import (
+from posttrain.api.fields import (  # noqa: F401 - MAX_* re-exported for the modules that import them here
+    MAX_COUNT,
+    MAX_EPOCHS,
+    MAX_GPUS,
+    MAX_GROUP,
+    MAX_SECONDS,
+    MAX_STEPS,
+    MAX_TEMPERATURE,
+    MAX_TOKENS,
+    MAX_WEIGHT,
     OVERLONG_PENALTY_BOUNDS,
     TIS_CAP_BOUNDS,
+    Count,
+    Epochs,
+    EventRewardsKind,
+    Fraction,
+    GroupSize,
     GspoVariant,
+    Iterations,
+    Keep,
+    LearningRate,
     OldLogprobs,
     Overlong,
+    ReportTo,
+    Seed,
+    SFTEpochs,
+    StepRewardsMode,
+    Temperature,
+    Tokens,
 )
 from posttrain.api.urls import check_url
 
-# Upper bounds: far above any real job, low enough that a typo (1e17 epochs, a 1e10-token context) is caught
-# before GPUs are asked for, and every integer fits the int64 of the custom resource's JSON.
-MAX_GPUS = 100_000
-MAX_COUNT = 1_000_000
-MAX_STEPS = 100_000_000
-MAX_EPOCHS = 100_000
-MAX_GROUP = 4096
-MAX_TOKENS = 16_777_216  # 16M tokens: beyond the longest context windows of today's models
-MAX_TEMPERATURE = 100.0
-MAX_WEIGHT = 1_000_000.0
-MAX_SECONDS = 30 * 24 * 3600.0
-Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
-# [training] report_to of RL and SFT configs: a string or a list, normalised by api/trackers.py
-ReportTo = Annotated[
-    list[Literal["tensorboard", "mlflow", "wandb"]] | None,
-    BeforeValidator(trackers.normalize),
-    Field(
-        description='Experiment trackers for each step\'s metrics: "tensorboard" (event files in the job\'s S3 '
-        'folder), "mlflow", "wandb"; a string or a list ("none": only metrics.jsonl and /metrics).',
-    ),
-]
 PLACEHOLDER_URLS = ("", "placeholder")  # synth injects task_url = "placeholder" when [services] is absent
 OPS = ("agent", "env")
 
@@ -126,8 +128,8 @@ class PolicySection(Section):
 
     model_name: str | None = Field(None, description="Base model (like model.base); `model` is an alias.")
     source: str | None = Field(None, description="Fine-tuned checkpoint id (like model.source).")
-    max_tokens: int = Field(512, ge=1, le=MAX_TOKENS, description="Sampling: maximum new tokens.")
-    temperature: float = Field(0.7, ge=0, le=MAX_TEMPERATURE, description="Sampling temperature.")
+    max_tokens: Tokens = Field(512, description="Sampling: maximum new tokens.")
+    temperature: Temperature = Field(0.7, description="Sampling temperature.")
     top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling.")
     top_k: int | None = Field(None, ge=-1, le=MAX_TOKENS, description="Top-k sampling (-1: off).")
     repetition_penalty: float = Field(1.0, gt=0, le=100, description="Repetition penalty.")
@@ -194,9 +196,9 @@ class PolicyConfigSection(Section):
     """`[rollout.policy_config]`: merged into the task app's `policy.config` for every rollout."""
 
     model: str | None = Field(None, description="Model name the task app sends to the inference server.")
-    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, description="Sampling temperature.")
+    temperature: Temperature | None = Field(None, description="Sampling temperature.")
     top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling.")
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="Maximum new tokens per call.")
+    max_tokens: Tokens | None = Field(None, description="Maximum new tokens per call.")
     max_llm_calls: int | None = Field(None, ge=1, le=MAX_COUNT, description="LLM calls per rollout.")
     use_vision: bool | None = Field(None, description="Include image segments in prompts.")
     image_only_mode: bool | None = Field(
@@ -274,13 +276,13 @@ class RewardsConfig(Section):
     """`[training.rewards]`: the nested form of the step_rewards_* fields."""
 
     step_rewards_enabled: bool | None = Field(None, description="Per-decision rewards.")
-    step_rewards_mode: Literal["off", "decision_stepwise", "env_sparse"] | None = Field(
+    step_rewards_mode: StepRewardsMode | None = Field(
         None, description="off, decision_stepwise or env_sparse."
     )
     step_rewards_indicator_lambda: float | None = Field(None, description="Indicator weight.")
     step_rewards_beta: float | None = Field(None, description="Step reward beta.")
     step_rewards_strategy: str | None = Field(None, description='e.g. "consistent", "per_achievement".')
-    event_rewards_kind: Literal["unique", "absolute"] | None = Field(None, description="unique or absolute.")
+    event_rewards_kind: EventRewardsKind | None = Field(None, description="unique or absolute.")
 
 
 class ParallelismConfig(Section):
@@ -310,37 +312,33 @@ class ParallelismConfig(Section):
 class RLTrainingConfig(Section):
     """`[training]` for RL (GSPO)."""
 
-    num_epochs: int = Field(ge=1, le=MAX_EPOCHS, description="Epochs.")
-    iterations_per_epoch: int = Field(ge=1, le=MAX_STEPS, description="Training iterations per epoch.")
-    max_turns: int = Field(ge=1, le=MAX_COUNT, description="Maximum turns per episode.")
-    batch_size: int = Field(ge=1, le=MAX_COUNT, description="Training batch (groups).")
-    group_size: int = Field(
-        ge=1,
-        le=MAX_GROUP,
+    num_epochs: Epochs = Field(description="Epochs.")
+    iterations_per_epoch: Iterations = Field(description="Training iterations per epoch.")
+    max_turns: Count = Field(description="Maximum turns per episode (rollout.max_turns wins).")
+    batch_size: Count = Field(description="Training batch (groups).")
+    group_size: GroupSize = Field(
         description="Rollouts per prompt/seed: the GSPO group (at least 2), or ReST-EM's K samples per prompt.",
     )
-    learning_rate: float = Field(gt=0, le=1, description="Learning rate (at most 1).")
+    learning_rate: LearningRate = Field(description="Learning rate (at most 1).")
     gradient_accumulation_steps: int | None = Field(None, ge=1, le=MAX_COUNT, description="Default 1.")
     max_accumulated_minibatch: int | None = Field(
         None, ge=1, le=MAX_COUNT, description="Cap on accumulated minibatches."
     )
     log_interval: int | None = Field(None, ge=1, le=MAX_STEPS, description="Log every N steps.")
     report_to: ReportTo = None
-    weight_sync_interval: int | None = Field(
-        None, ge=1, le=MAX_STEPS, description="Push weights to vLLM every N steps."
-    )
+    weight_sync_interval: Iterations | None = Field(None, description="Push weights to vLLM every N steps.")
     weight_sync: WeightSyncConfig | None = Field(None, description="Weight sync settings.")
     lora: LoraConfig | None = Field(None, description="LoRA settings (top-level [lora] is an alias).")
     parallelism: ParallelismConfig | None = Field(None, description="Precision and parallelism settings.")
     rewards: RewardsConfig | None = Field(None, description="Nested step-reward settings.")
     step_rewards_enabled: bool | None = Field(None, description="Deprecated flat form of rewards.*.")
-    step_rewards_mode: Literal["off", "decision_stepwise", "env_sparse"] | None = Field(
+    step_rewards_mode: StepRewardsMode | None = Field(
         None, description="off, decision_stepwise or env_sparse."
     )
     step_rewards_indicator_lambda: float | None = Field(None, description="Indicator weight.")
     step_rewards_beta: float | None = Field(None, description="Step reward beta.")
     step_rewards_strategy: str | None = Field(None, description='e.g. "consistent".')
-    event_rewards_kind: Literal["unique", "absolute"] | None = Field(None, description="unique or absolute.")
+    event_rewards_kind: EventRewardsKind | None = Field(None, description="unique or absolute.")
     async_semaphore_max: int | None = Field(
         None, ge=1, le=MAX_COUNT, description="Cap on concurrent in-flight async work."
     )
@@ -375,12 +373,11 @@ class RLTrainingConfig(Section):
         description="posttrain: GSPO (sequence, default) or GSPO-token (token-level ratios sg[s_i] "
         "pi(y_t)/sg[pi(y_t)]; differs with token-level importance weights).",
     )
-    keep_checkpoints: int | None = Field(
-        None, ge=0, description="posttrain: newest checkpoints kept in S3 (default 3; 0 keeps all)."
+    keep_checkpoints: Keep | None = Field(
+        None, description="posttrain: newest checkpoints kept in S3 (default 3; 0 keeps all)."
     )
-    keep_weight_versions: int | None = Field(
+    keep_weight_versions: Keep | None = Field(
         None,
-        ge=0,
         description="posttrain: newest synced weight versions kept, locally and in S3 (default 2; 0 keeps all); "
         "the served one is never deleted.",
     )
@@ -389,8 +386,8 @@ class RLTrainingConfig(Section):
 class EvaluationConfig(Section):
     """`[evaluation]`: periodic evaluation on fixed seeds."""
 
-    instances: int = Field(ge=1, le=MAX_COUNT, description="Evaluation episodes.")
-    every_n_iters: int = Field(ge=1, le=MAX_STEPS, description="Evaluate every N iterations.")
+    instances: Count = Field(description="Evaluation episodes.")
+    every_n_iters: Iterations = Field(description="Evaluate every N iterations.")
     seeds: list[Seed] = Field(max_length=100000, description="Seeds sent to the task app.")
 
 
@@ -610,7 +607,7 @@ class ValidationConfig(Section):
 
     enabled: bool | None = Field(None, description="Evaluate on the validation set.")
     evaluation_strategy: str | None = Field(None, description='"steps" or "epoch".')
-    eval_steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="Evaluate every N steps.")
+    eval_steps: Iterations | None = Field(None, description="Evaluate every N steps.")
     save_best_model_at_end: bool | None = Field(None, description="Keep the best checkpoint.")
     metric_for_best_model: str | None = Field(None, description='e.g. "val.loss".')
     greater_is_better: bool | None = Field(None, description="Direction of the metric.")
@@ -623,8 +620,8 @@ class SFTTrainingConfig(Section):
     use_qlora: bool | None = Field(None, description="QLoRA (mode = lora + use_qlora = true).")
     validation: ValidationConfig | None = Field(None, description="Validation settings.")
     lora: LoraConfig | None = Field(None, description="LoRA settings.")
-    keep_checkpoints: int | None = Field(
-        None, ge=0, description="posttrain: newest checkpoints kept in S3 (default 3; 0 keeps all)."
+    keep_checkpoints: Keep | None = Field(
+        None, description="posttrain: newest checkpoints kept in S3 (default 3; 0 keeps all)."
     )
     report_to: ReportTo = None
 
@@ -632,7 +629,7 @@ class SFTTrainingConfig(Section):
 class HyperparametersConfig(Section):
     """`[hyperparameters]` of an SFT config."""
 
-    n_epochs: int = Field(1, ge=0, le=MAX_EPOCHS, description="Epochs.")
+    n_epochs: SFTEpochs = Field(1, description="Epochs.")
     total_steps: int | None = Field(None, ge=0, le=MAX_STEPS, description="Total optimizer steps.")
     train_steps: int | None = Field(None, ge=0, le=MAX_STEPS, description="Alias of total_steps.")
     steps: int | None = Field(None, ge=0, le=MAX_STEPS, description="Alias of total_steps.")
@@ -642,14 +639,16 @@ class HyperparametersConfig(Section):
     gradient_accumulation_steps: int | None = Field(
         None, ge=1, le=MAX_COUNT, description="Gradient accumulation."
     )
-    sequence_length: int | None = Field(None, ge=1, le=MAX_TOKENS, description="Maximum tokens per example.")
-    learning_rate: float | None = Field(None, gt=0, le=1, description="Learning rate (at most 1).")
-    warmup_ratio: float | None = Field(None, ge=0, le=1, description="Warmup fraction in [0, 1].")
+    sequence_length: Tokens | None = Field(None, description="Maximum tokens per example (default 2048).")
+    learning_rate: LearningRate | None = Field(
+        None, description="Learning rate (at most 1; default 1e-4 for LoRA/QLoRA, 1e-5 for full)."
+    )
+    warmup_ratio: Fraction | None = Field(None, description="Warmup fraction in [0, 1].")
     train_kind: Literal["fft", "peft"] | None = Field(None, description='"fft" or "peft".')
-    weight_decay: float | None = Field(None, ge=0, le=1, description="Weight decay.")
+    weight_decay: Fraction | None = Field(None, description="Weight decay.")
     parallelism: ParallelismConfig | None = Field(None, description="Parallelism settings.")
     evaluation_strategy: str | None = Field(None, description='"steps" or "epoch".')
-    eval_steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="Evaluate every N steps.")
+    eval_steps: Iterations | None = Field(None, description="Evaluate every N steps.")
     save_best_model_at_end: bool | None = Field(None, description="Keep the best checkpoint.")
     metric_for_best_model: str | None = Field(None, description='e.g. "val.loss".')
     greater_is_better: bool | None = Field(None, description="Direction of the metric.")

@@ -20,28 +20,48 @@ Importing this module imports no torch: the operator and the CLI use it."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Self, get_args
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from posttrain.api.fields import (  # noqa: F401 - re-exported
+    MAX_COUNT,
+    OVERLONG_PENALTY_BOUNDS,
+    OVERLONG_TREATMENTS,
+    TIS_CAP_BOUNDS,
+    Count,
+    Epochs,
+    EventRewardsKind,
+    Fraction,
+    GroupSize,
+    GspoVariant,
+    Iterations,
+    Keep,
+    LearningRate,
+    NonNegative,
+    OldLogprobs,
+    Overlong,
+    OverlongPenalty,
+    Positive,
+    ReportTo,
+    Reward,
+    Seconds,
+    Seed,
+    SFTEpochs,
+    StepRewardsMode,
+    Steps,
+    SyncFormat,
+    Temperature,
+    Text,
+    TisCap,
+    Tokens,
+    TrainerMode,
+)
+from posttrain.api.judge_settings import JudgeSettings
+from posttrain.api.rollout_settings import RolloutSettings
+
 # ------------------------------------------------------------------------------------------ shared types
-# Used by the typed TOML sections (posttrain.api.sections) and by the models below: one definition each.
-Overlong = Literal["keep", "mask", "penalty", "shaped"]
-OVERLONG_TREATMENTS: tuple[str, ...] = get_args(Overlong)
-OldLogprobs = Literal["trainer", "sampler"]
-GspoVariant = Literal["sequence", "token"]
-TIS_CAP_BOUNDS: dict[str, Any] = {"ge": 1, "le": 1000}
-OVERLONG_PENALTY_BOUNDS: dict[str, Any] = {"le": 0}
-TisCap = Annotated[float, Field(**TIS_CAP_BOUNDS, allow_inf_nan=False)]
-OverlongPenalty = Annotated[float, Field(**OVERLONG_PENALTY_BOUNDS, allow_inf_nan=False)]
-Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
-Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Count = Annotated[int, Field(ge=1, le=1_000_000)]
-Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
-Steps = Annotated[int, Field(ge=0, le=100_000_000)]
-Text = Annotated[str, Field(max_length=256)]
-Reward = Annotated[float, Field(allow_inf_nan=False)]
+# One definition each: posttrain.api.fields (imported above, re-exported for the modules that import them here).
 
 EPS_LOW = 3e-4  # GSPO's clip band (the paper's)
 EPS_HIGH = 4e-4
@@ -159,6 +179,8 @@ class Resolved(BaseModel):
                 if value is not None:
                     values[name] = value
                     break
+        if "rollout" in cls.model_fields:
+            values["rollout"] = RolloutSettings.from_config(config)
         values.update(cls.derived(config, values))
         return cls.model_validate(values)
 
@@ -172,6 +194,24 @@ class TrainerSettings(Resolved):
 
     algorithm: str
     trainer: ClassVar[str]  # the posttrain_trainer module that runs it
+
+    keep_checkpoints: Annotated[Keep, Keys("training.keep_checkpoints")] = Field(
+        3, description="Newest checkpoints kept in S3; 0 keeps all."
+    )
+    report_to: Annotated[ReportTo, Keys("training.report_to")] = None
+
+
+class OnlineSettings(TrainerSettings):
+    """What the algorithms that sample from the policy share (GSPO, DAPO, ReST-EM): the task app's
+    requests, and the weights pushed to the rollout servers."""
+
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="The task app's requests.")
+    keep_weight_versions: Annotated[Keep, Keys("training.keep_weight_versions")] = Field(
+        2, description="Newest synced weight versions kept, locally and in S3; 0 keeps all (never the served one)."
+    )
+    weight_sync_format: Annotated[SyncFormat, Keys("training.weight_sync.format")] = Field(
+        "full", description='"lora": a LoRA policy syncs its adapter only; else the merged full weights.'
+    )
 
 
 def _eval_seeds(value: Any) -> list[int]:
@@ -188,7 +228,7 @@ def _pick(*keys: str) -> Keys:
     return Keys(*(f"training.{k}" for k in keys), *(f"algorithm.{k}" for k in keys))
 
 
-class GSPOSettings(TrainerSettings):
+class GSPOSettings(OnlineSettings):
     """GSPO (posttrain_trainer.rl): iterations = num_epochs x iterations_per_epoch."""
 
     algorithm: Literal["gspo"] = "gspo"
@@ -198,15 +238,17 @@ class GSPOSettings(TrainerSettings):
     trainer: ClassVar[str] = "rl"
     needs_groups: ClassVar[bool] = True  # rewards are normalised within a group: group_size >= 2
 
-    num_epochs: Annotated[int, _pick("num_epochs")] = Field(1, ge=1, description="training.num_epochs.")
-    iterations_per_epoch: Annotated[int, _pick("iterations_per_epoch")] = Field(
-        1, ge=1, description="training.iterations_per_epoch."
+    # training.num_epochs .. learning_rate are required by the TOML schema; the defaults serve job files
+    # built by hand (tests, tools)
+    num_epochs: Annotated[Epochs, _pick("num_epochs")] = Field(1, description="training.num_epochs.")
+    iterations_per_epoch: Annotated[Iterations, _pick("iterations_per_epoch")] = Field(
+        1, description="training.iterations_per_epoch."
     )
-    batch_size: Annotated[int, _pick("batch_size")] = Field(1, ge=1, description="Prompts (task seeds) per iteration.")
-    group_size: Annotated[int, _pick("group_size")] = Field(
-        2, ge=1, description="Rollouts per prompt; rewards are normalised within a group (>= 2)."
+    batch_size: Annotated[Count, _pick("batch_size")] = Field(1, description="Prompts (task seeds) per iteration.")
+    group_size: Annotated[GroupSize, _pick("group_size")] = Field(
+        2, description="Rollouts per prompt; rewards are normalised within a group (>= 2)."
     )
-    learning_rate: Annotated[float, _pick("learning_rate")] = Field(1e-5, description="Peak learning rate (AdamW).")
+    learning_rate: Annotated[LearningRate, _pick("learning_rate")] = Field(1e-5, description="Peak learning rate (AdamW).")
     num_minibatches: Annotated[Count, _pick("num_minibatches", "minibatches")] = Field(
         4, description="Mini-batches (optimizer steps) per iteration; also `minibatches`."
     )
@@ -232,7 +274,7 @@ class GSPOSettings(TrainerSettings):
         "constant_with_warmup", description="Learning-rate schedule (posttrain_trainer.optim)."
     )
     weight_sync_interval: Annotated[
-        Count, Keys("training.weight_sync_interval", "training.weight_sync.weight_sync_interval")
+        Iterations, Keys("training.weight_sync_interval", "training.weight_sync.weight_sync_interval")
     ] = Field(1, description="Push the weights to the rollout servers every N iterations.")
     skip_zero_advantage: Annotated[bool, _pick("skip_zero_advantage")] = Field(
         True, description="Drop sequences with advantage 0 (uniform groups) when beta = 0: no gradient."
@@ -244,16 +286,16 @@ class GSPOSettings(TrainerSettings):
     seed_start: Annotated[Seed, Keys("data.seed_start", "training.seed_start")] = Field(
         0, description="data.seed_start: the first task seed."
     )
-    eval_every: Annotated[int, Keys("evaluation.every_n_iters")] = Field(
-        0, ge=0, description="evaluation.every_n_iters; 0 = no periodic eval."
+    eval_every: Annotated[Iterations | None, Keys("evaluation.every_n_iters")] = Field(
+        None, description="evaluation.every_n_iters; None = no periodic eval."
     )
     eval_seeds: list[int] = Field(default_factory=list, description="evaluation.seeds (a list or a 'lo-hi' range).")
-    eval_instances: Annotated[int, Keys("evaluation.instances")] = Field(
-        0, ge=0, description="evaluation.instances: episodes of a sampled evaluation."
+    eval_instances: Annotated[Count | None, Keys("evaluation.instances")] = Field(
+        None, description="evaluation.instances: episodes of a sampled evaluation (None: one per seed)."
     )
-    eval_temperature: Annotated[
-        Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)], Keys("evaluation.temperature")
-    ] = Field(0.0, description="evaluation.temperature; 0 = greedy.")
+    eval_temperature: Annotated[Temperature, Keys("evaluation.temperature")] = Field(
+        0.0, description="evaluation.temperature; 0 = greedy."
+    )
     overlong: Annotated[Overlong, Keys("training.overlong")] = Field(
         "keep", description=f"Truncated rollouts: one of {', '.join(OVERLONG_TREATMENTS)}."
     )
@@ -267,9 +309,7 @@ class GSPOSettings(TrainerSettings):
         description="overlong = shaped: the last this many tokens before max_tokens, over which the penalty "
         "ramps from 0 to overlong_penalty (DAPO's L_cache); default a fifth of max_tokens.",
     )
-    max_response_tokens: Annotated[
-        Annotated[int, Field(ge=1, le=16_777_216)], Keys("rollout.policy_config.max_tokens", "policy.max_tokens")
-    ] = Field(512, description="Sampling's max_tokens per call: where overlong = shaped's ramp ends.")
+    max_response_tokens: Annotated[Tokens, Keys("rollout.policy_config.max_tokens", "policy.max_tokens")] = Field(512, description="Sampling's max_tokens per call: where overlong = shaped's ramp ends.")
     dynamic_sampling: Annotated[bool, Keys("training.dynamic_sampling")] = Field(
         False,
         description="Drop groups whose rewards are all equal (no signal) and sample more prompts until "
@@ -292,6 +332,9 @@ class GSPOSettings(TrainerSettings):
     trainer_mode: Literal["full", "lora", "qlora"] = Field("full", description="full, lora or qlora.")
     lora: dict[str, Any] = Field(default_factory=dict, description="LoRA settings (r, alpha, dropout, target_modules).")
     parallel: ParallelSettings = Field(default_factory=ParallelSettings, description="hyperparameters.parallelism.")
+    judge: JudgeSettings = Field(
+        default_factory=JudgeSettings, description="[judge] and [rubric]: the reward blend and the judge it calls."
+    )
 
     @property
     def iterations(self) -> int:
@@ -306,17 +349,17 @@ class GSPOSettings(TrainerSettings):
     def derived(cls, config: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
         temperature = next((v for v in (lookup(config, "rollout.policy_config.temperature"),
                                         lookup(config, "policy.temperature")) if v is not None), 1.0)  # fmt: skip
-        model = _table(config, "model", "policy")
         training = _table(config, "training")
         lora = training.get("lora") if isinstance(training.get("lora"), dict) else _table(config, "lora")
         return {
             "temperature": temperature if temperature > 0 else 1.0,  # greedy sampling: logprobs at 1
             "eval_seeds": _eval_seeds(lookup(config, "evaluation.seeds")),
-            "trainer_mode": str(model.get("trainer_mode") or ("lora" if training.get("mode") == "lora" else "full")),
+            "trainer_mode": trainer_mode(config),
             "lora": dict(lora or {}),
             "parallel": ParallelSettings.from_config(
                 _table(config, "hyperparameters.parallelism") or training.get("parallelism")
             ),
+            "judge": JudgeSettings.resolve(config),
         }
 
     @model_validator(mode="after")
@@ -356,7 +399,7 @@ class DAPOSettings(GSPOSettings):
     )
 
 
-class RestemSettings(TrainerSettings):
+class RestemSettings(OnlineSettings):
     """ReST-EM (posttrain_trainer.restem_job): N iterations of E-step, M-step, sync, eval."""
 
     algorithm: Literal["restem"] = "restem"
@@ -366,15 +409,15 @@ class RestemSettings(TrainerSettings):
     trainer: ClassVar[str] = "restem_job"
     needs_groups: ClassVar[bool] = False
 
-    num_epochs: Annotated[int, Keys("training.num_epochs")] = Field(1, ge=1, description="training.num_epochs.")
-    iterations_per_epoch: Annotated[int, Keys("training.iterations_per_epoch")] = Field(
-        1, ge=1, description="training.iterations_per_epoch."
+    num_epochs: Annotated[Epochs, Keys("training.num_epochs")] = Field(1, description="training.num_epochs.")
+    iterations_per_epoch: Annotated[Iterations, Keys("training.iterations_per_epoch")] = Field(
+        1, description="training.iterations_per_epoch."
     )
-    prompts: Annotated[int, Keys("training.batch_size")] = Field(
-        8, ge=1, description="training.batch_size: prompts (seeds) per E-step."
+    prompts: Annotated[Count, Keys("training.batch_size")] = Field(
+        8, description="training.batch_size: prompts (seeds) per E-step."
     )
-    samples_per_prompt: Annotated[int, Keys("training.group_size")] = Field(
-        4, ge=1, description="training.group_size: K samples per prompt."
+    samples_per_prompt: Annotated[GroupSize, Keys("training.group_size")] = Field(
+        4, description="training.group_size: K samples per prompt."
     )
     reward_threshold: Annotated[Reward, Keys("training.reward_threshold")] = Field(
         1.0, description="Samples with a reward at or above it are kept for the M-step."
@@ -382,7 +425,7 @@ class RestemSettings(TrainerSettings):
     max_per_prompt: Annotated[Count | None, Keys("training.max_per_prompt")] = Field(
         None, description="At most this many distinct kept samples per prompt; None = all."
     )
-    learning_rate: Annotated[float, Keys("training.learning_rate")] = Field(1e-5, description="M-step learning rate (AdamW).")
+    learning_rate: Annotated[LearningRate, Keys("training.learning_rate")] = Field(1e-5, description="M-step learning rate (AdamW).")
     sft_epochs: Annotated[Count, Keys("training.sft_epochs")] = Field(2, description="M-step passes over the kept samples.")
     sft_batch_size: Annotated[Count, Keys("training.sft_batch_size")] = Field(8, description="M-step global batch (all ranks).")
     micro_batch: Annotated[Count, Keys("training.micro_batch")] = Field(
@@ -397,14 +440,14 @@ class RestemSettings(TrainerSettings):
     seed_start: Annotated[Seed, Keys("data.seed_start", "training.seed_start")] = Field(
         0, description="data.seed_start: the first task seed."
     )
-    eval_every: Annotated[int, Keys("evaluation.every_n_iters")] = Field(1, ge=0, description="evaluation.every_n_iters.")
+    eval_every: Annotated[Iterations, Keys("evaluation.every_n_iters")] = Field(1, description="evaluation.every_n_iters.")
     eval_seeds: list[int] = Field(default_factory=list, description="evaluation.seeds (a list or a 'lo-hi' range).")
-    eval_instances: Annotated[int, Keys("evaluation.instances")] = Field(
-        0, ge=0, description="evaluation.instances: episodes of a sampled evaluation."
+    eval_instances: Annotated[Count | None, Keys("evaluation.instances")] = Field(
+        None, description="evaluation.instances: episodes of a sampled evaluation (None: one per seed)."
     )
-    eval_temperature: Annotated[
-        Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)], Keys("evaluation.temperature")
-    ] = Field(0.0, description="evaluation.temperature; 0 = greedy.")
+    eval_temperature: Annotated[Temperature, Keys("evaluation.temperature")] = Field(
+        0.0, description="evaluation.temperature; 0 = greedy."
+    )
     trainer_mode: Literal["full", "lora", "qlora"] = Field("full", description="full or lora.")
     lora: dict[str, Any] = Field(default_factory=dict, description="LoRA settings (r, alpha, dropout, target_modules).")
     parallel: ParallelSettings = Field(default_factory=ParallelSettings, description="training.parallelism.")
@@ -419,7 +462,7 @@ class RestemSettings(TrainerSettings):
         lora = training.get("lora") if isinstance(training.get("lora"), dict) else _table(config, "lora")
         return {
             "eval_seeds": _eval_seeds(lookup(config, "evaluation.seeds")),
-            "trainer_mode": str(_table(config, "model", "policy").get("trainer_mode") or "full"),
+            "trainer_mode": trainer_mode(config),
             "lora": dict(lora or {}),
             "parallel": ParallelSettings.from_config(training.get("parallelism")),
         }
@@ -437,8 +480,8 @@ class ValidationSettings(Resolved):
     strategy: Annotated[str, _eval_key("evaluation_strategy")] = Field(
         "steps", description="evaluation_strategy: steps, epoch or no."
     )
-    eval_steps: Annotated[int, _eval_key("eval_steps")] = Field(
-        0, ge=0, description="Evaluate every N optimizer steps (strategy steps)."
+    eval_steps: Annotated[Iterations | None, _eval_key("eval_steps")] = Field(
+        None, description="Evaluate every N optimizer steps (strategy steps); None: at each epoch's end only."
     )
     save_best_model_at_end: Annotated[bool, _eval_key("save_best_model_at_end")] = Field(
         False, description="End with the weights of the best evaluation, not the last step."
@@ -479,17 +522,25 @@ class SFTSettings(TrainerSettings):
 
     trainer_mode: Literal["full", "lora", "qlora"] = Field("full", description="full, lora or qlora.")
     lora: dict[str, Any] = Field(default_factory=dict, description="LoRA settings (r, alpha, dropout, target_modules).")
-    n_epochs: int = Field(1, ge=0, description="hyperparameters.n_epochs.")
-    max_steps: int | None = Field(
+    n_epochs: Annotated[SFTEpochs, Keys("hyperparameters.n_epochs")] = Field(1, description="hyperparameters.n_epochs.")
+    max_steps: Annotated[
+        Steps | None, Keys("hyperparameters.total_steps", "hyperparameters.train_steps", "hyperparameters.steps")
+    ] = Field(
         None, description="total_steps | train_steps | steps: caps n_epochs when both are given, else replaces it."
     )
     hyperparameters: dict[str, Any] = Field(
         default_factory=dict, description="The raw hyperparameters (the batch plan reads them)."
     )
-    sequence_length: int = Field(2048, ge=1, description="Longest tokenized example; longer are cut.")
-    learning_rate: float = Field(1e-5, description="Peak learning rate (default 1e-4 for LoRA, 1e-5 for full).")
-    warmup_ratio: float = Field(0.0, description="Share of steps spent warming up.")
-    weight_decay: float = Field(0.0, description="AdamW weight decay.")
+    sequence_length: Annotated[Tokens, Keys("hyperparameters.sequence_length")] = Field(
+        2048, description="Longest tokenized example; longer are cut."
+    )
+    learning_rate: Annotated[LearningRate, Keys("hyperparameters.learning_rate")] = Field(
+        1e-5, description="Peak learning rate (default 1e-4 for LoRA, 1e-5 for full)."
+    )
+    warmup_ratio: Annotated[Fraction, Keys("hyperparameters.warmup_ratio")] = Field(
+        0.0, description="Share of steps spent warming up."
+    )
+    weight_decay: Annotated[Fraction, Keys("hyperparameters.weight_decay")] = Field(0.0, description="AdamW weight decay.")
     scheduler: Annotated[Text, Keys("hyperparameters.lr_scheduler_type", "hyperparameters.lr_scheduler")] = Field(
         "linear", description="lr_scheduler_type | lr_scheduler (posttrain_trainer.optim)."
     )
@@ -517,7 +568,7 @@ class SFTSettings(TrainerSettings):
         if "lora_rank" in hp and "r" not in lora:
             lora["r"] = hp["lora_rank"]
         steps = hp.get("total_steps") or hp.get("train_steps") or hp.get("steps")
-        mode = _sft_mode(config)
+        mode = trainer_mode(config)
         return {
             "trainer_mode": mode,
             "lora": lora,
@@ -536,17 +587,32 @@ class SFTSettings(TrainerSettings):
         }
 
 
-def _sft_mode(config: dict[str, Any]) -> str:
-    """full, lora or qlora from the spellings synth configs use."""
+LORA_SPELLINGS = frozenset({"lora", "qlora", "peft"})
+
+
+def trainer_mode(config: dict[str, Any]) -> TrainerMode:
+    """full, lora or qlora of a normalised RL or SFT config: the one derivation (the trainer's settings, the
+    artifacts manifest, the job's status, the rendered servers and the local runner all use it).
+
+    [model] (or [policy]) trainer_mode wins when given; else any LoRA spelling makes it lora:
+    training.mode = "lora" | "qlora" | "peft", training.use_qlora = true, algorithm.variety = "lora" |
+    "qlora", hyperparameters.train_kind = "peft". A LoRA is a QLoRA when any of training.mode = "qlora",
+    training.use_qlora = true, algorithm.variety = "qlora" or trainer_mode = "qlora" says so."""
     training, hp = _table(config, "training"), _table(config, "hyperparameters")
-    algorithm, model = _table(config, "algorithm"), _table(config, "model", "policy")
-    mode, variety = str(training.get("mode", "")).lower(), str(algorithm.get("variety", "")).lower()
-    trainer_mode = str(model.get("trainer_mode", "")).lower()
-    qlora = mode == "qlora" or bool(training.get("use_qlora")) or variety == "qlora" or trainer_mode == "qlora"
-    lora = (mode in ("lora", "qlora", "peft") or bool(training.get("use_qlora"))
-            or str(hp.get("train_kind", "")).lower() == "peft" or variety in ("lora", "qlora")
-            or trainer_mode in ("lora", "qlora"))  # fmt: skip
-    return ("qlora" if qlora else "lora") if lora else "full"
+    variety = str(lookup(config, "algorithm.variety") or "").lower()
+    mode = str(training.get("mode") or "").lower()
+    explicit = str(_table(config, "model").get("trainer_mode") or _table(config, "policy").get("trainer_mode") or "")
+    explicit = explicit.lower()
+    use_qlora = training.get("use_qlora") is True
+    qlora = use_qlora or "qlora" in (mode, variety, explicit)
+    if explicit in ("full", "lora", "qlora"):
+        lora = explicit != "full"
+    else:
+        lora = (use_qlora or mode in LORA_SPELLINGS or variety in LORA_SPELLINGS
+                or str(hp.get("train_kind") or "").lower() == "peft")  # fmt: skip
+    if not lora:
+        return "full"
+    return "qlora" if qlora else "lora"
 
 
 # ------------------------------------------------------------------------------------------ registry
