@@ -88,9 +88,11 @@ def test_summary_estimates_pass_at_k_from_samples_or_takes_the_task_apps():
                                 "PASS@2", "PASS@4", "TIME"]  # fmt: skip
 
 
-def test_trace_writer_writes_jsonl_and_sqlite(tmp_path):
+def test_trace_writer_writes_jsonl_and_a_synth_v3_database(tmp_path):
+    from posttrain.api import synth_traces
+
     rows = rows_from_response(RESPONSE, seed=7, split="eval", model="m")
-    with TraceWriter(tmp_path / "t.jsonl", tmp_path / "t.db") as writer:
+    with TraceWriter(tmp_path / "t.jsonl", tmp_path / "t.db", env_name="math", policy_name="p") as writer:
         for row in rows:
             writer.write(row)
     assert [json.loads(line)["completion"] for line in (tmp_path / "t.jsonl").read_text().splitlines()] == [
@@ -98,10 +100,18 @@ def test_trace_writer_writes_jsonl_and_sqlite(tmp_path):
         "six",
     ]
     with sqlite3.connect(tmp_path / "t.db") as db:
-        got = db.execute(
-            "SELECT seed, split, reward, prompt, completion FROM traces ORDER BY sample"
-        ).fetchall()
-    assert got == [(7, "eval", 1.0, "What is 2 + 3?", "5"), (7, "eval", 0.0, "What is 2 + 3?", "six")]
+        assert synth_traces.is_synth_store(db)
+        sessions = db.execute("SELECT session_id, num_messages, metadata FROM session_traces ORDER BY rowid").fetchall()
+        rewards = db.execute("SELECT session_id, total_reward FROM outcome_rewards ORDER BY id").fetchall()
+        kinds = db.execute("SELECT message_type FROM messages WHERE session_id = ? ORDER BY id", (sessions[0][0],)).fetchall()
+    metas = [json.loads(m) for _, _, m in sessions]
+    assert [(m["seed"], m["task_split"], m["env_name"], m["policy_name"], m["completion"]) for m in metas] == [
+        (7, "eval", "math", "p", "5"), (7, "eval", "math", "p", "six")]  # fmt: skip
+    assert [r for _, r in rewards] == [1.0, 0.0] and [s for s, _ in rewards] == [s for s, _, _ in sessions]
+    assert [k for (k,) in kinds][-2:] == ["user", "assistant"] and sessions[0][1] == len(kinds)
+    read = [row for _, row in synth_traces.read_sessions(tmp_path / "t.db")]
+    assert [(r["reward"], r["messages"][-1]) for r in read] == [
+        (1.0, {"role": "assistant", "content": "5"}), (0.0, {"role": "assistant", "content": "six"})]  # fmt: skip
 
 
 def test_the_eval_job_is_locked_down_and_labelled():

@@ -119,9 +119,13 @@ class SFTConfig(Section):
 # ------------------------------------------------------------------------------------------ type
 
 
-def infer_type(raw: dict[str, Any]) -> Literal["rl", "sft"] | None:
-    """synth's config_finder._infer_config_type, plus: an [algorithm] type offline / a [job].model = SFT."""
+def infer_type(raw: dict[str, Any]) -> Literal["rl", "sft", "eval", "filter"] | None:
+    """synth's config_finder._infer_config_type, plus: an [algorithm] type offline / a [job].model = SFT;
+    a file with an [eval] or [filter] table and no [algorithm] is synth's eval or filter config."""
     algo = raw.get("algorithm") if isinstance(raw.get("algorithm"), dict) else {}
+    for table in ("eval", "filter"):
+        if isinstance(raw.get(table), dict) and not algo:
+            return table  # type: ignore[return-value]
     method = str(algo.get("method") or "").lower()
     if method in ("policy_gradient", "ppo", "reinforce") or str(algo.get("type") or "").lower() == "online":
         return "rl"

@@ -175,6 +175,10 @@ def detect_kind(raw: dict[str, Any], requested: str | None, file: str | None = N
     if requested and inferred and requested != inferred:
         raise UserError(Problem(f"--type {requested} but this is an {inferred} config", file=file,
                                 fix=f"pass --type {inferred} or fix [algorithm]"))  # fmt: skip
+    if requested is None and inferred in ("eval", "filter"):
+        raise UserError(Problem(f"this is a synth {inferred} config ([{inferred}]), not an RL or SFT job", file=file,
+                                field=inferred, fix=f"run it with posttrain {inferred} --config FILE; check it with "
+                                "posttrain validate --config FILE"))  # fmt: skip
     kind = requested or inferred
     if kind not in ("rl", "sft"):
         raise UserError(Problem("cannot tell whether this is an RL or SFT config", file=file, field="algorithm",

@@ -3,6 +3,11 @@ before and after training on the same seeds.
 
   posttrain eval --task-url http://127.0.0.1:8100 --model HuggingFaceTB/SmolLM2-135M-Instruct
       --seeds 1000000-1000063 --split eval --env-name math [--samples 4] [--concurrency 8]
+  posttrain eval --config crafter_eval.toml --task-url http://127.0.0.1:8001 --sqlite traces/v3/synth_ai.db
+
+- synth's eval TOML (--config, an [eval] table: posttrain.api.eval_config says what each key does): its keys
+  fill what the flags do not give (--task-url, --model, --seeds and every other flag win); its Python judges
+  ([eval.judge]) score each rollout, printed per seed and as a mean, as synth's CLI prints them;
 
 - the task app: --task-url URL (or --task-app NAME, a TaskApp in the cluster); its key from
   $ENVIRONMENT_API_KEY (--api-key-env NAME), or from --env-file FILE (KEY=VALUE lines; repeatable, a later
@@ -14,7 +19,9 @@ before and after training on the same seeds.
   --env-name / --env-config JSON / --policy-config JSON, --temperature (default 0: greedy), --max-tokens;
 - --concurrency rollouts at a time, with a progress bar (--no-progress to hide it);
 - traces: one JSONL row per episode (prompt, completion, reward, per-step info; the rows `posttrain filter`
-  reads) at --output (default .runs/evals/<name>/traces.jsonl), and a SQLite table `traces` with --sqlite;
+  reads) at --output (default .runs/evals/<name>/traces.jsonl), and with --sqlite a synth v3 trace database
+  (synth's session_traces, messages, events, outcome_rewards, event_rewards tables; the task app's own v3
+  trace where it returns one), which `posttrain filter` and `synth-ai filter` read;
 - the summary table: episodes, errors, mean reward, success rate (reward >= --success-threshold) and pass@k
   (estimated from --samples per seed, or as the task app reports it); summary.json beside the traces.
 --cluster runs the same evaluation as a Kubernetes Job (the model served on its GPU) and follows it; its
@@ -78,24 +85,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "eval", help="evaluate a model on a task app (locally or as a Kubernetes Job)", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
+    parser.add_argument("--config", "-c", type=Path,
+                        help="synth eval TOML ([eval] table); its keys fill what the flags do not give")  # fmt: skip
     task = parser.add_argument_group("task app")
     task.add_argument("--task-url", type=http_url, help="task app base URL (default: $TASK_APP_URL)")
     task.add_argument("--task-app", type=object_name, help="name of a TaskApp in the cluster namespace (instead of a URL)")
     task.add_argument("--api-key-env", default="ENVIRONMENT_API_KEY", help="env var holding the task app key")
     task.add_argument("--env-file", type=Path, action="append", default=None,
                       help="KEY=VALUE file(s) loaded into the environment (repeatable, later wins; default ./.env)")  # fmt: skip
-    task.add_argument("--env-name", default="default", help="env.env_name sent to the task app")
-    task.add_argument("--policy-name", default="policy", help="policy.policy_name sent to the task app")
-    task.add_argument("--env-config", type=_json_object, default={}, help="JSON env.config")
+    task.add_argument("--env-name", default=None, help="env.env_name sent to the task app (default: default)")
+    task.add_argument("--policy-name", default=None, help="policy.policy_name sent to the task app (default: policy)")
+    task.add_argument("--env-config", type=_json_object, default=None, help="JSON env.config")
     model = parser.add_argument_group("model")
-    model.add_argument("--model", required=True, help="base id, local folder, or ft:/rl: fine_tuned_model id")
+    model.add_argument("--model", help="base id, local folder, or ft:/rl: fine_tuned_model id ([eval].model)")
     model.add_argument("--inference-url", help="an OpenAI-compatible server serving --model (no local vLLM)")
     model.add_argument("--model-path", help="weights of a base id (a local folder or an s3:// URI)")
     model.add_argument("--max-model-len", type=positive_int, default=1024, help="vLLM context (default 1024)")
     experimental.add_flag(model)
     episodes = parser.add_argument_group("episodes")
     episodes.add_argument(
-        "--seeds", type=_seeds, default=_seeds("0-31"), help="e.g. 0-99 or 1,5,9 (default 0-31)"
+        "--seeds", type=_seeds, default=None, help="e.g. 0-99 or 1,5,9 (default [eval].seeds, else 0-31)"
     )
     episodes.add_argument("--split", help="env.config.split, e.g. train or eval")
     episodes.add_argument(
@@ -105,13 +114,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="sampling temperature (default 0, greedy; 1 with --samples > 1)")  # fmt: skip
     episodes.add_argument("--max-tokens", type=positive_int, default=None, help="max new tokens per call")
     episodes.add_argument(
-        "--policy-config", type=_json_object, default={}, help="JSON merged into policy.config"
+        "--policy-config", type=_json_object, default=None, help="JSON merged into policy.config"
     )
     episodes.add_argument(
-        "--max-turns", type=positive_int, default=1, help="ops = [agent, env] x N (default 1)"
+        "--max-turns", type=positive_int, default=None, help="ops = [agent, env] x N (default 1)"
     )
     episodes.add_argument(
-        "--concurrency", type=positive_int, default=8, help="rollouts at a time (default 8)"
+        "--concurrency", type=positive_int, default=None, help="rollouts at a time (default 8)"
     )
     episodes.add_argument(
         "--timeout", type=positive_float, default=600.0, help="seconds per rollout (default 600)"
@@ -156,7 +165,7 @@ def task_and_key(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
     load_env_files(args.env_file)
     key = os.environ.get(args.api_key_env)
-    url = args.task_url or os.environ.get("TASK_APP_URL")
+    url = args.task_url or os.environ.get("TASK_APP_URL") or getattr(args, "config_task_url", None)
     if args.task_app and args.task_url:
         raise UserError(Problem("--task-app and --task-url both name the task app", field="--task-url",
                                 fix="pass one of them"))  # fmt: skip
@@ -180,7 +189,7 @@ def default_name(args: argparse.Namespace, task: str) -> str:
 
 
 def policy_config(args: argparse.Namespace) -> dict[str, Any]:
-    config = dict(args.policy_config)
+    config = dict(args.policy_config or {})
     if args.temperature is not None:  # the flag wins; else --policy-config's; else greedy (1.0 for samples)
         config["temperature"] = args.temperature
     else:
@@ -193,10 +202,63 @@ def policy_config(args: argparse.Namespace) -> dict[str, Any]:
 # -- local ---------------------------------------------------------------------------------------------------
 
 
+DEFAULTS = {"env_name": "default", "policy_name": "policy", "env_config": {}, "policy_config": {},
+            "max_turns": 1, "concurrency": 8}  # fmt: skip
+
+
+def apply_config(args: argparse.Namespace) -> list[Any]:
+    """--config's [eval] keys into the flags the command line left unset, then the defaults; returns the
+    judges to score with. Also sets args.ops and args.record (synth's ops, return_trace, trace_format)."""
+    from posttrain.evaluation.summary import parse_seeds
+
+    args.ops, args.record, judges = None, {}, []
+    if args.config is not None:
+        from posttrain.api.convert import read_config
+        from posttrain.api.eval_config import load_eval_config
+        from posttrain.evaluation.judges import load_judges
+
+        table, warnings = load_eval_config(read_config(args.config), str(args.config))
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        args.config_task_url = table.task_app_url  # after --task-url and TASK_APP_URL (task_and_key)
+        given = {"model": table.model, "seeds": table.seeds, "split": table.split, "env_name": table.env_name,
+                 "policy_name": table.policy_name, "env_config": table.env_config or None,
+                 "policy_config": table.policy_config or None, "concurrency": table.concurrency}  # fmt: skip
+        for name, value in given.items():
+            if getattr(args, name) is None and value is not None:
+                setattr(args, name, value)
+        if args.max_turns is None:
+            args.max_turns = table.turns()
+        args.ops = table.ops
+        args.record = {k: v for k, v in (("return_trace", table.return_trace), ("trace_format", table.trace_format))
+                       if v is not None}  # fmt: skip
+        if args.env_file is None and table.env_file:
+            args.env_file = [args.config.parent / f for f in table.env_file]
+        if args.inference_url is None and isinstance(args.policy_config.get("inference_url") if args.policy_config else None, str):
+            args.inference_url = args.policy_config["inference_url"]  # synth: the task app calls this server
+            print(f"eval: the model is called at [eval.policy_config].inference_url {args.inference_url} (not "
+                  "served here; --inference-url names another server)", file=sys.stderr)  # fmt: skip
+        judges = load_judges(table.judge_specs(), config=args.config, file=str(args.config))
+    for name, value in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, dict(value) if isinstance(value, dict) else value)
+    if args.seeds is None:
+        args.seeds = parse_seeds("0-31")
+    if not args.model:
+        raise UserError(Problem("no model to evaluate", field="--model",
+                                fix="pass --model ID (or set model in the --config file's [eval])"))  # fmt: skip
+    return judges
+
+
 def run(args: argparse.Namespace) -> int:
     experimental.apply(args)
+    judges = apply_config(args)
     url, key = task_and_key(args)
     if args.cluster:
+        if judges or args.ops or args.record:
+            raise UserError(Problem("[eval] judge, ops, return_trace and trace_format are read by a local "
+                                    "evaluation only", field="--cluster", file=str(args.config),
+                                    fix="run without --cluster, or remove them from the config"))  # fmt: skip
         return run_cluster(args, url, key)
     if args.task_app:
         raise UserError(Problem("--task-app names a TaskApp in the cluster", field="--task-app",
@@ -204,10 +266,11 @@ def run(args: argparse.Namespace) -> int:
     if not key:
         raise UserError(Problem(f"no task app key: ${args.api_key_env} is not set", field="--api-key-env",
                                 fix=f"export {args.api_key_env}=<the task app's key> or pass --env-file FILE"))  # fmt: skip
-    return run_local(args, url, key)
+    return run_local(args, url, key, judges)
 
 
-def run_local(args: argparse.Namespace, url: str, key: str) -> int:
+def run_local(args: argparse.Namespace, url: str, key: str, judges: list[Any] | None = None) -> int:
+    from posttrain.evaluation import report
     from posttrain.evaluation.collect import EvalPlan, collect
     from posttrain.evaluation.summary import format_table, summarize
     from posttrain.evaluation.traces import TraceWriter
@@ -231,13 +294,16 @@ def run_local(args: argparse.Namespace, url: str, key: str) -> int:
                         seeds=args.seeds, samples=args.samples, split=args.split, env_name=args.env_name,
                         policy_name=args.policy_name, env_config=args.env_config,
                         policy_config=policy_config(args), concurrency=args.concurrency,
-                        timeout_s=args.timeout, max_turns=args.max_turns)  # fmt: skip
-        with TraceWriter(output, args.sqlite) as writer:
+                        timeout_s=args.timeout, max_turns=args.max_turns, ops=args.ops, record=args.record,
+                        judges=judges or [])  # fmt: skip
+        with TraceWriter(output, args.sqlite, env_name=args.env_name, policy_name=args.policy_name) as writer:
 
             def keep(new: list[dict[str, Any]]) -> None:
                 for row in new:
                     row["metadata"]["model"] = args.model  # the id the user evaluates, not the served name
                     writer.write(row)
+                    row.pop("trace", None)  # kept only in the database
+                    print(report.seed_line(row), flush=True)
                 rows.extend(new)
 
             return collect(plan, keep, show_progress=args.progress)
@@ -253,6 +319,9 @@ def run_local(args: argparse.Namespace, url: str, key: str) -> int:
     summary = summarize(rows, model=args.model, threshold=args.success_threshold, seconds=seconds)
     summary_path = output.with_name("summary.json")
     summary_path.write_text(json.dumps(summary.as_dict(), indent=2))
+    names = [judge.name for judge in judges or []]
+    print("\n".join(report.summary_lines(rows, model=args.model, split=args.split, judges=names)))
+    print("\n" + "\n".join(report.seed_table(rows, names)) + "\n")
     print(format_table([summary]))
     if summary.pass_at:
         print(f"pass@k {summary.pass_at_source}")

@@ -8,7 +8,9 @@ A synth filter TOML works too (`--config filter.toml`, [filter] table: input, ou
 max_official_score, splits, task_ids, models, min_judge_scores, max_judge_scores, min_created_at,
 max_created_at, limit); options given on the command line win.
 
-The input may also be an RL job's trace store (traces.sqlite, posttrain_trainer/traces.py: every rollout
+The input may also be synth's v3 trace database (`db = "traces/v3/synth_ai.db"`: what a synth task app
+served with TASKAPP_TRACING_ENABLED=1 writes, and what `posttrain eval --sqlite` writes; its sessions, messages
+and outcome_rewards, read with synth's filter semantics: posttrain.api.synth_traces), or an RL job's trace store (traces.sqlite, posttrain_trainer/traces.py: every rollout
 the trainer ran, with its messages, tool calls, per-step rewards and policy version): a local file (the
 `train --local` run folder's work/traces.sqlite), `sqlite:///path` (synth's `db` spelling), or in S3 the
 job's folder `s3://BUCKET/jobs/NS/NAME-UID8/` or the file itself (S3_ENDPOINT, S3_ACCESS_KEY_ID and
@@ -25,26 +27,6 @@ from typing import Any
 
 from posttrain.commands.argtypes import finite_float, positive_int
 from posttrain.errors import Problem, UserError
-
-TOML_KEYS = {
-    "input",
-    "db",
-    "output",
-    "min_official_score",
-    "max_official_score",
-    "splits",
-    "task_ids",
-    "models",
-    "min_judge_scores",
-    "max_judge_scores",
-    "min_created_at",
-    "max_created_at",
-    "limit",
-    "offset",
-    "shuffle",
-    "shuffle_seed",
-    "per_turn",
-}
 
 
 def _judge_score(text: str) -> tuple[str, float]:
@@ -118,30 +100,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _toml_filter(path: Path) -> dict[str, Any]:
-    from posttrain.api.convert import parse_toml, read_config
+    """The [filter] table, checked by its typed model (posttrain.api.filter_config); warnings to stderr."""
+    from posttrain.api.convert import read_config
+    from posttrain.api.filter_config import load_filter_config
 
-    data = parse_toml(read_config(path), str(path))
-    table = data.get("filter")
-    if not isinstance(table, dict):
-        raise UserError(
-            Problem("no [filter] table", file=str(path), fix="put the filter keys under [filter]")
-        )
-    unknown = sorted(set(table) - TOML_KEYS)
-    if unknown:
-        raise UserError([Problem(f"unknown key {k!r}", file=str(path), field=f"filter.{k}") for k in unknown])
-    db = table.get("db")
-    if db and not table.get("input"):
-        if str(db).startswith(("libsql", "http", "postgres")):
-            raise UserError(
-                Problem(
-                    "only a local or s3:// trace store is read by posttrain filter (not a database server)",
-                    file=str(path),
-                    field="filter.db",
-                    fix="point filter.db at a traces.sqlite file, sqlite:///path, or an s3:// job folder",
-                )
-            )
-        table["input"] = db
-    return table
+    table, warnings = load_filter_config(read_config(path), str(path))
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    out = table.model_dump(exclude_none=True)
+    if table.source():
+        out["input"] = table.source()
+    return out
 
 
 MAX_STORE_BYTES = 4 * 1024**3  # a trace store read from S3 is downloaded whole; refuse one beyond this
@@ -246,14 +215,30 @@ def run(args: argparse.Namespace) -> int:
     return _filter(Path(where), spec, output_path, shown=where)
 
 
+def read_store(path: Path):
+    """The rows of a trace database: synth's v3 schema (a task app's synth_ai.db, `posttrain eval --sqlite`)
+    or posttrain's RL trace store (traces.sqlite), told apart by their session_traces columns."""
+    from posttrain.api import synth_traces, traces
+
+    try:
+        db = sqlite3.connect(f"file:{path.resolve().as_posix()}?mode=ro", uri=True)
+        try:
+            synth = synth_traces.is_synth_store(db)
+        finally:
+            db.close()
+    except sqlite3.Error as err:
+        raise traces.TraceStoreError(f"{path} is not a trace database ({err})") from None
+    return synth_traces.read_sessions(path) if synth else traces.read_sessions(path)
+
+
 def _filter(input_path: Path, spec, output_path: Path, *, shown: str) -> int:
     from posttrain.api.dataset import read_lines
     from posttrain.api.restem import FilterError, filter_rollouts, parse_rows, write_jsonl
-    from posttrain.api.traces import TraceStoreError, is_trace_store, read_sessions
+    from posttrain.api.traces import TraceStoreError, is_trace_store
 
     try:
         if is_trace_store(input_path):
-            rows = read_sessions(input_path)
+            rows = read_store(input_path)
         else:  # refuses binary, non-UTF-8, a BOM, a FIFO
             rows = parse_rows(read_lines(input_path, what="rollouts file", field="--input"))
         records, stats = filter_rollouts(rows, spec)

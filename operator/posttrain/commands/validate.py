@@ -1,4 +1,4 @@
-"""posttrain validate: check a synth-ai TOML (RL or SFT) and, for SFT, its JSONL dataset.
+"""posttrain validate: check a synth-ai TOML (RL, SFT, eval or filter) and, for SFT, its JSONL dataset.
 
 Every problem is printed on its own line with the file, the TOML line, the field path and the fix; exit 2.
 Both the training file (--dataset, else [job].data) and the validation file ([data].validation_path) are
@@ -99,6 +99,36 @@ def tracker_problems(config: dict[str, Any], *, text: str, file: str) -> list[Pr
             for message, fix in trackers.problems(trackers.report_to(config), os.environ)]  # fmt: skip
 
 
+def synth_tool_kind(text: str, file: str) -> str | None:
+    """ "eval" or "filter" for synth's eval and filter TOMLs (posttrain.api.config.infer_type), else None."""
+    from posttrain.api.config import infer_type
+    from posttrain.api.convert import parse_toml
+
+    kind = infer_type(parse_toml(text, file))
+    return kind if kind in ("eval", "filter") else None
+
+
+def validate_tool_config(args: argparse.Namespace, kind: str, text: str) -> int:
+    """An eval or filter TOML checked by its typed model (posttrain.api.eval_config / filter_config): each
+    problem at file:line, keys without effect here named."""
+    from posttrain.api.eval_config import load_eval_config
+    from posttrain.api.filter_config import load_filter_config
+
+    load = load_eval_config if kind == "eval" else load_filter_config
+    table, warnings = load(text, str(args.config))
+    if kind == "eval":
+        from posttrain.evaluation.judges import check_judges
+
+        problems = check_judges(table.judge_specs(), config=args.config, file=str(args.config))  # type: ignore[union-attr]
+        if problems:
+            raise UserError(problems)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    strict_warnings(args, warnings)
+    print(f"ok: {args.config} is a valid {kind} config (run it with posttrain {kind} --config {args.config})")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     experimental.apply(args)
     if args.config is None and args.dataset is None:
@@ -108,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
     warnings: list[str] = []
     if args.config is not None:
         text = read_config(args.config)
+        if args.job_type is None and (other := synth_tool_kind(text, str(args.config))):
+            return validate_tool_config(args, other, text)
         kind, model, warnings = load(text, kind=args.job_type, file=str(args.config))
         config = normalized_config(model)
     problems: list[Problem] = []

@@ -38,6 +38,9 @@ class EvalPlan:
     timeout_s: float = 600.0
     max_turns: int = 1
     task_id: str | None = None
+    ops: list[str] | None = None  # the request's ops verbatim (synth's [eval].ops), else [agent, env] x max_turns
+    record: dict[str, Any] = field(default_factory=dict)  # merged into the request's record (return_trace, ...)
+    judges: list[Any] = field(default_factory=list)  # posttrain.evaluation.judges.Judge, scored per rollout
 
 
 def _request(plan: EvalPlan, seed: int, sample: int) -> dict[str, Any]:
@@ -46,11 +49,15 @@ def _request(plan: EvalPlan, seed: int, sample: int) -> dict[str, Any]:
     if plan.split:
         env_config["split"] = plan.split
     sep = "&" if "?" in plan.inference_url else "?"
-    return rollout_request(
+    request = rollout_request(
         seed=seed, inference_url=f"{plan.inference_url}{sep}cid={cid}", model=plan.model,
         env_name=plan.env_name, policy_name=plan.policy_name, mode="eval", env_config=env_config,
         policy_config=plan.policy_config, run_id=cid, max_turns=plan.max_turns,
     )  # fmt: skip
+    if plan.ops:
+        request["ops"] = list(plan.ops)
+    request["record"].update(plan.record)
+    return request
 
 
 async def _one(http: httpx.AsyncClient, plan: EvalPlan, seed: int, sample: int) -> list[dict[str, Any]]:
@@ -67,8 +74,20 @@ async def _one(http: httpx.AsyncClient, plan: EvalPlan, seed: int, sample: int) 
     except (httpx.HTTPError, ValueError) as err:
         return [error_row(seed=seed, split=plan.split, model=plan.model, sample=sample,
                           error=f"{type(err).__name__}: {err}")]  # fmt: skip
-    return rows_from_response(body, seed=seed, split=plan.split, model=plan.model, sample=sample,
+    rows = rows_from_response(body, seed=seed, split=plan.split, model=plan.model, sample=sample,
                               task_id=plan.task_id)  # fmt: skip
+    trace = body.get("trace") if isinstance(body.get("trace"), dict) else None
+    for row in rows:
+        if trace is not None:
+            row["trace"] = trace  # the task app's v3 trace: for --sqlite, never into the JSONL
+        if plan.judges:
+            from posttrain.evaluation.judges import score
+
+            scores, errors = await asyncio.to_thread(score, plan.judges, seed, body, row)
+            row["metadata"]["judge_scores"] = scores
+            for line in errors:
+                print(line, file=sys.stderr)
+    return rows
 
 
 async def _run(plan: EvalPlan, on_rows: Callable[[list[dict[str, Any]]], None], progress: Any) -> None:

@@ -1,5 +1,5 @@
 """Evaluation traces: one row per episode, from a task app's rollout response (pure), written as JSONL and,
-optionally, SQLite.
+optionally, a synth v3 trace database (posttrain.api.synth_traces).
 
 A row is what `posttrain filter` reads (ReST-EM's offline loop: eval -> filter -> SFT): `messages` (the
 prompt's messages and the model's answer as an assistant turn), `reward`, `metadata` {seed, task_split,
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -105,38 +104,26 @@ def error_row(*, seed: int, split: str | None, model: str, sample: int, error: s
 
 
 class TraceWriter:
-    """Appends rows to a JSONL file (and a SQLite table `traces` when sqlite_path is given) as they come."""
+    """Appends rows to a JSONL file as they come and, with sqlite_path, to a synth v3 trace database
+    (posttrain.api.synth_traces: the tables synth's task apps and `synth-ai eval --trace-db` write, which
+    `posttrain filter` and `synth-ai filter` read). A row's task app trace (row["trace"]) goes only there."""
 
-    SCHEMA = (
-        "CREATE TABLE IF NOT EXISTS traces (id INTEGER PRIMARY KEY, seed INTEGER, sample INTEGER, split TEXT, "
-        "model TEXT, reward REAL, prompt TEXT, completion TEXT, error TEXT, steps_json TEXT, metrics_json TEXT, "
-        "created_at TEXT)"
-    )
+    def __init__(self, jsonl_path: Path, sqlite_path: Path | None = None, *, env_name: str | None = None,
+                 policy_name: str | None = None):  # fmt: skip
+        from posttrain.api.synth_traces import SynthTraceWriter
 
-    def __init__(self, jsonl_path: Path, sqlite_path: Path | None = None):
         jsonl_path.parent.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = jsonl_path
         self._jsonl = jsonl_path.open("w", encoding="utf-8")
-        self._db = None
-        if sqlite_path is not None:
-            sqlite_path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(sqlite_path)
-            self._db.execute(self.SCHEMA)
+        self._db = SynthTraceWriter(sqlite_path) if sqlite_path is not None else None
+        self._names = {"env_name": env_name, "policy_name": policy_name}
 
     def write(self, row: dict[str, Any]) -> None:
-        self._jsonl.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        self._jsonl.write(json.dumps({k: v for k, v in row.items() if k != "trace"}, ensure_ascii=False,
+                                     default=str) + "\n")  # fmt: skip
         self._jsonl.flush()
         if self._db is not None:
-            meta = row.get("metadata") or {}
-            self._db.execute(
-                "INSERT INTO traces (seed, sample, split, model, reward, prompt, completion, error, steps_json, "
-                "metrics_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (row.get("seed"), row.get("sample"), meta.get("task_split"), meta.get("model"), row.get("reward"),
-                 row.get("prompt"), row.get("completion"), row.get("error"),
-                 json.dumps(row.get("steps"), default=str), json.dumps(row.get("metrics"), default=str),
-                 meta.get("created_at")),
-            )  # fmt: skip
-            self._db.commit()
+            self._db.add(row, **self._names)
 
     def close(self) -> None:
         self._jsonl.close()
