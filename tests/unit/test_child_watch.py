@@ -77,9 +77,10 @@ def test_lists_then_follows_the_watch_and_relists_after_gone() -> None:
     assert first == [DeploymentObs("j-rollout", "rollout", 1, 0, owner="job-uid")]  # complete before start() returns
     # after the 410 the list is the truth: the object made again ("again") is gone, the first one is back
     assert last == [DeploymentObs("j-rollout", "rollout", 1, 1, owner="job-uid")]
-    # woken twice: the child became ready (watch), and a ready child is new to the index after the 410;
-    # neither an unchanged readiness nor a new child that is not ready yet wakes the job
-    assert woken == [KEY, KEY]
+    # woken four times: the child became ready (watch), it was deleted (its job makes it again), a ready
+    # child is new to the index after the 410, and the one made again is gone from that list; neither an
+    # unchanged readiness nor a new child that is not ready yet wakes the job
+    assert woken == [KEY, KEY, KEY, KEY]
     assert [c for c, _ in api.calls] == ["list", "watch", "list", "watch"]
     assert (
         api.calls[0][1]["labelSelector"]

@@ -185,6 +185,7 @@ class FakeRuntime:
     def __init__(self) -> None:
         self.kube = RecordingKube()
         self.token_key = b"k" * 32
+        self.settings = OperatorSettings()
 
 
 def _rendered() -> render.Rendered:
@@ -206,7 +207,8 @@ def test_ensure_children_applies_only_missing_or_drifted() -> None:
     full = Observed(
         deployments={"j-rollout": DeploymentObs("j-rollout", "rollout", 1, 1)},
         trainer=TrainerObs(name="j-trainer", active=1),
-        others={"Service/j-rollout", "Service/j-trainer"}
+        others={"Service/j-rollout", "Service/j-trainer", "PodDisruptionBudget/j-rollout",
+                "PodDisruptionBudget/j-trainer"}
         | {f"{kind}/j-trainer" for kind in render.IDENTITY_KINDS},
     )
     rt2 = FakeRuntime()
@@ -261,6 +263,7 @@ def test_observe_sees_the_supporting_children_so_they_are_not_applied_again() ->
         "posttrain_deployments": {key: [DeploymentObs("j-rollout", "rollout", 1, 1)]},
         "posttrain_jobs": {key: [TrainerObs(name="j-trainer", active=1)]},
         "posttrain_services": {key: ["j-rollout", "j-trainer"]},
+        "posttrain_pdbs": {key: ["j-rollout", "j-trainer"]},
         "posttrain_serviceaccounts": {key: ["ServiceAccount/j-trainer"]},
         "posttrain_roles": {key: ["Role/j-trainer"]},
         "posttrain_rolebindings": {key: ["RoleBinding/j-trainer"]},
@@ -296,7 +299,7 @@ def test_observe_sees_only_the_children_the_job_owns() -> None:
     assert list(observed.deployments) == ["j-rollout"] and observed.trainer is None
 
 
-def test_the_jobs_secret_is_posted_once_and_again_only_when_a_stuck_job_finds_it_gone() -> None:
+def test_the_jobs_secret_is_posted_once_and_again_when_the_job_finds_it_gone() -> None:
     from posttrain.controller.reconcile_job import ensure_job_secret
     from posttrain.controller.status import PodObs
 
@@ -333,12 +336,15 @@ def test_the_jobs_secret_is_posted_once_and_again_only_when_a_stuck_job_finds_it
         return rt.kube.calls[before:]  # type: ignore[attr-defined]
 
     assert ensure(stuck=False) == ["POST"]  # once per loop
-    assert ensure(stuck=False) == []  # every later pass: nothing
-    assert ensure(stuck=True) == ["GET"]  # stuck: is it still there? (metadata only)
-    assert ensure(stuck=True) == []  # not again within a minute
+    assert ensure(stuck=False) == []  # later passes within secret_check_seconds (20): nothing
+    assert ensure(stuck=True) == []  # stuck: not within 5 s either
+    state.secret_checked -= 6
+    assert ensure(stuck=True) == ["GET"]  # stuck: is it still there? (by name)
+    assert ensure(stuck=False) == []
     rt.kube.present = False  # type: ignore[attr-defined]  # someone deleted it
-    state.secret_checked -= 61
-    assert ensure(stuck=True) == ["GET", "POST"]
+    state.secret_checked -= 21  # a running job looks every secret_check_seconds
+    assert ensure(stuck=False) == ["GET", "POST"]
+    assert ensure(stuck=False) == []
     # a pod that cannot start for want of a Secret: POSTed at once (a 409 when it is there)
     waiting = PodObs("j-rollout-x", "rollout", "Pending", "rollout: CreateContainerConfigError")
     assert ensure(stuck=False, pods=[waiting]) == ["POST"]

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from fixtures.jobs import UID
+from posttrain.controller import render
 from posttrain.controller.objects import parse_task_app
 from posttrain.controller.render.pods import default_resources
 from posttrain.controller.render.taskapp import render_task_app
@@ -14,8 +15,6 @@ from posttrain.controller.scheduling_policy import check_task_app_replicas
 from posttrain.controller.settings import OperatorSettings
 from posttrain.controller.spec_errors import SpecError
 from test_pod_security import TARGET, pods, rljob, sftjob
-
-from posttrain.controller import render
 
 
 def containers(children: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:

@@ -61,6 +61,8 @@ def test_rljob_children_topology_and_labels() -> None:
         ("Deployment", "math-rl-reference"),
         ("Deployment", "math-rl-rollout"),
         ("Job", "math-rl-trainer"),
+        ("PodDisruptionBudget", "math-rl-rollout"),  # render/disruption.py
+        ("PodDisruptionBudget", "math-rl-trainer"),
         ("Service", "math-rl-reference"),
         ("Service", "math-rl-rollout"),
     ]  # a one-pod trainer is its own rendezvous: no headless Service
@@ -242,19 +244,20 @@ def test_suspend_scales_to_zero_and_suspends_job() -> None:
 
 
 def test_judges_self_hosted_vs_external() -> None:
-    hosted = rljob(judge={"options": {"provider": "vllm", "model": "Qwen/Qwen3-0.6B", "gpus": 2}})
+    blend = {"rewardBlend": {"env": 0.5, "outcome": 0.5}}  # a judge whose score has no weight is not deployed
+    hosted = rljob(judge={"options": {"provider": "vllm", "model": "Qwen/Qwen3-0.6B", "gpus": 2}, **blend})
     out = render.render_rljob(hosted, SETTINGS, TARGET)
     judge = by(out.children, "Deployment", "judge")
     assert judge["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert out.jobfile.endpoints.judges == {"judge": "http://math-rl-judge.team-a.svc:8000"}
 
     external = rljob(judge={"options": {"provider": "openai", "model": "gpt-4o-mini"},
-                            "apiKeySecretRef": {"name": "judge-keys"}})  # fmt: skip
+                            "apiKeySecretRef": {"name": "judge-keys"}, **blend})  # fmt: skip
     out = render.render_rljob(external, SETTINGS, TARGET)
     assert not [c for c in out.children if c["metadata"]["labels"]["posttrain.dev/role"] == "judge"]
     env = env_of(by(out.children, "Job", "trainer")["spec"]["template"]["spec"]["containers"][0])
     assert env["POSTTRAIN_JUDGE_API_KEY"] == {"secretKeyRef": {"name": "judge-keys", "key": "OPENAI_API_KEY"}}
-    assert out.jobfile.config["judge"]["options"]["api_key_env"] == "POSTTRAIN_JUDGE_API_KEY"
+    assert out.jobfile.record["judge"]["options"]["api_key_env"] == "POSTTRAIN_JUDGE_API_KEY"
     # incomplete judge options = no judge (synth rule)
     out = render.render_rljob(rljob(judge={"options": {"provider": "openai"}}), SETTINGS, TARGET)
     assert "OPENAI_API_KEY" not in json.dumps(out.children)
@@ -269,7 +272,7 @@ def test_sftjob_children_dataset_configmap() -> None:
     )
     out = render.render_sftjob(parse_job(job_object("SFTJob", spec, name="sft1")), SETTINGS)
     # (the trainer's identity is the namespace's, a one-pod trainer needs no rendezvous Service)
-    assert sorted(c["kind"] for c in out.children) == ["Job"]
+    assert sorted(c["kind"] for c in out.children) == ["Job", "PodDisruptionBudget"]
     assert out.secret["metadata"]["name"] == "sft1-config" and not out.rollout_token
     pod = by(out.children, "Job", "trainer")["spec"]["template"]["spec"]
     assert "initContainers" not in pod
@@ -278,7 +281,7 @@ def test_sftjob_children_dataset_configmap() -> None:
     assert {"name": "config", "secret": {"secretName": "sft1-config", "items": files}} in pod["volumes"]
     assert out.jobfile.dataset.train == "/data/train.jsonl"
     assert out.jobfile.kind == "sft" and out.jobfile.task_app is None
-    assert out.jobfile.config["hyperparameters"]["n_epochs"] == 1
+    assert out.jobfile.record["hyperparameters"]["n_epochs"] == 1
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     spec["dataset"] = {"uri": "s3://bkt/datasets/x.jsonl"}
     job = parse_job(job_object("SFTJob", spec, name="sft1"))
@@ -410,7 +413,7 @@ def test_cpu_job_asks_for_no_gpu_and_keeps_its_process_counts() -> None:
 def test_vllm_servers_and_trainers_get_a_memory_backed_dev_shm() -> None:
     """A container's /dev/shm is 64 MiB; vLLM's engine core refused to start in the rollout pod on the real
     dev node ("Insufficient space in /dev/shm ...: 160 MiB required, 64 MiB free")."""
-    spec = {"judge": {"options": {"provider": "vllm", "model": "Qwen/Qwen3-0.6B"}}}
+    spec = {"judge": {"options": {"provider": "vllm", "model": "Qwen/Qwen3-0.6B"}, "rewardBlend": {"outcome": 1.0}}}
     out = render.render_rljob(rljob(**spec), SETTINGS, TARGET)
     pods = [d["spec"]["template"]["spec"] for d in out.deployments()]
     pods.append(by(out.children, "Job", "trainer")["spec"]["template"]["spec"])
@@ -467,16 +470,19 @@ def test_a_judge_key_comes_only_from_the_secret_the_job_names() -> None:
         rljob(judge={"options": self_hosted_elsewhere})
 
     out = render.render_rljob(
-        rljob(judge={"options": options, "apiKeySecretRef": {"name": "judge-keys", "key": "K"}}), SETTINGS, TARGET
+        rljob(judge={"options": options, "apiKeySecretRef": {"name": "judge-keys", "key": "K"},
+                     "rewardBlend": {"outcome": 1.0}}), SETTINGS, TARGET  # fmt: skip
     )
     trainer = by(out.children, "Job", "trainer")["spec"]["template"]["spec"]["containers"][0]
     env = env_of(trainer)
     assert env["POSTTRAIN_JUDGE_API_KEY"] == {"secretKeyRef": {"name": "judge-keys", "key": "K"}}
-    assert out.jobfile.config["judge"]["options"]["api_key_env"] == "POSTTRAIN_JUDGE_API_KEY"
-    assert "S3_SECRET_ACCESS_KEY" not in json.dumps(out.jobfile.config)
+    assert out.jobfile.record["judge"]["options"]["api_key_env"] == "POSTTRAIN_JUDGE_API_KEY"
+    assert "S3_SECRET_ACCESS_KEY" not in json.dumps(out.jobfile.record)
+    assert out.jobfile.settings.judge.api_key_env == "POSTTRAIN_JUDGE_API_KEY"  # what the trainer reads
 
     # a self-hosted judge served next to the job needs no key and gets none
-    out = render.render_rljob(rljob(judge={"options": {"provider": "vllm", "model": "m"}}), SETTINGS, TARGET)
+    hosted = rljob(judge={"options": {"provider": "vllm", "model": "m"}, "rewardBlend": {"outcome": 1.0}})
+    out = render.render_rljob(hosted, SETTINGS, TARGET)
     trainer = by(out.children, "Job", "trainer")["spec"]["template"]["spec"]["containers"][0]
     assert "POSTTRAIN_JUDGE_API_KEY" not in env_of(trainer)
 

@@ -99,6 +99,8 @@ def observe(key: Key, indexes: dict[str, Any], uid: str = "") -> Observed:
             observed.trainer = obs
     for name in indexes.get("posttrain_services", {}).get(key, []):
         observed.others.add(f"Service/{name}")
+    for name in indexes.get("posttrain_pdbs", {}).get(key, []):
+        observed.others.add(f"PodDisruptionBudget/{name}")
     # The per-job trainer identity gates nothing, but must be seen: a child that is never observed would be
     # applied again on every pass.
     for index in IDENTITY_INDEXES:

@@ -50,6 +50,7 @@ DEPLOYMENTS = ChildKind(
 )
 JOBS = ChildKind("posttrain_jobs", "batch/v1", "jobs", TrainerObs.from_object, child_wakes)
 SERVICES = ChildKind("posttrain_services", "v1", "services", _service_name, None)
+PDBS = ChildKind("posttrain_pdbs", "policy/v1", "poddisruptionbudgets", _service_name, None)
 PODS = ChildKind("posttrain_pods", "v1", "pods", PodObs.from_object, pod_wakes, owned=False)
 
 
@@ -63,7 +64,7 @@ def owned_by_parent(meta: dict[str, Any], key: Key) -> bool:
 
 
 def kinds_for(watch_pods: bool) -> tuple[ChildKind, ...]:
-    return (DEPLOYMENTS, JOBS, SERVICES, *((PODS,) if watch_pods else ()))
+    return (DEPLOYMENTS, JOBS, SERVICES, PDBS, *((PODS,) if watch_pods else ()))
 
 
 class ChildIndex(dict[Key, list[Any]]):
@@ -137,6 +138,9 @@ class ChildWatches:
             self._remove(kind, namespace, uid, old)
         for uid, (key, obs) in fresh.items():
             self._put(kind, namespace, uid, key, obs, previous.get(uid))
+        if kind.owned:  # children gone while the watch was down (missed DELETED events)
+            for key in {previous[uid][0] for uid in previous if uid not in fresh}:
+                self.wake(key)
         return str((found.get("metadata") or {}).get("resourceVersion") or "")
 
     def _remove(self, kind: ChildKind, namespace: str, uid: str, objects: dict[str, tuple[Key, Any]]) -> None:
@@ -177,7 +181,10 @@ class ChildWatches:
             else:
                 self._put(kind, namespace, uid, key, kind.observe(obj), objects.get(uid))
         elif kind_of_event == "DELETED" and uid in objects:
+            key = objects[uid][0]
             self._remove(kind, namespace, uid, objects)
+            if kind.owned:  # someone deleted a child under a running job: its loop makes it again now
+                self.wake(key)
         return str(meta.get("resourceVersion") or "")
 
     async def _watch(self, kind: ChildKind, namespace: str, version: str) -> None:

@@ -16,12 +16,13 @@ operator did not make are never sent to it."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import kopf
 
 from posttrain.controller.render.names import ROLE_NETWORK, ROLE_TRAINER
-from posttrain.controller.runtime import Key, namespace_objects_key
+from posttrain.controller.runtime import Key, namespace_objects_key, runtime_of
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
 
 # The namespace's own objects (the NetworkPolicy, the trainer identity) belong to no job: these watches
@@ -34,6 +35,7 @@ KOPF_WATCHED = (
     ("rbac.authorization.k8s.io/v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "rolebindings"),
 )
+INDEX_SETTLE_SECONDS = 0.5  # a deleted object's loops wake this long after its event
 # The selector of the children's own watches (controller/child_watch.py).
 CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGER},{LABEL_JOB}"
 
@@ -80,3 +82,46 @@ async def posttrain_roles(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | No
 @kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=NAMESPACE_SELECTOR)
 async def posttrain_rolebindings(meta: Any, memo: Any, **_: Any) -> dict[Key, str] | None:
     return await _supporting("RoleBinding", meta, memo)
+
+
+def wake_namespace_jobs(memo: Any, namespace: str) -> None:
+    """Wake every RLJob/SFTJob loop of `namespace`: one of the namespace's own objects is gone, and the
+    next pass of any of its jobs makes it again (namespace_objects.py)."""
+    rt = runtime_of(memo)
+    for key in list(rt.wakers):
+        if key[0] == namespace and key[1] in ("rljob", "sftjob"):
+            rt.wake(key)
+
+
+async def _deleted(type: Any, meta: Any, memo: Any) -> None:
+    """Someone deleted an object the operator keeps: wake the loops that make it again, a moment later
+    (kopf's index of the kind drops it first)."""
+    if type != "DELETED":
+        return
+    key = parent_key(meta)
+    rt = runtime_of(memo)
+    loop = asyncio.get_running_loop()
+    if key is not None:  # a per-job object (the trainer identity of trainer_identity=job): its job's loop
+        loop.call_later(INDEX_SETTLE_SECONDS, rt.wake, key)
+    else:
+        loop.call_later(INDEX_SETTLE_SECONDS, wake_namespace_jobs, memo, meta.get("namespace") or "")
+
+
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=NAMESPACE_SELECTOR)
+async def posttrain_networkpolicy_deleted(type: Any, meta: Any, memo: Any, **_: Any) -> None:
+    await _deleted(type, meta, memo)
+
+
+@kopf.on.event("", "v1", "serviceaccounts", labels=NAMESPACE_SELECTOR)
+async def posttrain_serviceaccount_deleted(type: Any, meta: Any, memo: Any, **_: Any) -> None:
+    await _deleted(type, meta, memo)
+
+
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "roles", labels=NAMESPACE_SELECTOR)
+async def posttrain_role_deleted(type: Any, meta: Any, memo: Any, **_: Any) -> None:
+    await _deleted(type, meta, memo)
+
+
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=NAMESPACE_SELECTOR)
+async def posttrain_rolebinding_deleted(type: Any, meta: Any, memo: Any, **_: Any) -> None:
+    await _deleted(type, meta, memo)

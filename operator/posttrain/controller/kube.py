@@ -40,6 +40,7 @@ PLURALS = {
     "Pod": "pods",
     "Event": "events",
     "Deployment": "deployments",
+    "PodDisruptionBudget": "poddisruptionbudgets",  # policy/v1 (render/disruption.py)
     "Job": "jobs",
     "ServiceAccount": "serviceaccounts",
     "Role": "roles",

@@ -54,6 +54,7 @@ from posttrain.controller.status import (
     PENDING,
     PREEMPTED,
     PROVISIONING,
+    RUNNING,
     SUCCEEDED,
     SUSPENDED,
     TERMINAL,
@@ -77,7 +78,7 @@ logger = logging.getLogger(__name__)
 # Events are for people to look at: a job paused or ended. The way there (Pending, Verifying,
 # Provisioning, Running) is in its status; a Running job is the normal case, not news.
 EVENT_PHASES = {SUSPENDED, SUCCEEDED, FAILED}
-SECRET_CHECK_SECONDS = 60.0  # how often a job stuck Provisioning looks whether its Secret is still there
+SECRET_CHECK_STUCK_SECONDS = 5.0  # a job stuck Provisioning looks for its Secret at most this often
 
 
 @dataclass
@@ -145,13 +146,15 @@ async def ensure_job_secret(
 ) -> None:
     """The job's Secret (job file, TOML, an RLJob's rollout token): created once per loop (a 409 means it
     exists; the operator never reads it back: it may not list or watch Secrets), and again when a pod
-    cannot start for want of a Secret (CreateContainerConfigError) or when a job stuck Provisioning finds
-    it gone (a metadata-only GET, at most once a minute): someone deleted it, and a trainer pod that mounts
-    it waits in ContainerCreating."""
+    cannot start for want of a Secret (CreateContainerConfigError) or when the job finds it gone (a GET by
+    name every settings.secret_check_seconds, sooner when stuck): someone deleted it, and a trainer pod
+    restarted meanwhile could not mount it."""
     config_error = any("CreateContainerConfigError" in p.problem for p in observed.pods)
+    now = time.monotonic()
     if state.secret_ensured and not config_error:
-        now = time.monotonic()
-        if not stuck or now - state.secret_checked < SECRET_CHECK_SECONDS:
+        if now - state.secret_checked < rt.settings.secret_check_seconds and not (
+            stuck and now - state.secret_checked >= SECRET_CHECK_STUCK_SECONDS
+        ):
             return
         state.secret_checked = now
         meta = rendered.secret["metadata"]
@@ -162,6 +165,7 @@ async def ensure_job_secret(
         secret = with_token(secret, derived_token(rt.token_key, owner))
     await create_owned(rt, secret)
     state.secret_ensured = True
+    state.secret_checked = now
 
 
 async def patch_status(
@@ -395,6 +399,9 @@ def next_pass(rt: Runtime, job: Job, desired: dict[str, Any], now: datetime, sta
         left = rt.settings.stuck_seconds - (time.time() - state.provisioning_since)
         if left > 0:
             wait = min(wait, left + 0.1)
+    if state.secret_ensured and desired.get("phase") in (PROVISIONING, RUNNING):  # its Secret is looked for
+        left = rt.settings.secret_check_seconds - (time.monotonic() - state.secret_checked)
+        wait = min(wait, max(0.5, left + 0.1))
     deadline = job.spec.active_deadline_seconds
     if deadline:
         start = parse_time(desired.get("startTime")) or now

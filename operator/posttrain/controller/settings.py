@@ -147,6 +147,9 @@ class OperatorSettings(BaseSettings):
     shm_size_limit: str = "2Gi"
 
     # Controller behaviour.
+    # A running (or provisioning) job looks for its Secret <job>-config by name this often and makes it
+    # again when someone deleted it (the operator may not list or watch Secrets): one GET per active job.
+    secret_check_seconds: float = Field(20.0, gt=0)
     resync_seconds: float = 60.0  # re-reconcile every job at least this often even without events
     # A job waiting in a Kueue queue reads its Workload this often (Kueue's admission is not watched).
     queue_poll_seconds: float = 2.0

@@ -7,6 +7,7 @@ posttrain.dev/role), one module each:
   Deployment+Service <job>-rollout, -reference (dedicated), -judge (self-hosted)           servers.py
   ServiceAccount, Role, RoleBinding <job>-trainer (trainer_identity=job only)              identity.py
   Indexed Job <job>-trainer: torchrun, one pod per node (+ headless Service: > 1 node)     trainer.py
+  PodDisruptionBudget <job>-trainer, <job>-rollout                                         disruption.py
 An SFTJob has the same without servers and without a token. The Secret is made by the controller (once,
 POST), since an RLJob's holds a random token. The namespace's NetworkPolicy (network.py) and trainer
 identity (identity.py) belong to no job. Every pod is locked down (security.py); names (names.py),
@@ -21,6 +22,7 @@ from typing import Any
 from posttrain.api.jobfile import JobFile
 from posttrain.api.topology import Topology, rl_topology, sft_topology
 from posttrain.controller.objects import Job
+from posttrain.controller.render.disruption import PDB_KIND, render_disruption_budgets
 from posttrain.controller.render.identity import IDENTITY_KINDS, render_trainer_identity
 from posttrain.controller.render.jobfile import dataset_path, render_config_secret, render_jobfile
 from posttrain.controller.render.model import check_model_access, model_location
@@ -31,7 +33,7 @@ from posttrain.controller.settings import LABEL_ROLE, OperatorSettings
 
 # Children that do not gate the job's phase (they are kept in place, but a job runs without waiting on
 # their watch events).
-SUPPORTING_KINDS = IDENTITY_KINDS
+SUPPORTING_KINDS = IDENTITY_KINDS | {PDB_KIND}
 
 
 @dataclass
@@ -63,7 +65,8 @@ def render_rljob(job: Job, settings: OperatorSettings, task_app: TaskAppTarget) 
     jobfile = render_jobfile(job, settings, task_app=task_app, endpoints=servers.endpoints)
     trainer = render_trainer(job, settings, topo, task_app=task_app, wait_for=servers.urls,
                              judge_env=servers.judge_env)  # fmt: skip
-    children = [*servers.children, *render_trainer_identity(job.owner, settings), *trainer]
+    children = [*servers.children, *render_trainer_identity(job.owner, settings), *trainer,
+                *render_disruption_budgets(job.owner, settings, rollout=bool(servers.children))]  # fmt: skip
     return Rendered(children, topo, jobfile, render_config_secret(job, jobfile), rollout_token=True)
 
 
@@ -79,6 +82,7 @@ def render_sftjob(job: Job, settings: OperatorSettings) -> Rendered:
     children = [
         *render_trainer_identity(job.owner, settings),
         *render_trainer(job, settings, topo, dataset_volume=train_volume or validation_volume),
+        *render_disruption_budgets(job.owner, settings, rollout=False),
     ]
     return Rendered(children, topo, jobfile, render_config_secret(job, jobfile))
 
