@@ -1,7 +1,9 @@
 """Where the local runner finds a job's starting weights.
 
 - A base model id known to posttrain.modelzoo (SmolLM2-135M-Instruct, the tiny random Qwen2 and Qwen2-VL) resolves to its
-  folder under .models/, built on first use (there are no hub downloads here).
+  folder under .models/, built on first use.
+- Any other base id is downloaded from the Hugging Face Hub into the user's HF cache when the Hub is reachable
+  (posttrain.hub: HF_ENDPOINT, HF_HUB_OFFLINE honoured); else the error names --model-path.
 - A base that is a local folder is used as it is.
 - A fine-tuned id (`ft:` / `rl:` / `fft:` / `qft:` `<base>:<ns>.<name>.<uid8>`) resolves to the S3 URI of the
   earlier job's final/ folder in the same embedded S3 (FFT-first chaining); its base is the id's base
@@ -83,13 +85,18 @@ def resolve_model(
         return ResolvedModel(base_model=base, model_path=str(Path(base).resolve()))
     folder = local_model_dir(base)
     if folder is None:
-        raise UserError(
-            Problem(
-                f"no local weights for base model {base!r} (this machine has no hub access)",
-                file=config_file,
-                field="model.base",
-                fix="pass --model-path DIR with the model's Hugging Face folder, or use "
-                "HuggingFaceTB/SmolLM2-135M-Instruct / posttrain/tiny-random-qwen2",
-            )
-        )
+        from posttrain import hub
+
+        try:
+            folder = hub.download(base)
+        except hub.HubUnavailable as err:
+            raise UserError(
+                Problem(
+                    f"no local weights for base model {base!r}: {err}",
+                    file=config_file,
+                    field="model.base",
+                    fix="pass --model-path DIR with the model's Hugging Face folder, or use "
+                    "HuggingFaceTB/SmolLM2-135M-Instruct / posttrain/tiny-random-qwen2",
+                )
+            ) from None
     return ResolvedModel(base_model=base, model_path=str(folder))

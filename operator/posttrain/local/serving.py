@@ -4,7 +4,7 @@
 
 - a local Hugging Face folder;
 - a base model id: SmolLM2-135M-Instruct and the tiny test model are built from their local sources (no hub
-  here); any other id needs --model-path DIR;
+  here); any other id is downloaded from the Hugging Face Hub when it is reachable (posttrain.hub), else needs --model-path DIR;
 - a fine_tuned_model id (`ft:` / `rl:` `<base>:<namespace>.<name>.<uid8>`): its final/ folder in S3
   (S3_ENDPOINT and keys; without them, the embedded S3 of the local runs in .runs/s3), with a LoRA result
   merged onto its base first (vLLM on CPU serves full weights)."""
