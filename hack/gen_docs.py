@@ -78,8 +78,10 @@ def _type_name(annotation: Any) -> str:
 
 
 def _bounds(field: FieldInfo) -> str:
+    from posttrain.api.fields import metadata_of  # a shared type's bounds inside an Optional too
+
     parts = []
-    for m in field.metadata:
+    for m in metadata_of(field):
         for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
             if isinstance(m, getattr(annotated_types, attr.capitalize())):
                 parts.append(f"{sym} {getattr(m, attr):g}" if isinstance(getattr(m, attr), float)

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from posttrain.api.base import EXTRAS_KEY, CRModel, Section
+from posttrain.api.fields import metadata_of, strip_annotated
 from posttrain.api.resources import (
     GROUP,
     KINDS,
@@ -127,7 +128,7 @@ def _description(field: FieldInfo | None, cls: type | None = None) -> str | None
 
 def _constraints(field: FieldInfo | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for meta in field.metadata if field is not None else []:
+    for meta in metadata_of(field) if field is not None else []:
         if isinstance(meta, annotated_types.Ge):
             out["minimum"] = meta.ge
         elif isinstance(meta, annotated_types.Gt):
@@ -160,7 +161,7 @@ def _unwrap_optional(annotation: Any) -> Any:
 
 def type_schema(annotation: Any, field: FieldInfo | None = None) -> dict[str, Any]:
     """The structural schema of one annotation (with the field's constraints)."""
-    annotation = _unwrap_optional(annotation)
+    annotation = strip_annotated(_unwrap_optional(annotation))  # a shared type's bounds: _constraints
     cons = _constraints(field)
     max_len = cons.pop("maxLength", None)
     min_len = cons.pop("minLength", None)

@@ -8,9 +8,10 @@ before GPUs are asked for, and every integer fits the int64 of the custom resour
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BeforeValidator, Field
+from pydantic.fields import FieldInfo
 
 from posttrain.api import trackers
 
@@ -65,3 +66,19 @@ ReportTo = Annotated[
         'folder), "mlflow", "wandb"; a string or a list ("none": only metrics.jsonl and /metrics).',
     ),
 ]
+
+
+def metadata_of(info: FieldInfo) -> list[Any]:
+    """A field's constraints, with those of a shared type inside its Optional (`Keep | None` keeps Keep's
+    bounds in the annotation, not in the field's metadata): what the CRD and the reference generators read."""
+    out = list(info.metadata)
+    for arg in get_args(info.annotation):
+        if get_origin(arg) is Annotated:
+            for meta in get_args(arg)[1:]:
+                out += list(meta.metadata) if isinstance(meta, FieldInfo) else [meta]
+    return out
+
+
+def strip_annotated(annotation: Any) -> Any:
+    """X for Annotated[X, ...] (else the annotation)."""
+    return get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation

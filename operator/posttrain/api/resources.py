@@ -332,6 +332,9 @@ class JobStatus(CRModel):
     conditions: list[Condition] | None = Field(None, description="Conditions.")
     observed_generation: int | None = Field(None, description="The generation this status reflects.")
     model: str | None = Field(None, description="The model being trained (base or source id).")
+    trainer_mode: Literal["full", "lora", "qlora"] | None = Field(
+        None, description="full, lora or qlora: what the trainer trains (posttrain.api.settings.trainer_mode)."
+    )
     linked_job_id: str | None = Field(None, description="The trainer Job.")
     fine_tuned_model: str | None = Field(
         None, description="Output model id (rl:/ft:<base>:<ns>.<name>.<uid8>)."

@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from posttrain.api import model_ids
+from posttrain.api.convert import spec_to_config
+from posttrain.api.settings import trainer_mode
 from posttrain.controller.objects import Job, Owner
 
 PENDING = "Pending"
@@ -48,6 +50,7 @@ OWNED_FIELDS = (
     "conditions",
     "observedGeneration",
     "model",
+    "trainerMode",
     "linkedJobId",
     "fineTunedModel",
     "artifacts",
@@ -375,6 +378,7 @@ def derive_status(
     if complete_pass:
         out["observedGeneration"] = job.owner.generation
     out["model"] = job.spec.model.base or job.spec.model.source
+    out["trainerMode"] = trainer_mode(spec_to_config(job.spec))  # as the trainer's settings and manifest say
     start = parse_time(status.get("startTime")) or now
     out["startTime"] = iso(start)
     conds = _Conditions(list(status.get("conditions") or []), now, job.owner.generation)

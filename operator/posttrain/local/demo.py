@@ -194,8 +194,10 @@ class Demo:
 
         from posttrain import hardware
 
-        model = tomllib.loads(self.rl_toml.read_text()).get("model") or {}
-        return hardware.plan(lora_policy=hardware.is_lora_mode(model.get("trainer_mode")))
+        from posttrain.api.settings import trainer_mode
+
+        mode = trainer_mode(tomllib.loads(self.rl_toml.read_text()))
+        return hardware.plan(lora_policy=hardware.is_lora_mode(mode))
 
     def run(self) -> int:
         from posttrain import hardware

@@ -114,8 +114,9 @@ def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
 def _lora_policy(config: dict[str, Any]) -> bool:
     """An RL policy trained as a LoRA, which the policy rollout server serves merged."""
     from posttrain import hardware
+    from posttrain.api.settings import trainer_mode
 
-    return hardware.is_lora_mode(_section(config, "model").get("trainer_mode"))
+    return hardware.is_lora_mode(trainer_mode(config))
 
 
 def _precision_line(config: dict[str, Any]) -> str:
