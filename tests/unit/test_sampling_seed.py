@@ -87,3 +87,19 @@ def test_the_job_seed_reaches_the_policy_servers_flags(config, seed):
     assert args[args.index("--seed") + 1] == str(seed) and seed_args(config) == ["--seed", str(seed)]
     parsed = build_parser().parse_args(["serve", "--model", "m", *args])
     assert parsed.seed == seed
+
+
+def test_the_operators_rollout_deployment_carries_the_jobs_seed():
+    """[training] seed = 7 travels in the RLJob's training.extras and reaches the policy server's command."""
+    from fixtures.jobs import RL_SPEC
+    from posttrain.controller import render
+
+    from tests.unit.test_render import SETTINGS, TARGET, by, rljob
+
+    def command(job) -> list[str]:
+        out = render.render_rljob(job, SETTINGS, TARGET)
+        return by(out.children, "Deployment", "rollout")["spec"]["template"]["spec"]["containers"][0]["command"]
+
+    base = rljob()
+    seeded = rljob(training={**RL_SPEC["training"], "extras": {"seed": 7}})
+    assert command(base)[-2:] == ["--seed", "0"] and command(seeded)[-2:] == ["--seed", "7"]
