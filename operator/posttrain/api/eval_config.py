@@ -11,7 +11,8 @@ What each key does here (synth-ai 0.2.19's cli/commands/eval and task/config.Eva
   ops             the rollout's ops verbatim (wins over both)
   concurrency     rollouts at a time (synth's default 1)
   env_name, policy_name, env_config, policy_config   env.* and policy.* of each /rollout request;
-                  policy_config.inference_url names a server already serving the model (as --inference-url)
+                  policy_config.inference_url names a server already serving the model (as --inference-url;
+                  --inference-url, or --model-path to serve weights here, win over it)
   return_trace, trace_format   record.return_trace / record.trace_format of each request (the v3 trace a
                   task app returns is written by --sqlite)
   env_file        KEY=VALUE file(s) loaded before the task app key is read (--env-file wins)
@@ -158,6 +159,9 @@ def load_eval_config(text: str, file: str | None = None) -> tuple[EvalTable, lis
     from posttrain.api.table_check import check_table
 
     raw = parse_toml(text, file)
+    if "eval" not in raw:  # synth's eval reads a file without [eval] as the table itself (older configs)
+        raw = {"eval": raw}
+        text = None  # keys are at the top level, not under [eval]: no line to point at
     table, warnings = check_table(EvalTable, raw, "eval", text=text, file=file, inert=INERT)
     others = sorted(k for k in raw if k != "eval")
     warnings += [f"{file + ': ' if file else ''}[{k}]: an eval config reads only [eval]; ignored" for k in others]

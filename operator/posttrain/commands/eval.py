@@ -234,10 +234,11 @@ def apply_config(args: argparse.Namespace) -> list[Any]:
                        if v is not None}  # fmt: skip
         if args.env_file is None and table.env_file:
             args.env_file = [args.config.parent / f for f in table.env_file]
-        if args.inference_url is None and isinstance(args.policy_config.get("inference_url") if args.policy_config else None, str):
-            args.inference_url = args.policy_config["inference_url"]  # synth: the task app calls this server
-            print(f"eval: the model is called at [eval.policy_config].inference_url {args.inference_url} (not "
-                  "served here; --inference-url names another server)", file=sys.stderr)  # fmt: skip
+        configured = (args.policy_config or {}).get("inference_url")
+        if isinstance(configured, str) and args.inference_url is None and args.model_path is None:
+            args.inference_url = configured  # synth: the task app calls this server
+            print(f"eval: the model is called at [eval.policy_config].inference_url {configured} (not served "
+                  "here; --inference-url names another server, --model-path serves weights here)", file=sys.stderr)  # fmt: skip
         judges = load_judges(table.judge_specs(), config=args.config, file=str(args.config))
     for name, value in DEFAULTS.items():
         if getattr(args, name) is None:

@@ -99,12 +99,33 @@ def tracker_problems(config: dict[str, Any], *, text: str, file: str) -> list[Pr
             for message, fix in trackers.problems(trackers.report_to(config), os.environ)]  # fmt: skip
 
 
-def synth_tool_kind(text: str, file: str) -> str | None:
-    """ "eval" or "filter" for synth's eval and filter TOMLs (posttrain.api.config.infer_type), else None."""
+FLAT_EVAL_KEYS = {"task_app_url", "seeds", "num_episodes", "app_id"}
+
+
+def config_kind(raw: dict[str, Any]) -> str | None:
+    """What a synth TOML is: "rl", "sft", "eval", "filter", "prompt_learning" (synth's GEPA / MIPRO), or
+    None. synth's eval command reads a file without [eval] as the eval table itself: such a file (a top-level
+    model id, task_app_url, seeds or num_episodes, no [algorithm]) is an eval config even with a [rollout]."""
     from posttrain.api.config import infer_type
+
+    if isinstance(raw.get("prompt_learning"), dict):
+        return "prompt_learning"
+    flat = isinstance(raw.get("model"), str) or bool(FLAT_EVAL_KEYS & set(raw))
+    if flat and not raw.get("algorithm") and "eval" not in raw and "filter" not in raw:
+        return "eval"
+    return infer_type(raw)
+
+
+def synth_tool_kind(text: str, file: str) -> str | None:
+    """ "eval" or "filter" for synth's eval and filter TOMLs, None for RL/SFT (and what is neither);
+    a prompt-learning config is refused, naming what it is."""
     from posttrain.api.convert import parse_toml
 
-    kind = infer_type(parse_toml(text, file))
+    kind = config_kind(parse_toml(text, file))
+    if kind == "prompt_learning":
+        raise UserError(Problem("synth's prompt learning (GEPA / MIPRO prompt optimisation) has no equivalent in "
+                                "posttrain, which trains weights", file=file, field="prompt_learning",
+                                fix="run it with synth-ai; posttrain takes RL, SFT, eval and filter configs"))  # fmt: skip
     return kind if kind in ("eval", "filter") else None
 
 
