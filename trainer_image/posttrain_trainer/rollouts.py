@@ -53,6 +53,7 @@ from posttrain.api.urls import CID_PREFIX, check_url, join_url
 
 from posttrain_trainer.server_auth import rollout_auth_headers
 from posttrain_trainer.step_rewards import decision_meta, decision_rewards
+from posttrain_trainer.trace_rewards import trace_blocks
 
 CHAT_PATH = "/v1/chat/completions"
 TRUNCATED = "length"  # the OpenAI/vLLM finish_reason of a response cut at max_tokens
@@ -143,7 +144,8 @@ def build_rollout_request(
             "trajectories": True,
             "logprobs": False,
             "value": False,
-            "return_trace": False,
+            # the v3 trace carries event rewards a task app reports only there (trace_rewards.py)
+            "return_trace": bool(settings.step_rewards.active),
             "trace_format": "compact",
         },
         "on_done": "reset",
@@ -512,6 +514,8 @@ class RolloutClient:
             blocks = decision_meta(data)
             result.turns = len(blocks)
             if self.step_rewards.active:
+                if not any(blocks):  # rewards reported only through the v3 trace: the same credit
+                    blocks = trace_blocks(data, len(blocks))[: len(blocks)] or blocks
                 result.decision_rewards = decision_rewards(blocks, self.step_rewards)
             result.trace = {
                 "steps": traces.trajectory_steps(data, result.decision_rewards),
