@@ -74,7 +74,9 @@ def _type_name(annotation: Any) -> str:
         return f"table[{_type_name(args[0])}, {_type_name(args[1])}]" if args else "table"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "table"
-    return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(annotation, str(annotation))
+    return {str: "string", int: "integer", float: "number", bool: "boolean", dict: "table", list: "list"}.get(
+        annotation, str(annotation)
+    )
 
 
 def _bounds(field: FieldInfo) -> str:

@@ -16,10 +16,10 @@ import typing
 from pathlib import Path
 
 import pytest
-from posttrain.api.rollout_settings import RolloutSettings
 from posttrain.api.config import RLConfig, SFTConfig
 from posttrain.api.convert import load
 from posttrain.api.inert import RL_FIXED, RL_INERT, SFT_INERT
+from posttrain.api.rollout_settings import RolloutSettings
 from posttrain.cli import main
 from posttrain_trainer.rollouts import build_rollout_request
 from pydantic import BaseModel
@@ -38,7 +38,7 @@ CONSUMERS = [
 ]
 FORWARDED = ("rollout.env_config.", "rollout.policy_config.")
 # Checked against what an iteration does (posttrain.api.inert.inert_warnings warns when they disagree).
-CHECKED = {"rollout.episodes_per_batch", *RL_FIXED}
+CHECKED = {"rollout.episodes_per_batch", "training.max_turns", *RL_FIXED}
 
 
 def _models(annotation: typing.Any) -> list[type[BaseModel]]:
@@ -98,6 +98,11 @@ def _value(model: type[BaseModel], key: str) -> str:
     for part in key.split(".")[:-1]:
         node = _models(node.model_fields[part].annotation)[0]
     annotation = node.model_fields[key.rsplit(".", 1)[-1]].annotation
+    literal = next((a for a in (annotation, *typing.get_args(annotation)) if typing.get_origin(a) is typing.Literal), None)
+    if literal is not None:  # a value of the key's own choices, not the first one
+        return f'"{typing.get_args(literal)[-1]}"'
+    if any(typing.get_origin(a) is list for a in (annotation, *typing.get_args(annotation))):
+        return '["x"]'
     for kind, text in VALUES.items():
         if kind in typing.get_args(annotation) or annotation is kind:
             return text
@@ -111,7 +116,7 @@ def _value(model: type[BaseModel], key: str) -> str:
 )
 def test_each_inert_key_warns_with_its_reason(base, model, inert):
     for key, reason in inert.items():
-        value = "[1, 2]" if key == "data.seeds" else _value(model, key)
+        value = {"data.seeds": "[1, 2]", "policy.inference_url": '"http://vllm:8000"'}.get(key) or _value(model, key)
         _, _, warnings = load(_with(base, key, value), file="job.toml")
         mine = [w for w in warnings if w.startswith(f"{key}:")]
         assert mine and reason in mine[0], (key, warnings)

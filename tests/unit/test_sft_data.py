@@ -186,7 +186,7 @@ def test_sft_config_from_synth_toml_shapes():
     )
     assert cfg.trainer_mode == "lora" and cfg.lora == {"r": 8, "alpha": 16}
     assert cfg.parallel.use_deepspeed and cfg.parallel.deepspeed_stage == 3 and cfg.parallel.bf16 is True
-    assert "eval_steps" not in cfg.parallel.extras
+    assert "eval_steps" not in cfg.parallel.model_dump()
     assert cfg.validation.eval_steps == 20 and cfg.validation.enabled and not cfg.validation.greater_is_better
     assert parse_sft_config({"hyperparameters": {"train_kind": "fft"}}).trainer_mode == "full"
     with pytest.raises(ValueError, match="metric_for_best_model"):

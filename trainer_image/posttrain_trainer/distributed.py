@@ -363,7 +363,7 @@ def _deepspeed_engine(model, optimizer, scheduler, parallel, bf16, grad_accum, m
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    config.update(parallel.extras.get("deepspeed_config", {}) or {})
+    config.update(parallel.deepspeed_config)
     model.to(device())
     engine, opt, _, sched = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False

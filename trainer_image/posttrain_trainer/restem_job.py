@@ -42,15 +42,16 @@ from posttrain.plotting import plot_curves
 
 from posttrain_trainer import distributed as D
 from posttrain_trainer import preemption
-from posttrain_trainer.report import Reporter
-from posttrain_trainer.restem_config import RestemConfigError, RestemTrainerConfig, restem_settings
-from posttrain_trainer.resume import CheckpointStore
-from posttrain_trainer.rl import (
+from posttrain_trainer.online import (
     iteration_seeds,
+    mean,
     require_rollout_endpoints,
     run_evaluation,
     wait_until_serving,
 )
+from posttrain_trainer.report import Reporter
+from posttrain_trainer.restem_config import RestemConfigError, RestemTrainerConfig, restem_settings
+from posttrain_trainer.resume import CheckpointStore
 from posttrain_trainer.rollouts import (
     ErrorBudget,
     RolloutBudgetExceeded,
@@ -182,10 +183,6 @@ def m_step(
 
 
 # -- the job ----------------------------------------------------------------------------------------------
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
 
 
 def _write_samples(path: Path, samples: list[KeptSample], tokenizer, iteration: int) -> Path:
@@ -336,7 +333,7 @@ class RestemRun:
                     "stats": {
                         "rollouts": len(results),
                         "failed_rollouts": len(errors),
-                        "mean_return": _mean([r.reward for r in results if r.ok]),
+                        "mean_return": mean([r.reward for r in results if r.ok]),
                         "kept": len(kept),
                         "prompts_with_kept": len({s.seed for s in kept}),
                         "sampling_seconds": time.perf_counter() - started,

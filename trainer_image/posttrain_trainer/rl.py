@@ -63,6 +63,14 @@ from posttrain_trainer import distributed as D
 from posttrain_trainer import gspo, offpolicy, preemption, rl_vision, step_rewards
 from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.modeling import train_without_dropout
+from posttrain_trainer.online import (
+    iteration_seeds,
+    mean,
+    require_rollout_endpoints,
+    run_evaluation,
+    std,
+    wait_until_serving,
+)
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.resume import CheckpointStore
 from posttrain_trainer.rl_config import (
@@ -80,7 +88,6 @@ from posttrain_trainer.rollouts import (
     api_headers,
     plan_rollouts,
     run_tag,
-    wait_for_servers,
 )
 from posttrain_trainer.task_rubric import judge_rubrics
 
@@ -92,10 +99,6 @@ ITERATION_EVENT_FIELDS = (
     "truncated", "empty_responses", "sampler_mismatch", "sampler_kl", "sampler_max_abs_delta", "max_staleness",
     "unexpected_versions", "media_tokens_sampled", "mean_turns", "decision_rewards_nonzero", "decision_reward_sum",
 )  # fmt: skip
-
-
-def iteration_seeds(iteration: int, batch_size: int, seed_start: int = 0) -> list[int]:
-    return [seed_start + iteration * batch_size + j for j in range(batch_size)]
 
 
 # -- training sequences ---------------------------------------------------------------------------------
@@ -180,7 +183,7 @@ def sequences_from_results(
         "mixed_groups": sum(1 for g in groups.values() if len(set(g)) > 1),
         "groups": len(groups),
         "train_sequences": len(seqs),
-        "mean_turns": _mean([float(r.turns) for r in ok]),
+        "mean_turns": mean([float(r.turns) for r in ok]),
         "decision_rewards_nonzero": sum(1 for r in ok for d in r.decision_rewards if d),
         "decision_reward_sum": sum(sum(r.decision_rewards) for r in ok),
     }
@@ -555,69 +558,6 @@ def local_reference_fn(engine: D.TrainEngine, frozen: torch.nn.Module | None, te
 # -- the job --------------------------------------------------------------------------------------------
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def _std(values: list[float]) -> float | None:
-    """Population standard deviation (the spread of one step's rewards)."""
-    mean = _mean(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if mean is not None else None
-
-
-def evaluation_record(at: int, results: list[RolloutResult], seconds: float | None = None) -> dict[str, Any]:
-    """The "evaluation" event and metrics line of one evaluation: mean reward of the rollouts that ran, and
-    how long they took (the demo's phase table reads it)."""
-    ok = [r.reward for r in results if r.ok]
-    record = {
-        "step": at,
-        "eval_score": _mean(ok),
-        "eval_rollouts": len(results),
-        "eval_failed": len(results) - len(ok),
-    }
-    if seconds is not None:
-        record["eval_seconds"] = round(seconds, 3)
-    return record
-
-
-def wait_until_serving(job: JobFile) -> None:
-    """Block until the job's rollout servers answer /health (rollouts.wait_for_servers); say so if it took a while."""
-    urls = [*job.endpoints.policy, *([job.endpoints.reference] if job.endpoints.reference else [])]
-    waited = wait_for_servers(urls)
-    if waited >= 1.0 and D.is_main():
-        print(
-            f"[posttrain] rollout servers ready after {waited:.1f} s (the model was loaded meanwhile)",
-            flush=True,
-        )
-
-
-def require_rollout_endpoints(job: JobFile, error: type[Exception], article_and_kind: str) -> None:
-    """A job that samples needs the task app and the policy's rollout servers in its job file."""
-    if job.task_app is None:
-        raise error(f"{article_and_kind} job file needs task_app.url")
-    if not job.endpoints.policy:
-        raise error(f"{article_and_kind} job file needs endpoints.policy (the rollout servers)")
-
-
-def run_evaluation(
-    loop: RolloutLoop,
-    client: RolloutClient,
-    specs: list[Any],
-    at: int,
-    temperature: float,
-    on_results: Any = None,
-) -> dict[str, Any]:
-    """Evaluation rollouts (mode eval, no tokens captured, the evaluation's temperature) -> their record;
-    `on_results(results)` sees them first (the trace store)."""
-    started = time.perf_counter()
-    results = loop.collect(
-        client, specs, mode="eval", want_tokens=False, policy_overrides={"temperature": temperature}
-    )
-    if on_results is not None:
-        on_results(results)
-    return evaluation_record(at, results, time.perf_counter() - started)
-
-
 def build_policy(
     job: JobFile, cfg: RLTrainerConfig, precision: Any
 ) -> tuple[D.TrainEngine, Any, torch.nn.Module | None]:
@@ -939,11 +879,11 @@ class RLRun:
         outcome = [r.outcome_score for r in ok if r.outcome_score is not None]
         events = [r.events_score for r in ok if r.events_score is not None]
         stats.update(
-            mean_return=_mean([r.reward for r in ok]),
-            return_std=_std([r.reward for r in ok]),
-            mean_env_return=_mean([r.env_return for r in ok]),
+            mean_return=mean([r.reward for r in ok]),
+            return_std=std([r.reward for r in ok]),
+            mean_env_return=mean([r.env_return for r in ok]),
             judge_scores={
-                k: v for k, v in (("outcome", _mean(outcome)), ("events", _mean(events))) if v is not None
+                k: v for k, v in (("outcome", mean(outcome)), ("events", mean(events))) if v is not None
             },
             sampled_tokens=sum(sum(s.completion_mask) for r in ok for s in r.sequences),
             rollout_seconds=time.perf_counter() - started,

@@ -174,7 +174,7 @@ def build_engine(cfg: SFTTrainerConfig, model: torch.nn.Module, plan: BatchPlan,
 def total_steps(cfg: SFTTrainerConfig, steps_per_epoch: int) -> int:
     total = steps_per_epoch * cfg.n_epochs
     if cfg.max_steps:  # total_steps caps n_epochs when both are given, and replaces it otherwise
-        total = min(total, cfg.max_steps) if cfg.hyperparameters.get("n_epochs") else cfg.max_steps
+        total = min(total, cfg.max_steps) if cfg.epochs_given else cfg.max_steps
     return total
 
 
@@ -198,7 +198,7 @@ class SFTRun:
         self.processor = None if text_only else load_processor(job.model_path, storage=job.storage)
         self.collate_fn = collate if text_only else collate_vision
         self.load_data()
-        self.plan = BatchPlan.from_hyperparameters(cfg.hyperparameters, D.world_size())
+        self.plan = BatchPlan.from_hyperparameters(cfg.batch_keys(), D.world_size())
         if not text_only and self.plan.micro_batch > 1:
             asked = self.plan
             self.plan = asked.one_per_device()
@@ -298,7 +298,7 @@ class SFTRun:
         )  # tests: widen the kill window
         self.engine.model.train()
         # total_steps without n_epochs: as many epochs as the steps need; with both, whichever ends first
-        epoch_limit = cfg.n_epochs if (cfg.hyperparameters.get("n_epochs") or not cfg.max_steps) else 10**9
+        epoch_limit = cfg.n_epochs if (cfg.epochs_given or not cfg.max_steps) else 10**9
         while self.step < self.total and self.epoch < epoch_limit:
             batches = epoch_batches(
                 len(self.train_data), self.plan.global_batch, seed=cfg.seed, epoch=self.epoch

@@ -21,7 +21,7 @@ from posttrain.api.settings import (
     Count,
     Fraction,
     Keys,
-    Positive,
+    Seconds,
     Seed,
     SFTSettings,
     Steps,
@@ -83,23 +83,24 @@ _OTHER_READERS: dict[str, dict[str, Any]] = {
     "": {"data": dict, "job_type": Text},
     "training": {
         "checkpoint_every": Steps,  # posttrain.api.jobfile.build_jobfile
-        "mode": Text,  # artifacts.py (LoRA results), the settings' trainer_mode
+        "mode": Text,  # settings.trainer_mode (one derivation: artifacts, status, rendering)
         "parallelism": dict,
-        "rollout_error_budget": Fraction,  # rollouts.ErrorBudget
+        "rollout_error_budget": Fraction,  # rollout_settings.RolloutSettings.error_budget
         # step rewards (synth's crafter_rl_stepwise_shaped.toml; step_rewards.py): per-achievement weights, caps
         "step_rewards_weights": dict[Text, Annotated[float, Field(allow_inf_nan=False)]],
         "step_rewards_k_limits": dict[Text, Annotated[int, Field(ge=-1, le=1_000_000)]],
     },
-    "rollout": {"error_budget": Fraction, "timeout_s": Positive, "async_semaphore_max": Count},
+    # rollout_settings.RolloutSettings (error_budget, timeout_s, concurrency): the same types as its fields
+    "rollout": {"error_budget": Fraction, "timeout_s": Seconds, "async_semaphore_max": Count},
     "data": {"seeds": list[Seed], "split": Text, "episodes_per_iteration": Count, "evaluation_split": Text,
              "evaluation_episodes": Count},  # fmt: skip  (seeds: accepted, no effect: posttrain.api.inert)
     "policy": {"served_model_name": Text, "system_prompt": str},
     "judge": {"provider": Text, "model": Text},
     "judge.options": {"base_url": Text, "api_key_env": Text},
     "hyperparameters": {"lora_rank": Count, "lora_r": Count},  # read as [training.lora] r (api/config.py)
-    "hyperparameters.parallelism": {},
-    "training.weight_sync": {"format": Text},  # weightsync.sync_format
-    "training.rewards": {},
+    "hyperparameters.parallelism": {"deepspeed_config": dict},  # settings.ParallelSettings
+    "training.parallelism": {"deepspeed_config": dict},
+    "training.rewards": {},  # rollout_settings.StepRewardSettings
     "training.validation": {},
 }
 

@@ -40,13 +40,32 @@ RL_INERT: dict[str, str] = {
     "reference.health_max_wait_s": "the trainer's init container waits for the reference with its own timing",
     "data.seeds": "training seeds are data.seed_start + iteration x batch_size + j; evaluation seeds are "
     "[evaluation].seeds",
+    "training.gradient_accumulation_steps": "an iteration's optimizer steps are training.num_minibatches; "
+    "micro-batches training.micro_batch",
+    "training.weight_sync.enable": "weights always sync to the policy rollout servers every weight_sync_interval "
+    "iterations",
+    "training.weight_sync.targets": "the policy rollout servers are the only servers whose weights change",
+    "training.weight_sync.mode": "what is synced is training.weight_sync.format (full, or lora for a LoRA policy)",
+    "policy.inference_url": "the policy is served by the job's own rollout servers",
+    "reference.port": "the reference server listens where posttrain's Service for it points (port 8000)",
+    "reference.tp": "the reference server's tensor-parallel degree is compute.topology.gpus_for_ref",
 }
+# Keys that are metadata: kept with the job's record (config.json, manifest.json), no warning.
+RECORD_ONLY: dict[str, str] = {"tags": "metadata, kept in the job's config.json and manifest.json"}
 # Keys whose one value is what posttrain does anyway: set to anything else, they warn.
 RL_FIXED: dict[str, tuple[Any, str]] = {
     "rollout.batches_per_step": (1, "every iteration is one batch"),
     "training.log_interval": (1, "every iteration is logged and reported"),
+    "compute.topology.type": ("single_node_split", "the split comes from the gpus_for_* counts and compute.nodes"),
 }
+_SFT_TOPOLOGY = "SFT has no rollout or reference servers: [compute.topology] splits an RL job's GPUs"
+_SFT_POLICY = "SFT samples nothing: [policy] is kept for synth compatibility (its trainer_mode is read)"
 SFT_INERT: dict[str, str] = {
+    **{f"compute.topology.{key}": _SFT_TOPOLOGY
+       for key in ("type", "gpus_for_vllm", "gpus_for_ref", "tensor_parallel", "reference_placement")},
+    **{f"policy.{key}": _SFT_POLICY
+       for key in ("model_name", "source", "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty",
+                   "stop_sequences", "label", "inference_url")},
     "job.poll_seconds": "`posttrain train` polls every --poll-interval seconds",
     "data.topology.container_count": "the trainer's process count comes from [compute]",
     "hyperparameters.parallelism.tensor_parallel_size": _TP,
@@ -85,8 +104,9 @@ def is_set(config: BaseModel, path: str) -> bool:
 
 def inert_warnings(config: BaseModel, inert: dict[str, str]) -> list[str]:
     """One warning per accepted-without-effect key the config sets; for RL also rollout.episodes_per_batch
-    (synth requires it) when it disagrees with what an iteration collects, and the RL_FIXED keys when set to
-    another value than the one posttrain uses anyway."""
+    (synth requires it) when it disagrees with what an iteration collects, training.max_turns (required too)
+    when it disagrees with rollout.max_turns, and the RL_FIXED keys when set to another value than the one
+    posttrain uses anyway."""
     out = [
         f"{path}: accepted for synth compatibility but has no effect here ({reason})"
         for path, reason in inert.items()
@@ -106,6 +126,10 @@ def inert_warnings(config: BaseModel, inert: dict[str, str]) -> list[str]:
             f"rollout.episodes_per_batch = {per_batch} has no effect: an iteration collects training.batch_size "
             f"x training.group_size = {batch * group} rollouts"
         )
+    turns, rollout_turns = _lookup(config, ["training", "max_turns"]), _lookup(config, ["rollout", "max_turns"])
+    if isinstance(turns, int) and isinstance(rollout_turns, int) and turns != rollout_turns:
+        out.append(f"training.max_turns = {turns} has no effect: rollout.max_turns = {rollout_turns} sets the turns "
+                   "per episode")  # fmt: skip
     for path, (value, reason) in RL_FIXED.items():
         got = _lookup(config, path.split("."))
         if got is not None and got != value:

@@ -148,14 +148,16 @@ class ParallelSettings(BaseModel):
     bf16: bool | None = Field(None, description="None: bf16 exactly where the hardware has it natively.")
     force_bf16: bool = Field(False, description="bf16 even where it is emulated (slow).")
     activation_checkpointing: bool = Field(False, description="Gradient checkpointing.")
-    extras: dict[str, Any] = Field(default_factory=dict, description="The table's other keys.")
+    deepspeed_config: dict[str, Any] = Field(
+        default_factory=dict, description="deepspeed_config: merged into the DeepSpeed config (use_deepspeed)."
+    )
 
     @classmethod
     def from_config(cls, raw: dict[str, Any] | None) -> ParallelSettings:
         raw = {k: v for k, v in (raw or {}).items() if v is not None}
-        known = {k: raw.pop(k) for k in list(raw) if k in cls.model_fields and k != "extras"}
+        known = {k: raw.pop(k) for k in list(raw) if k in cls.model_fields}  # the other keys do nothing here
         known = {k: (bool(v) if k in ("use_deepspeed", "fsdp", "force_bf16") else v) for k, v in known.items()}
-        return cls(**known, extras=raw)
+        return cls(**known)
 
     def precision(self, lora_policy: bool = False) -> Any:
         """The dtypes of this run on this machine (posttrain.hardware's decision table)."""
@@ -528,8 +530,18 @@ class SFTSettings(TrainerSettings):
     ] = Field(
         None, description="total_steps | train_steps | steps: caps n_epochs when both are given, else replaces it."
     )
-    hyperparameters: dict[str, Any] = Field(
-        default_factory=dict, description="The raw hyperparameters (the batch plan reads them)."
+    epochs_given: bool = Field(False, description="hyperparameters.n_epochs is set (> 0): it caps max_steps.")
+    per_device_batch: Annotated[Count | None, Keys("hyperparameters.per_device_batch")] = Field(
+        None, description="Examples per forward pass on each rank (else batch_size)."
+    )
+    batch_size: Annotated[Count | None, Keys("hyperparameters.batch_size")] = Field(
+        None, description="Examples per forward pass on each rank when per_device_batch is unset."
+    )
+    global_batch: Annotated[Count | None, Keys("hyperparameters.global_batch")] = Field(
+        None, description="Examples per optimizer step over all ranks (wins: split into ranks, then accumulation)."
+    )
+    gradient_accumulation_steps: Annotated[Count | None, Keys("hyperparameters.gradient_accumulation_steps")] = Field(
+        None, description="Micro-batches per optimizer step (default 1)."
     )
     sequence_length: Annotated[Tokens, Keys("hyperparameters.sequence_length")] = Field(
         2048, description="Longest tokenized example; longer are cut."
@@ -556,6 +568,11 @@ class SFTSettings(TrainerSettings):
                            "hyperparameters.max_images_per_message")  # fmt: skip
     ] = Field(None, description="Vision models: extra images per message are trimmed.")
 
+    def batch_keys(self) -> dict[str, int]:
+        """The batch keys the job gives (posttrain_trainer.optim.BatchPlan.from_hyperparameters)."""
+        keys = ("per_device_batch", "batch_size", "global_batch", "gradient_accumulation_steps")
+        return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
+
     @classmethod
     def derived(cls, config: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
         hp = _table(config, "hyperparameters")
@@ -574,7 +591,7 @@ class SFTSettings(TrainerSettings):
             "lora": lora,
             "n_epochs": hp.get("n_epochs") or 1,
             "max_steps": steps or None,
-            "hyperparameters": dict(hp),
+            "epochs_given": bool(hp.get("n_epochs")),
             "sequence_length": hp.get("sequence_length") or 2048,
             "learning_rate": hp.get("learning_rate") or (1e-4 if mode != "full" else 1e-5),
             "warmup_ratio": hp.get("warmup_ratio") or 0.0,
