@@ -225,11 +225,15 @@ def apply_configmap(body: dict[str, Any], api: Any, namespace: str, job_name: st
 
 
 def run(args: argparse.Namespace) -> int:
-    from posttrain.envfiles import load_env_files
+    from posttrain.envfiles import load_env_files, url_notices
 
-    load_env_files(args.env_file)
+    loaded = load_env_files(args.env_file)
     experimental.apply(args)
     kind, raw, config = load_job(args)
+    # before anything is sent: every URL taken from the environment, with where it came from
+    unused = frozenset() if kind == "rl" else frozenset({"TASK_APP_URL"})
+    for line in url_notices(loaded, os.environ, raw, given={"TASK_APP_URL": args.task_url}, unused=unused):
+        print(line, file=sys.stderr, flush=True)
     if args.local:
         from posttrain.commands.validate import tracker_problems
 
