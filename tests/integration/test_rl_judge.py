@@ -9,7 +9,7 @@ is synth's blend; the judge answers every rollout of every iteration, under the 
 and under a new loop per iteration; a judge slower than its timeout never holds an iteration past about
 twice that timeout, and a rollout it could not score fails (counted in judge_failed, out of its group,
 against the error budget) instead of taking the task app's score; eval rollouts are not judged; no [judge]
--> env return only."""
+-> env return only; without rubric_overrides the judge scores against the task app's /task_info rubric."""
 
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ from typing import Any
 import pytest
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
+from posttrain.api.judge_settings import JudgeSettings
+from posttrain.api.rollout_settings import RolloutSettings
 from posttrain.localhost import free_port
-from posttrain_trainer.judging import EpisodeJudge, episode_for_judge, judge_base_url, judge_options
+from posttrain_trainer.judging import EpisodeJudge, episode_for_judge, judge_base_url
 from posttrain_trainer.rl import sequences_from_results
 from posttrain_trainer.rollouts import (
     ErrorBudget,
@@ -33,8 +35,8 @@ from posttrain_trainer.rollouts import (
     RolloutClient,
     RolloutLoop,
     plan_rollouts,
-    rubric_weights,
 )
+from posttrain_trainer.task_rubric import judge_rubrics
 
 ANSWER_MARK = "posttrain-judge-test"
 
@@ -104,7 +106,11 @@ def scripted() -> Iterator[tuple[Scripted, str]]:
 
 
 def rl_config(
-    judge_url: str | None, timeout_s: float = 5.0, max_concurrency: int = 8, model: str = "judge"
+    judge_url: str | None,
+    timeout_s: float = 5.0,
+    max_concurrency: int = 8,
+    model: str = "judge",
+    overrides: bool = True,
 ) -> dict[str, Any]:
     config: dict[str, Any] = {
         "rollout": {"env_name": "math", "policy_name": "math-single-step", "max_turns": 1},
@@ -121,7 +127,7 @@ def rl_config(
                 "outcome": True,
                 "event": False,
                 "base_url": judge_url,
-                "rubric_overrides": {
+                "rubric_overrides": None if not overrides else {
                     "outcome": {
                         "goal_text": "Answer the arithmetic question.",
                         "criteria": [
@@ -140,9 +146,20 @@ def rl_config(
 
 
 def rollout_client(config: dict[str, Any], math_taskapp: Any) -> RolloutClient:
-    judge = EpisodeJudge.from_config(config, rubric_weights(config))
+    """As the trainer builds it (rl.RLRun.make_judge): the typed judge settings, each judged score's rubric
+    (its override, else the task app's /task_info rubric), the judge, the blend."""
+    settings = JudgeSettings.resolve(config)
+    rubrics = judge_rubrics(
+        settings, task_url=math_taskapp.url, headers={"X-API-Key": math_taskapp.api_key}, seed=0
+    )
+    judge = EpisodeJudge.from_settings(settings, rubrics=rubrics)
     return RolloutClient(
-        task_url=math_taskapp.url, config=config, model="policy", api_key=math_taskapp.api_key, judge=judge
+        task_url=math_taskapp.url,
+        settings=RolloutSettings.from_config(config),
+        model="policy",
+        api_key=math_taskapp.api_key,
+        weights=settings.blend(),
+        judge=judge,
     )
 
 
@@ -156,21 +173,17 @@ def collect(config: dict[str, Any], math_taskapp: Any, base: str, mode: str = "r
 
 
 def test_judge_config_rules():
-    weights = {"env": 0.5, "outcome": 0.5, "event": 0.0}
-    assert judge_options({}, weights) is None
-    assert judge_options({"judge": {"options": {"provider": "openai"}}}, weights) is None  # no model
-    assert (
-        judge_options({"judge": {"enabled": False, "options": {"provider": "openai", "model": "m"}}}, weights)
-        is None
-    )
-    # rubric weights give the judge nothing to do -> not called
-    assert judge_options({"judge": {"options": {"provider": "openai", "model": "m"}}}, {"env": 1.0}) is None
-    options = judge_options(
-        {"judge": {"timeout_s": 9, "options": {"provider": "groq", "model": "m"}}}, weights
-    )
-    assert options["timeout_s"] == 9 and options["outcome"] is True and options["event"] is False
-    assert judge_base_url(options, None) == "groq"
-    hosted = {"provider": "self-hosted", "model": "m"}
+    blend = {"rubric": {"enabled": True, "weights": {"env": 0.5, "outcome": 0.5, "event": 0.0}}}
+    assert not JudgeSettings.resolve(blend).enabled  # no [judge]
+    assert not JudgeSettings.resolve({**blend, "judge": {"options": {"provider": "openai"}}}).enabled  # no model
+    disabled = {**blend, "judge": {"enabled": False, "options": {"provider": "openai", "model": "m"}}}
+    assert not JudgeSettings.resolve(disabled).enabled
+    # the blend gives the judge nothing to do -> not called
+    assert not JudgeSettings.resolve({"judge": {"options": {"provider": "openai", "model": "m"}}}).enabled
+    settings = JudgeSettings.resolve({**blend, "judge": {"timeout_s": 9, "options": {"provider": "groq", "model": "m"}}})
+    assert settings.timeout_s == 9 and settings.outcome is True and settings.event is False
+    assert judge_base_url(settings, None) == "groq"
+    hosted = JudgeSettings(provider="self-hosted", model="m")
     assert judge_base_url(hosted, {"judge": "http://j.ns.svc:8000"}) == "http://j.ns.svc:8000"
     with pytest.raises(ValueError, match="no judge endpoint"):
         judge_base_url(hosted, {})
@@ -207,6 +220,24 @@ def test_judge_score_replaces_outcome_and_is_blended(math_taskapp, scripted):
     for r in results:
         assert r.outcome_score == pytest.approx(0.7)
         assert r.reward == pytest.approx(0.5 * r.env_return + 0.5 * 0.7)
+
+
+def test_without_overrides_the_judge_scores_against_the_task_apps_rubric(math_taskapp, scripted):
+    """No [judge.options].rubric_overrides: the rubric the real math task app's /task_info returns reaches
+    the judge's prompt (synth's behaviour), and the record says where it came from."""
+    state, base = scripted
+    state.judge_delay, state.judge_score = 0.0, 0.7
+    state.judge_prompts.clear()
+    client = rollout_client(rl_config(f"{base}/judge", overrides=False), math_taskapp)
+    assert client.judge.rubrics.record()["source"] == "task_info"
+    specs = plan_rollouts("judgerubric", 0, [3, 4], 2, [f"{base}/policy"])
+    results = asyncio.run(client.collect(specs, want_tokens=False))
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert len(state.judge_prompts) == 4
+    for prompt in state.judge_prompts:  # the math app's criterion, by id and by its description
+        assert "last_number_correct" in prompt and "exact result of the arithmetic problem" in prompt
+        assert "Answer the arithmetic question." not in prompt  # the override's goal is not there
+    assert all(r.outcome_score == pytest.approx(0.7) for r in results)
 
 
 def test_slow_judge_fails_its_rollouts_within_timeout(math_taskapp, scripted):

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fixtures.vllm import greedy_token_ids
-from posttrain_rollout.judge import JudgeClient, parse_judgement
+from posttrain_trainer.judge_client import JudgeClient, parse_judgement
 
 pytestmark = pytest.mark.vllm
 

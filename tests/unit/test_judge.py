@@ -1,4 +1,4 @@
-"""posttrain_rollout.judge without a model: the reply parser, rubric aggregation, and the client's
+"""posttrain_trainer.judge_client without a model: the reply parser, rubric aggregation, and the client's
 retry/timeout paths over a mock transport."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import json
 
 import httpx
 import pytest
-from posttrain_rollout.judge import (
+from posttrain.api.judge_settings import JudgeSettings
+from posttrain_trainer.judge_client import (
     JudgeClient,
     Rubric,
     aggregate,
@@ -125,7 +126,7 @@ def test_client_timeout_returns_none_quickly():
 def test_client_unparsable_and_episode():
     transport, _ = _transport(["blah blah"])
     client = JudgeClient("http://judge/v1", "m", transport=transport)
-    out = asyncio.run(client.judge_episode({"event": True, "outcome": True}, outcome="o", events=["a", "b"]))
+    out = asyncio.run(client.judge_episode({}, outcome="o", events=["a", "b"]))
     assert out == {"outcome_score": None, "event_scores": [None, None]}
     assert client.stats["unparsable"] == 3
 
@@ -137,4 +138,7 @@ def test_provider_names(monkeypatch):
         "Authorization": "Bearer k"
     }
     assert JudgeClient("gemini", "g").base_url.endswith("/v1beta/openai")
-    assert JudgeClient.from_options({"provider": "openai", "model": "gpt", "timeout_s": 5}).timeout == 5.0
+    settings = JudgeSettings(provider="openai", model="gpt", timeout_s=5, max_concurrency=3, api_key_env="K")
+    client = JudgeClient.from_settings(settings)
+    assert (client.timeout, client.max_concurrency, client.api_key_env) == (5.0, 3, "K")
+    assert client.base_url == "https://api.openai.com/v1"

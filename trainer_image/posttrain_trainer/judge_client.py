@@ -1,15 +1,16 @@
-"""LLM judges: rubric scoring of an episode's outcome and events (the trainer blends the scores into the
-reward with posttrain.api.reward.blend_reward).
+"""The trainer's LLM-judge client: rubric scoring of an episode's outcome and events (the trainer blends the
+scores into the reward with posttrain.api.reward.blend_reward; judging.py decides what is judged).
 
-JudgeClient talks to any OpenAI-compatible chat endpoint: a self-hosted judge (`serve --role judge`) or the
-providers synth's [judge.options].provider names (openai, groq, gemini through their OpenAI-compatible
-APIs), key from an environment variable (mounted from a Secret). A concurrency limit, a retry budget and an
-overall timeout per score: a slow or broken judge yields None, never an exception or a stall.
+JudgeClient talks to any OpenAI-compatible chat endpoint: a self-hosted judge (`serve --role judge`, the
+rollout image) or the providers synth's [judge.options].provider names (openai, groq, gemini through their
+OpenAI-compatible APIs), key from an environment variable (mounted from a Secret). A concurrency limit, a
+retry budget and an overall timeout per score: a slow or broken judge yields None, never an exception or a
+stall. httpx only: it lives in the trainer image, its only user.
 
-Rubric ([judge.options.rubric_overrides.event|outcome]): {goal_text, aggregation
-("weighted_sum"), criteria: [{id, weight, scale: "binary"|"bounded", description}]}. The judge is asked for
-JSON {"criteria": {id: score}, "score": total}; per-criterion scores (binary -> 0/1, bounded -> [0, 1]) are
-aggregated as sum(weight * score); a reply with only "score" uses that. Unparsable -> None."""
+Rubric ([judge.options.rubric_overrides.event|outcome], or the task app's /task_info rubric): {goal_text,
+aggregation ("weighted_sum"), criteria: [{id, weight, scale: "binary"|"bounded", description}]}. The judge is
+asked for JSON {"criteria": {id: score}, "score": total}; per-criterion scores (binary -> 0/1, bounded -> [0,
+1]) are aggregated as sum(weight * score); a reply with only "score" uses that. Unparsable -> None."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ import re
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from posttrain.api.judge_settings import JudgeSettings
 
 PROVIDERS: dict[str, tuple[str, str]] = {
     "openai": ("https://api.openai.com/v1", "OPENAI_API_KEY"),
@@ -244,14 +248,14 @@ class JudgeClient:
         self.stats = {"calls": 0, "timeouts": 0, "errors": 0, "unparsable": 0}
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], base_url: str | None = None, **kw) -> JudgeClient:
-        """From synth's [judge.options] (provider, model, timeout_s, max_concurrency)."""
+    def from_settings(cls, settings: JudgeSettings, base_url: str | None = None, **kw) -> JudgeClient:
+        """From the job's typed judge settings (provider, model, timeout_s, max_concurrency, api_key_env)."""
         return cls(
-            base_url or str(options.get("provider") or "openai"),
-            str(options["model"]),
-            api_key_env=options.get("api_key_env"),
-            timeout=float(options.get("timeout_s") or 60.0),
-            max_concurrency=int(options.get("max_concurrency") or 8),
+            base_url or str(settings.provider or "openai"),
+            str(settings.model),
+            api_key_env=settings.api_key_env,
+            timeout=float(settings.timeout_s),
+            max_concurrency=int(settings.max_concurrency),
             **kw,
         )
 
@@ -334,16 +338,21 @@ class JudgeClient:
         )
 
     async def judge_episode(
-        self, options: dict[str, Any], outcome: Any = None, events: Sequence[Any] | None = None
+        self,
+        rubrics: dict[str, Rubric | dict[str, Any] | None],
+        outcome: Any = None,
+        events: Sequence[Any] | None = None,
+        *,
+        score_outcome: bool = True,
+        score_events: bool = True,
     ) -> dict[str, Any]:
-        """synth's [judge.options]: event/outcome switches and rubric_overrides.{event,outcome}."""
-        overrides = options.get("rubric_overrides") or {}
+        """The outcome score and one score per event, each against its rubric (rubrics["outcome"|"event"])."""
         result: dict[str, Any] = {"outcome_score": None, "event_scores": []}
         tasks = []
-        if options.get("outcome", True) and outcome is not None:
-            tasks.append(("outcome_score", self.score_outcome(overrides.get("outcome"), outcome)))
-        if options.get("event", True) and events:
-            tasks.append(("event_scores", self.score_events(overrides.get("event"), events)))
+        if score_outcome and outcome is not None:
+            tasks.append(("outcome_score", self.score_outcome(rubrics.get("outcome"), outcome)))
+        if score_events and events:
+            tasks.append(("event_scores", self.score_events(rubrics.get("event"), events)))
         values = await asyncio.gather(*(t for _, t in tasks))
         for (key, _), value in zip(tasks, values, strict=True):
             result[key] = value

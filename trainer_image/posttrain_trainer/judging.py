@@ -1,8 +1,10 @@
 """LLM-judge scores for the RL reward (synth semantics: the trainer side, not the task app, calls the judge).
 
-When [judge] is configured (options.provider + options.model; not disabled) and rubric scoring gives the
-outcome or event score a non-zero weight, every training rollout's episode is scored by
-posttrain_rollout.judge.JudgeClient:
+The job's typed judge settings (posttrain.api.judge_settings.JudgeSettings, `job.settings.judge`) say whether
+a judge is called: [judge] not disabled, [judge.options] provider + model, and a reward blend ([judge]
+reward_blend, or [rubric] enabled with [rubric.weights]) giving the outcome or event score a non-zero weight
+whose [judge.options] switch is not off. Then every training rollout's episode is scored by
+posttrain_trainer.judge_client.JudgeClient:
   - a self-hosted judge (provider "self-hosted"/"vllm"): the job file's endpoints.judges["judge"] (the
     operator's judge Service) or [judge.options].base_url;
   - an external provider (openai / groq / gemini) or a base_url: its OpenAI-compatible API with the key
@@ -11,8 +13,9 @@ posttrain_rollout.judge.JudgeClient:
     cannot make the trainer send another of its variables (S3 keys) to a URL it chose. Locally
     (`posttrain train --local`) it is the person's own environment (default <PROVIDER>_API_KEY).
 The outcome is the trajectory's final state and last action, the events are its steps (observation, action,
-reward); rubrics come from [judge.options].rubric_overrides.{outcome,event}. A judge score replaces the task
-app's outcome_score / events_score for that rollout.
+reward); each is scored against its rubric: [judge.options].rubric_overrides.{outcome,event}, else the task
+app's /task_info rubric (task_rubric.py). A judge score replaces the task app's outcome_score / events_score
+for that rollout.
 
 A judge failure is never replaced by the task app's score: that would put two reward scales in one group.
 The rule: a rollout the judge did not fully score (no outcome score where the outcome is judged, any event
@@ -29,45 +32,24 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.api.judge_settings import JudgeSettings
 from posttrain.api.sections import is_self_hosted_judge
+
+from posttrain_trainer.task_rubric import JudgeRubrics, judge_rubrics
 
 MAX_FIELD_CHARS = 4000  # keep judge prompts bounded: long observations are cut
 
 
-def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
-    value = config.get(name)
-    return value if isinstance(value, dict) else {}
-
-
-def judge_options(config: dict[str, Any], weights: dict[str, float]) -> dict[str, Any] | None:
-    """[judge.options] (with judge.timeout_s migrated in, as synth does) when the judge must be called."""
-    judge = _section(config, "judge")
-    if not judge or judge.get("enabled") is False:
-        return None
-    options = dict(_section(judge, "options"))
-    if not options.get("provider") or not options.get("model"):
-        return None  # synth: an incomplete [judge.options] means no judge
-    if judge.get("timeout_s") and not options.get("timeout_s"):
-        options["timeout_s"] = judge["timeout_s"]
-    wants_outcome = weights.get("outcome", 0.0) > 0 and options.get("outcome", True) is not False
-    wants_events = weights.get("event", 0.0) > 0 and options.get("event", True) is not False
-    if not (wants_outcome or wants_events):
-        return None
-    options["outcome"] = wants_outcome
-    options["event"] = wants_events
-    return options
-
-
-def judge_base_url(options: dict[str, Any], endpoints: dict[str, str] | None) -> str:
+def judge_base_url(settings: JudgeSettings, endpoints: dict[str, str] | None) -> str:
     """Where the judge is: an explicit base_url, the operator's judge Service, else the provider's name."""
-    provider = str(options["provider"]).lower()
-    if options.get("base_url"):
-        return str(options["base_url"])
+    provider = str(settings.provider).lower()
+    if settings.base_url:
+        return str(settings.base_url)
     if is_self_hosted_judge(provider):
         url = (endpoints or {}).get("judge") or next(iter((endpoints or {}).values()), None)
         if not url:
             raise ValueError(
-                f"[judge.options].provider = {options['provider']!r} (self-hosted) but the job has no judge "
+                f"[judge.options].provider = {settings.provider!r} (self-hosted) but the job has no judge "
                 "endpoint: set [judge.options].base_url or let the operator deploy the judge"
             )
         return str(url)
@@ -117,21 +99,40 @@ class EpisodeJudge:
     """The configured judge for one job: scores episodes, keeps counts for the iteration stats."""
 
     client: Any
-    options: dict[str, Any]
+    settings: JudgeSettings
+    rubrics: JudgeRubrics
     timeout_s: float
     stats: dict[str, int] = field(default_factory=lambda: {"judged": 0, "failed": 0})
 
     @classmethod
-    def from_config(
-        cls, config: dict[str, Any], weights: dict[str, float], endpoints: dict[str, str] | None = None
+    def from_settings(
+        cls,
+        settings: JudgeSettings,
+        endpoints: dict[str, str] | None = None,
+        *,
+        rubrics: JudgeRubrics | None = None,
+        **client_kw: Any,
     ) -> EpisodeJudge | None:
-        options = judge_options(config, weights)
-        if options is None:
+        """The job's judge, or None when no judge is called (settings.enabled is false). `rubrics`: each
+        judged score's rubric (task_rubric.judge_rubrics); by default the overrides alone."""
+        if not settings.enabled:
             return None
-        from posttrain_rollout.judge import JudgeClient
+        from posttrain_trainer.judge_client import JudgeClient
 
-        client = JudgeClient.from_options(options, base_url=judge_base_url(options, endpoints))
-        return cls(client=client, options=options, timeout_s=client.timeout)
+        client = JudgeClient.from_settings(
+            settings, base_url=judge_base_url(settings, endpoints), **client_kw
+        )
+        if rubrics is None:
+            rubrics = judge_rubrics(settings, task_url=None, headers={}, seed=0)
+        return cls(client=client, settings=settings, rubrics=rubrics, timeout_s=client.timeout)
+
+    def describe(self) -> str:
+        """One line for the log: which judge, where, what it scores, against which rubric."""
+        s = self.settings
+        scored = " and ".join(("outcome" if k == "outcome" else "events") for k in s.judged())
+        return (f"judge {s.provider}/{s.model} at {self.client.base_url} scores {scored} (blend "
+                f"{s.blend()} from {s.weights_from}; rubric: " + ", ".join(
+                    f"{k} from {v}" for k, v in self.rubrics.sources.items()) + ")")  # fmt: skip
 
     def _failed(self, reason: str) -> JudgeVerdict:
         self.stats["failed"] += 1
@@ -145,21 +146,27 @@ class EpisodeJudge:
         try:
             # the client bounds each call; this bounds the whole episode (events queue on its semaphore)
             judged = await asyncio.wait_for(
-                self.client.judge_episode(self.options, outcome=outcome, events=events),
+                self.client.judge_episode(
+                    self.rubrics.for_client(),
+                    outcome=outcome,
+                    events=events,
+                    score_outcome=self.settings.outcome,
+                    score_events=self.settings.event,
+                ),
                 timeout=self.timeout_s * 2,
             )
         except TimeoutError:
             return self._failed(f"no verdict within {self.timeout_s * 2:g} s")
         outcome_score = judged.get("outcome_score")
         event_scores = list(judged.get("event_scores") or [])
-        if self.options.get("outcome") and outcome_score is None:
+        if self.settings.outcome and outcome_score is None:
             return self._failed("no outcome score (timeout, HTTP error or an unreadable reply)")
         missing = sum(1 for s in event_scores if s is None)
-        if self.options.get("event") and events and (missing or len(event_scores) != len(events)):
+        if self.settings.event and events and (missing or len(event_scores) != len(events)):
             return self._failed(
                 f"{missing or len(events)} of {len(events)} events without a score "
                 "(timeout, HTTP error or an unreadable reply)"
             )
         self.stats["judged"] += 1
-        events_score = float(sum(event_scores)) if self.options.get("event") else None
+        events_score = float(sum(event_scores)) if self.settings.event else None
         return JudgeVerdict(outcome_score=outcome_score, events_score=events_score)

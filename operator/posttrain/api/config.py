@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError, field_validator
 from posttrain.api import model_ids, settings, topology
 from posttrain.api.base import Section
 from posttrain.api.inert import RL_INERT, SFT_INERT, inert_warnings
+from posttrain.api.judge_settings import JudgeSettings
 from posttrain.api.sections import (
     JUDGE_PROVIDERS,
     AlgorithmConfig,
@@ -535,6 +536,13 @@ def _judge_rules(config: RLConfig, problems: list[Problem], warnings: list[str])
     if (options.model_extra or {}).get("api_key_env"):
         warnings.append("judge.options.api_key_env is read only by `posttrain train --local`; a cluster job's "
                         "judge key comes from the Secret [judge.api_key_secret_ref] names")  # fmt: skip
+    resolved = JudgeSettings.from_sections(judge, rubric, calls_judges=not is_restem(config))
+    if resolved.idle:  # configured, never called: nothing reads it, so nothing is deployed for it
+        warnings.append(f"[judge] {options.provider}/{options.model} does nothing: {resolved.idle_reason}; no judge "
+                        "is called and none is deployed")  # fmt: skip
+    if resolved.unknown_weights:
+        warnings.append(f"{resolved.weights_from}: {', '.join(resolved.unknown_weights)} blend nothing (the "
+                        "names are env, event and outcome)")  # fmt: skip
     blend = judge.reward_blend or {}
     if any(v < 0 for v in blend.values()):
         problems.append(Problem("reward_blend weights must be >= 0", field="judge.reward_blend",

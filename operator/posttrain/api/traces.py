@@ -11,6 +11,9 @@ Tables (synth's v3 trace tables by name, so synth's filter semantics read it unc
       message_type as synth's: policy_system_prompt, policy_user_prompt, policy_tool_result, assistant,
       policy_tool_call; `turn` = the policy call (decision) it belongs to
   steps(session_id, step, reward, decision_reward, done, tool_calls JSON, info JSON)
+  job_metadata(key, value JSON)   what holds for the whole job, e.g. "judge_rubric": the rubric each judged
+      score was scored against and its source (overrides | task_info | none); each training rollout's
+      metadata also names that source (judge_rubric_source). A store without the table reads as no rows.
 
 Messages come from the rollout server's captures (the exact request each policy call was given and its
 reply, kept by posttrain_rollout.captures as bounded text); steps from the task app's trajectory. Everything
@@ -49,6 +52,7 @@ SCHEMA = (
     " message_type TEXT, role TEXT, content TEXT, tool_calls TEXT, timestamp REAL)",
     "CREATE TABLE IF NOT EXISTS steps (session_id TEXT, step INTEGER, reward REAL, decision_reward REAL,"
     " done INTEGER, tool_calls TEXT, info TEXT)",
+    "CREATE TABLE IF NOT EXISTS job_metadata (key TEXT PRIMARY KEY, value TEXT)",
     "CREATE INDEX IF NOT EXISTS messages_session ON messages (session_id, id)",
     "CREATE INDEX IF NOT EXISTS steps_session ON steps (session_id, step)",
 )
@@ -213,6 +217,14 @@ class TraceStore:
                  json.dumps(step.get("tool_calls") or []), step.get("info")),
             )  # fmt: skip
 
+    def set_metadata(self, values: dict[str, Any]) -> None:
+        """job_metadata rows (JSON values), replacing those of the same keys."""
+        with self._db:
+            for key, value in values.items():
+                self._db.execute(
+                    "INSERT OR REPLACE INTO job_metadata VALUES (?, ?)", (key, json.dumps(value, default=str))
+                )
+
     def close(self) -> None:
         self._db.close()
 
@@ -282,6 +294,25 @@ def read_sessions(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             )
     finally:
         db.close()
+
+
+def read_job_metadata(path: str | Path) -> dict[str, Any]:
+    """The job_metadata rows by key ({} for a store written before the table existed). Read-only."""
+    uri = f"file:{Path(path).resolve().as_posix()}?mode=ro"
+    try:
+        db = sqlite3.connect(uri, uri=True)
+    except sqlite3.Error as err:
+        raise TraceStoreError(f"{path} is not a posttrain trace store ({err})") from None
+    out: dict[str, Any] = {}
+    try:
+        for key, value in db.execute("SELECT key, value FROM job_metadata"):
+            with contextlib.suppress(ValueError):
+                out[key] = json.loads(value)
+    except sqlite3.Error:
+        return {}
+    finally:
+        db.close()
+    return out
 
 
 def is_trace_store(path: str | Path) -> bool:
@@ -355,6 +386,7 @@ class JobTraces:
         self.clock = clock
         self.pending = False  # rows added since the last upload
         self.uploaded_at: float | None = None
+        self.metadata: dict[str, Any] = {}  # job_metadata rows, written with every batch
 
     @property
     def key(self) -> str:
@@ -377,12 +409,17 @@ class JobTraces:
             self.store = TraceStore(self.path)
         name = f"{self.job.job.namespace}/{self.job.job.name}"
         stamp = now()
-        added = self.store.add(
-            episode_row(
-                r, job=name, kind=kind, iteration=iteration, model=self.job.base_model, created_at=stamp
-            )
+        rubric = self.metadata.get("judge_rubric")
+        rows = [
+            episode_row(r, job=name, kind=kind, iteration=iteration, model=self.job.base_model, created_at=stamp)
             for r in results
-        )
+        ]
+        if isinstance(rubric, dict) and kind == "train":  # training rollouts are the judged ones
+            for row in rows:
+                row["metadata"]["judge_rubric_source"] = rubric.get("source")
+        if self.metadata:
+            self.store.set_metadata(self.metadata)
+        added = self.store.add(rows)
         self.pending = self.pending or added > 0
         return added
 

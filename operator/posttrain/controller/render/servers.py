@@ -4,7 +4,8 @@ ready replica:
 
   <job>-rollout    the policy: gpus_for_vllm / tensor_parallel replicas of tensor_parallel GPUs each
   <job>-reference  only when the reference model is dedicated (gpus_for_ref GPUs)
-  <job>-judge      only when the judge is self-hosted ([judge.options].gpus GPUs)
+  <job>-judge      only when the trainer calls a self-hosted judge at no base_url of its own
+                   ([judge.options].gpus GPUs; none for a judge blended with weight 0)
 
 An external judge (or one at a base_url) gets no server: the trainer calls it with the key from the Secret
 the job names (spec.judge.apiKeySecretRef) as POSTTRAIN_JUDGE_API_KEY, the only variable its judge client
@@ -21,6 +22,7 @@ from typing import Any
 
 from posttrain import hardware
 from posttrain.api.convert import spec_to_config
+from posttrain.api.judge_settings import JudgeSettings
 from posttrain.api.resources import RLJobSpec
 from posttrain.api.topology import Topology
 from posttrain.api.vision import rollout_server_args
@@ -162,11 +164,12 @@ def render_servers(job: Job, settings: OperatorSettings, topo: Topology, model: 
     out.endpoints["policy"] = [add(rollout_server(spec, owner.name, topo, model))]
     if topo.reference_dedicated:
         out.endpoints["reference"] = add(reference_server(owner.name, topo, model))
-    judge = spec.judge
-    if judge is not None and judge.scores_rollouts():
-        assert judge.options is not None and judge.options.model
-        if judge.options.self_hosted():
-            server = judge_server(owner.name, judge.options.model, judge.options.server_gpus(), topo, settings)
+    # a judge the trainer never calls (its scores blended with weight 0, or ReST-EM) gets no server and no key
+    judge = JudgeSettings.from_sections(spec.judge, spec.rubric, calls_judges=spec.algorithm.variety != "restem")
+    if judge.enabled:
+        if judge.needs_server:
+            assert judge.model
+            server = judge_server(owner.name, judge.model, judge.gpus, topo, settings)
             out.endpoints["judges"] = {JUDGE_ENDPOINT: add(server)}
         out.judge_env = judge_key_env(spec)
     return out
