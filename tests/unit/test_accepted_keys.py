@@ -38,7 +38,7 @@ CONSUMERS = [
 ]
 FORWARDED = ("rollout.env_config.", "rollout.policy_config.")
 # Checked against what an iteration does (posttrain.api.inert.inert_warnings warns when they disagree).
-CHECKED = {"rollout.episodes_per_batch", "training.max_turns", *RL_FIXED}
+CHECKED = {"rollout.episodes_per_batch", "training.max_turns", "reference.tp", *RL_FIXED}
 
 
 def _models(annotation: typing.Any) -> list[type[BaseModel]]:

@@ -42,7 +42,7 @@ def test_rl_from_base_qwen4b_reference_placement_and_topology_alias():
     # synth keys posttrain accepts without effect are named, with the reason (posttrain.api.inert)
     assert [w.split(":")[0].split(" = ")[0] for w in warnings] == [
         "rollout.task_app_origin_rewards_only", "reference.health_interval_ms", "reference.health_max_wait_s",
-        "rollout.batches_per_step",
+        "reference.port", "rollout.batches_per_step",
     ]  # fmt: skip
 
 

@@ -130,6 +130,6 @@ def test_trainer_parallel_config_reads_the_knobs():
     from posttrain_trainer.distributed import ParallelConfig
 
     cfg = ParallelConfig.from_config({"bf16": True, "force_bf16": True, "use_deepspeed": False})
-    assert cfg.force_bf16 is True and "force_bf16" not in cfg.extras
+    assert cfg.force_bf16 is True and "force_bf16" not in cfg.deepspeed_config
     assert cfg.precision().bf16  # forced: bf16 on any machine
     assert ParallelConfig.from_config({"bf16": False}).precision().bf16 is False

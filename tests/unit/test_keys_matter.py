@@ -270,7 +270,7 @@ def matters(kind: str, key: str, field: FieldInfo) -> tuple[bool, list[Any], lis
 RL_KEYS = [(k, f) for k, f in leaves(RLConfig) if not k.startswith(SKIP_PREFIXES)]
 SFT_KEYS = leaves(SFTConfig)
 # checked against what an iteration does: posttrain.api.inert.inert_warnings warns when it disagrees
-CHECKED = ("rollout.episodes_per_batch", "training.max_turns")
+CHECKED = ("rollout.episodes_per_batch", "training.max_turns", "reference.tp")
 
 
 def test_the_keys_come_from_the_models():

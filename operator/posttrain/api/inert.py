@@ -40,15 +40,9 @@ RL_INERT: dict[str, str] = {
     "reference.health_max_wait_s": "the trainer's init container waits for the reference with its own timing",
     "data.seeds": "training seeds are data.seed_start + iteration x batch_size + j; evaluation seeds are "
     "[evaluation].seeds",
-    "training.gradient_accumulation_steps": "an iteration's optimizer steps are training.num_minibatches; "
-    "micro-batches training.micro_batch",
-    "training.weight_sync.enable": "weights always sync to the policy rollout servers every weight_sync_interval "
-    "iterations",
-    "training.weight_sync.targets": "the policy rollout servers are the only servers whose weights change",
     "training.weight_sync.mode": "what is synced is training.weight_sync.format (full, or lora for a LoRA policy)",
     "policy.inference_url": "the policy is served by the job's own rollout servers",
     "reference.port": "the reference server listens where posttrain's Service for it points (port 8000)",
-    "reference.tp": "the reference server's tensor-parallel degree is compute.topology.gpus_for_ref",
 }
 # Keys that are metadata: kept with the job's record (config.json, manifest.json), no warning.
 RECORD_ONLY: dict[str, str] = {"tags": "metadata, kept in the job's config.json and manifest.json"}
@@ -57,6 +51,12 @@ RL_FIXED: dict[str, tuple[Any, str]] = {
     "rollout.batches_per_step": (1, "every iteration is one batch"),
     "training.log_interval": (1, "every iteration is logged and reported"),
     "compute.topology.type": ("single_node_split", "the split comes from the gpus_for_* counts and compute.nodes"),
+    "training.gradient_accumulation_steps": (1, "an iteration's optimizer steps are training.num_minibatches; "
+                                             "micro-batches training.micro_batch"),
+    "training.weight_sync.enable": (True, "weights always sync to the policy rollout servers every "
+                                    "weight_sync_interval iterations"),
+    "training.weight_sync.targets": (["policy"], "the policy rollout servers are the only servers whose weights "
+                                     "change"),
 }
 _SFT_TOPOLOGY = "SFT has no rollout or reference servers: [compute.topology] splits an RL job's GPUs"
 _SFT_POLICY = "SFT samples nothing: [policy] is kept for synth compatibility (its trainer_mode is read)"
@@ -130,6 +130,10 @@ def inert_warnings(config: BaseModel, inert: dict[str, str]) -> list[str]:
     if isinstance(turns, int) and isinstance(rollout_turns, int) and turns != rollout_turns:
         out.append(f"training.max_turns = {turns} has no effect: rollout.max_turns = {rollout_turns} sets the turns "
                    "per episode")  # fmt: skip
+    tp, ref_gpus = _lookup(config, ["reference", "tp"]), _lookup(config, ["compute", "topology", "gpus_for_ref"])
+    if isinstance(tp, int) and tp != (ref_gpus or 1):
+        out.append(f"reference.tp = {tp} has no effect: the reference server's tensor-parallel degree is "
+                   f"compute.topology.gpus_for_ref = {ref_gpus or 1}")  # fmt: skip
     for path, (value, reason) in RL_FIXED.items():
         got = _lookup(config, path.split("."))
         if got is not None and got != value:
