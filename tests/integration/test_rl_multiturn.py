@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 from fixtures.vllm import STOP_GRACE_S, start_rollout_server
-from posttrain.api.rollout_settings import RolloutSettings
 from posttrain import reaper
+from posttrain.api.rollout_settings import RolloutSettings
 from posttrain.local.processes import ProcessSet
 from posttrain.local.taskapp import start_taskapp
 from posttrain.localhost import stop_group

@@ -193,7 +193,6 @@ class Demo:
         import tomllib
 
         from posttrain import hardware
-
         from posttrain.api.settings import trainer_mode
 
         mode = trainer_mode(tomllib.loads(self.rl_toml.read_text()))
