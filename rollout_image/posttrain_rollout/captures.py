@@ -6,6 +6,9 @@ first), by entries per cid, and by a TTL counted from the cid's last write."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -239,3 +242,25 @@ def _reply(choice: dict[str, Any]) -> dict[str, Any]:
     if calls:
         out["tool_calls"] = calls
     return out
+
+
+# Signed capture ids. A captured call (`?cid=`) writes into the job's capture store; with a token, only a
+# cid the job's trainer made is written: `trace_<run>-m<mac>-<it|ev><k>-s<seed>-r<i>`, where mac is an HMAC
+# of the cid without it under the job's rollout token (posttrain_trainer.rollouts.make_cid). Another pod
+# that reaches the port can neither guess a job's cids nor write under one it made up (its calls are
+# served, not captured). The run-independent tail stays last (posttrain_rollout.seeding reads it).
+CID_MAC_HEX = 20
+_SIGNED_CID = re.compile(r"^(?P<head>.+)-m(?P<mac>[0-9a-f]{20})-(?P<tail>(?:it|ev)\d+-s\d+-r\d+)$")
+
+
+def cid_mac(token: str, unsigned_cid: str) -> str:
+    return hmac.new(token.encode(), unsigned_cid.encode(), hashlib.sha256).hexdigest()[:CID_MAC_HEX]
+
+
+def signed_cid(token: str, cid: str) -> bool:
+    """Whether `cid` carries a valid mac under `token`."""
+    match = _SIGNED_CID.match(cid)
+    if match is None:
+        return False
+    unsigned = f"{match['head']}-{match['tail']}"
+    return hmac.compare_digest(match["mac"], cid_mac(token, unsigned))

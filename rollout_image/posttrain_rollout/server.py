@@ -7,7 +7,9 @@ vLLM listens on 127.0.0.1 only and the proxy is the sole way in.
 
 With a token (the operator's per-job Secret, POSTTRAIN_ROLLOUT_TOKEN), POST /v1/weights and the capture
 routes answer only `Authorization: Bearer <token>`, i.e. the job's trainer: nobody else can swap the
-policy's weights or read its rollouts. Generation stays open (the task app calls it).
+policy's weights or read its rollouts. Generation stays open (the task app calls it), but a call is captured
+only under a cid the trainer signed with the token (posttrain_rollout.captures.signed_cid): nobody else
+writes into the job's captures.
 
 With a job seed (--seed), every captured generation request (a `cid`) that names no `seed` of its own is
 sent to vLLM with one derived from the job seed, the cid and the call's index within it
@@ -31,7 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from posttrain_rollout import reference, seeding, vision, weights
-from posttrain_rollout.captures import CaptureStore, body_text, entries_from_response
+from posttrain_rollout.captures import CaptureStore, body_text, entries_from_response, signed_cid
 from posttrain_rollout.weights import WeightGate
 
 log = logging.getLogger("posttrain_rollout")
@@ -138,6 +140,7 @@ class Proxy:
         self.timeout_s = timeout_s
         self.max_connections = max_connections
         self.token = token or None
+        self.unsigned_cids = 0  # captured calls refused a capture: a cid not signed with the token
         self.seed = seed  # the job's: seeds captured sampling requests (posttrain_rollout.seeding); None: not
         self.calls = seeding.CallCounter(captures.max_cids if captures else 20_000)
         self.client: httpx.AsyncClient | None = None
@@ -155,6 +158,15 @@ class Proxy:
         given = request.headers.get("authorization", "")
         scheme, _, value = given.partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self.token.encode())
+
+    def may_capture(self, request: Request, cid: str) -> bool:
+        """Whether a call under `cid` is captured: always without a token; with one, for a cid the job's
+        trainer signed (captures.signed_cid) or a caller holding the token. Any other call is served but
+        not captured (counted in unsigned_cids)."""
+        if self.token is None or signed_cid(self.token, cid) or self.authorized(request):
+            return True
+        self.unsigned_cids += 1
+        return False
 
     def http(self) -> httpx.AsyncClient:
         if self.client is None:
@@ -225,7 +237,8 @@ class Proxy:
             )
         if self.lora_name and body.get("model") in (None, self.served_model_name):
             body["model"] = self.lora_name  # the hot-loaded adapter is the policy
-        fwd = prepare_request(body, chat=chat, capture=bool(cid))
+        capture = cid if cid and self.may_capture(request, cid) else None  # a write: the job's cids only
+        fwd = prepare_request(body, chat=chat, capture=bool(capture))
         if cid and self.seed is not None and fwd.get("seed") is None:
             fwd["seed"] = seeding.request_seed(self.seed, cid, self.calls.next(cid))
         images: list[str] = []
@@ -244,10 +257,10 @@ class Proxy:
                 handed_over = True  # the stream's generator leaves the gate when it ends
                 return response
             status, headers, content = await self._post(path, fwd)
-            if cid and status == 200:
+            if capture and status == 200:
                 data = json.loads(content)
                 self.captures.add(
-                    cid,
+                    capture,
                     entries_from_response(
                         data,
                         chat=chat,
@@ -256,8 +269,8 @@ class Proxy:
                         request_messages=body.get("messages"),
                     ),
                 )
-            elif cid:
-                self.captures.refuse(cid, status, content)
+            elif capture:
+                self.captures.refuse(capture, status, content)
                 log.warning(
                     "vLLM refused a captured call (cid %s): HTTP %s %s", cid, status, body_text(content, 500)
                 )

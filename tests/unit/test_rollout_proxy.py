@@ -185,16 +185,20 @@ def test_weight_sync_and_captures_need_the_job_token(tmp_path):
     the bearer of that token; generation stays open for the task app."""
     calls = []
 
+    from posttrain_rollout.captures import cid_mac
+
+    c1 = f"trace_j-m{cid_mac('tok-123', 'trace_j-it0-s0-r0')}-it0-s0-r0"  # signed by the trainer (make_cid)
+
     async def scenario():
         proxy, http = make(calls, run_dir=tmp_path, token="tok-123")
         good = {"Authorization": "Bearer tok-123"}
         r = await http.post(
-            "/v1/chat/completions?cid=c1", json={"messages": [{"role": "user", "content": "x"}]}
+            f"/v1/chat/completions?cid={c1}", json={"messages": [{"role": "user", "content": "x"}]}
         )
         assert r.status_code == 200  # the task app's call, no token
         for method, path in (
-            ("GET", "/v1/captures/c1"),
-            ("DELETE", "/v1/captures/c1"),
+            ("GET", f"/v1/captures/{c1}"),
+            ("DELETE", f"/v1/captures/{c1}"),
             ("GET", "/v1/captures"),
         ):
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "tok-123"}):
@@ -203,8 +207,8 @@ def test_weight_sync_and_captures_need_the_job_token(tmp_path):
                 assert "tok-123" not in refused.text
         refused = await http.post("/v1/weights", json={"path": str(tmp_path), "format": "full", "version": 2})
         assert refused.status_code == 401 and not [c for c in calls if c[0] == "rpc"]
-        assert (await http.get("/v1/captures/c1", headers=good)).status_code == 200
-        assert (await http.delete("/v1/captures/c1", headers=good)).status_code == 200
+        assert (await http.get(f"/v1/captures/{c1}", headers=good)).status_code == 200
+        assert (await http.delete(f"/v1/captures/{c1}", headers=good)).status_code == 200
         ok = await http.post(
             "/v1/weights", json={"path": str(tmp_path), "format": "full", "version": 2}, headers=good
         )
@@ -238,8 +242,12 @@ def test_the_trainer_sends_the_token_the_server_demands(tmp_path, monkeypatch):
     while not server.started:
         _time.sleep(0.05)
     try:
+        from posttrain_trainer.rollouts import make_cid
+
         chat = {"messages": [{"role": "user", "content": "x"}]}
-        for cid in ("a", "b"):
+        monkeypatch.setenv("POSTTRAIN_ROLLOUT_TOKEN", "job-token-1")
+        a, b = make_cid("run", 0, 1, 0), make_cid("run", 0, 1, 1)  # signed, as the trainer makes them
+        for cid in (a, b):
             assert httpx.post(f"{base}/v1/chat/completions?cid={cid}", json=chat).status_code == 200
         client = RolloutClient(task_url="http://task", settings=RolloutSettings(), model="m", api_key="k")
 
@@ -251,12 +259,12 @@ def test_the_trainer_sends_the_token_the_server_demands(tmp_path, monkeypatch):
 
         monkeypatch.delenv("POSTTRAIN_ROLLOUT_TOKEN", raising=False)
         try:
-            asyncio.run(captures("a"))
+            asyncio.run(captures(a))
             raise AssertionError("captures were served without the token")
         except httpx.HTTPStatusError as err:
             assert err.response.status_code == 401
         monkeypatch.setenv("POSTTRAIN_ROLLOUT_TOKEN", "job-token-1")
-        assert [e["completion_token_ids"] for e in asyncio.run(captures("b"))] == [[3]]
+        assert [e["completion_token_ids"] for e in asyncio.run(captures(b))] == [[3]]
 
         syncer = WeightSyncer.__new__(WeightSyncer)  # only its POST to the servers is under test
         syncer.endpoints, syncer.timeout_s = [base], 30.0

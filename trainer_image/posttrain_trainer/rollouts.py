@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import math
 import os
 import re
@@ -51,13 +53,14 @@ from posttrain.api.reward import blend_reward
 from posttrain.api.rollout_settings import DEFAULT_ERROR_BUDGET, DEFAULT_TIMEOUT_S, RolloutSettings  # noqa: F401
 from posttrain.api.urls import CID_PREFIX, check_url, join_url
 
-from posttrain_trainer.server_auth import rollout_auth_headers
+from posttrain_trainer.server_auth import TOKEN_ENV, rollout_auth_headers
 from posttrain_trainer.step_rewards import decision_meta, decision_rewards
 from posttrain_trainer.trace_rewards import trace_blocks
 
 CHAT_PATH = "/v1/chat/completions"
 TRUNCATED = "length"  # the OpenAI/vLLM finish_reason of a response cut at max_tokens
 _CID_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+CID_MAC_HEX = 20  # hex digits of a signed cid's mac (posttrain_rollout.captures.CID_MAC_HEX)
 
 
 SERVERS_READY_TIMEOUT_S = 1800.0  # a cold vLLM compile on a slow CPU took minutes; whoever started us decides
@@ -106,8 +109,16 @@ def run_tag(name: str, uid: str) -> str:
 
 def make_cid(run: str, iteration: int, seed: int, index: int, *, kind: str = "it") -> str:
     """`trace_<run>-it<k>-s<seed>-r<i>` (training) or `trace_<run>-ev<k>-s<seed>-r<i>` (evaluation): synth's
-    task apps require the `trace_` prefix (posttrain.api.urls.CID_PREFIX)."""
-    return f"{CID_PREFIX}{_CID_SAFE.sub('-', run)}-{kind}{int(iteration)}-s{int(seed)}-r{int(index)}"
+    task apps require the `trace_` prefix (posttrain.api.urls.CID_PREFIX). With the job's rollout token
+    (server_auth.TOKEN_ENV) the cid is signed, `trace_<run>-m<mac>-it<k>-...`: unguessable, and the only
+    kind of cid the job's rollout servers capture under (posttrain_rollout.captures.signed_cid)."""
+    head = f"{CID_PREFIX}{_CID_SAFE.sub('-', run)}"
+    tail = f"{kind}{int(iteration)}-s{int(seed)}-r{int(index)}"
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        return f"{head}-{tail}"
+    mac = hmac.new(token.encode(), f"{head}-{tail}".encode(), hashlib.sha256).hexdigest()[:CID_MAC_HEX]
+    return f"{head}-m{mac}-{tail}"
 
 
 def inference_url(base: str, cid: str, path: str = CHAT_PATH) -> str:
