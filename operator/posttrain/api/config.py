@@ -21,6 +21,7 @@ from posttrain.api import model_ids, settings, topology
 from posttrain.api.base import Section
 from posttrain.api.inert import RL_INERT, SFT_INERT, inert_warnings
 from posttrain.api.judge_settings import JudgeSettings
+from posttrain.api.rollout_settings import STEP_REWARD_STRATEGIES
 from posttrain.api.sections import (
     JUDGE_PROVIDERS,
     AlgorithmConfig,
@@ -468,7 +469,6 @@ def _rl_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) ->
     _step_reward_rules(config, problems)
 
 
-STEP_REWARD_STRATEGIES = ("consistent", "simple", "per_achievement", "per-achievement", "complex")
 
 
 def _step_reward_rules(config: RLConfig, problems: list[Problem]) -> None:
@@ -588,6 +588,9 @@ def load_sft(raw: dict[str, Any]) -> tuple[SFTConfig, list[str]]:
         if algo.get("variety") == "qlora":
             algo["variety"] = "lora"
             training = raw.setdefault("training", {})
+            if training.get("use_qlora") is False:  # would be read as plain LoRA: say so instead
+                problems.append(Problem('variety = "qlora" but training.use_qlora = false', field="training.use_qlora",
+                                        fix='drop use_qlora (variety = "qlora" means it), or write variety = "lora"'))  # fmt: skip
             training.setdefault("use_qlora", True)
             warnings.append('variety = "qlora" read as variety = "lora" with training.use_qlora = true')
         got = (algo.get("type"), algo.get("method"), algo.get("variety"))
@@ -616,9 +619,8 @@ def load_sft(raw: dict[str, Any]) -> tuple[SFTConfig, list[str]]:
 
 
 def sft_trainer_mode(config: SFTConfig) -> str:
-    if config.algorithm.variety == "fft":
-        return "full"
-    return "qlora" if config.training and config.training.use_qlora else "lora"
+    """full, lora or qlora: posttrain.api.settings.trainer_mode, the one derivation."""
+    return settings.trainer_mode(normalized_config(config))
 
 
 def _sft_rules(config: SFTConfig, problems: list[Problem], warnings: list[str]) -> None:

@@ -24,6 +24,7 @@ from posttrain import hardware
 from posttrain.api.convert import spec_to_config
 from posttrain.api.judge_settings import JudgeSettings
 from posttrain.api.resources import RLJobSpec
+from posttrain.api.settings import trainer_mode
 from posttrain.api.topology import Topology
 from posttrain.api.vision import rollout_server_args
 from posttrain.controller.objects import Job
@@ -121,7 +122,7 @@ def rollout_server(spec: RLJobSpec, name: str, topo: Topology, model: ModelLocat
     args = _model_args(model.path, model.base, topo.tensor_parallel)
     if spec.vllm and spec.vllm.max_model_len:
         args += ["--max-model-len", str(spec.vllm.max_model_len)]
-    if hardware.is_lora_mode(spec.model.trainer_mode):
+    if hardware.is_lora_mode(trainer_mode(spec_to_config(spec))):  # posttrain.api.settings' one derivation
         args.append("--lora-policy")  # float32 vLLM on a CPU node (posttrain.hardware); no effect on a GPU
     args += rollout_server_args(spec_to_config(spec))
     gpus = topo.gpus(topo.tensor_parallel if topo.gpus_for_vllm > 0 else 0)
