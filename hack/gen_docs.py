@@ -105,13 +105,44 @@ def _default(field: FieldInfo) -> str:
     return f"`{field.default!r}`".replace("'", '"')
 
 
+def _settings_defaults(kind: str) -> dict[str, str]:
+    """{TOML path: the default the trainer applies} from the settings models (posttrain.api.settings), for the
+    keys the TOML leaves unset (None): the reference shows the one default there is, per algorithm where
+    they differ."""
+    from posttrain.api.settings import RL_ALGORITHMS, SFTSettings, ValidationSettings, keys_of
+
+    models = list(RL_ALGORITHMS.values()) if kind == "rl" else [SFTSettings, ValidationSettings]
+    found: dict[str, dict[str, str]] = {}
+    for model in models:
+        for field in model.model_fields.values():
+            if field.default_factory is not None or field.default is None or field.is_required():
+                continue
+            for path in keys_of(field):
+                title = getattr(model, "title", model.__name__)
+                found.setdefault(path, {})[title] = f"`{field.default!r}`".replace("'", '"')
+    out = {}
+    for path, by in found.items():
+        values = set(by.values())
+        out[path] = values.pop() if len(values) == 1 else ", ".join(f"{t}: {v}" for t, v in by.items())
+    # where the trainer's default is not a constant (derived in the settings' `derived`), say what it is
+    out.update({
+        "hyperparameters.learning_rate": "`1e-4` LoRA/QLoRA, `1e-5` full",
+        "training.validation.enabled": "on when any evaluation key is given",
+        "hyperparameters.enabled": "on when any evaluation key is given",
+        "rollout.policy_config.max_tokens": "[policy] max_tokens",
+    })  # fmt: skip
+    return out
+
+
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     return [m for a in typing.get_args(annotation) for m in _models_in(a)]
 
 
-def _rows(model: type[BaseModel], prefix: str, sections: list[tuple[str, type[BaseModel]]]) -> list[str]:
+def _rows(
+    model: type[BaseModel], prefix: str, sections: list[tuple[str, type[BaseModel]]], defaults: dict[str, str]
+) -> list[str]:
     rows = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
@@ -120,8 +151,11 @@ def _rows(model: type[BaseModel], prefix: str, sections: list[tuple[str, type[Ba
             sections.append((key, nested[0]))
             continue
         help_text = field.description or ""
+        default = _default(field)
+        if default == "-" and key in defaults:  # unset in the TOML: the trainer's default (one definition)
+            default = defaults[key]
         rows.append(
-            f"| `{key}` | {_type_name(field.annotation)} | {_md(_default(field))} | {_bounds(field)} | {_md(help_text)} |"
+            f"| `{key}` | {_type_name(field.annotation)} | {_md(default)} | {_bounds(field)} | {_md(help_text)} |"
         )
     return rows
 
@@ -129,13 +163,14 @@ def _rows(model: type[BaseModel], prefix: str, sections: list[tuple[str, type[Ba
 def _model_tables(top: type[BaseModel], title: str) -> list[str]:
     out = [f"## {title}\n", _md(inspect.getdoc(top) or ""), ""]
     queue: list[tuple[str, type[BaseModel]]] = []
-    top_rows = _rows(top, "", queue)
+    defaults = _settings_defaults("sft" if top.__name__.startswith("SFT") else "rl")
+    top_rows = _rows(top, "", queue, defaults)
     if top_rows:
         out += ["| key | type | default | bounds | what it does |", "|---|---|---|---|---|", *top_rows, ""]
     while queue:
         key, model = queue.pop(0)
         nested: list[tuple[str, type[BaseModel]]] = []
-        rows = _rows(model, f"{key}.", nested)
+        rows = _rows(model, f"{key}.", nested, defaults)
         queue = nested + queue
         out += [f"### [{key}]\n", _md(inspect.getdoc(model) or ""), ""]
         if rows:
