@@ -247,14 +247,14 @@ def test_a_restricted_namespace_runs_a_job(env: Env, math_taskapp: Any) -> None:
         assert pod.spec.security_context.run_as_non_root is True
         tokens = pod.spec.automount_service_account_token
         assert tokens is (pod.metadata.labels["posttrain.dev/role"] == "trainer")
-    # One NetworkPolicy for the namespace's jobs, owned by none of them
-    policies = (
+    # The namespace's NetworkPolicies (jobs' ingress, the egress fence, the TaskApps' ingress), owned by none
+    policies = sorted(
         client.NetworkingV1Api(env.api)
         .list_namespaced_network_policy(env.ns, label_selector="app.kubernetes.io/managed-by=posttrain-operator")
-        .items
-    )
-    assert [p.metadata.name for p in policies] == ["posttrain-jobs"]
-    assert not policies[0].metadata.owner_references
+        .items, key=lambda p: p.metadata.name != "posttrain-jobs",
+    )  # fmt: skip
+    assert sorted(p.metadata.name for p in policies) == ["posttrain-egress", "posttrain-jobs", "posttrain-task-apps"]
+    assert not any(p.metadata.owner_references for p in policies)
     token = env.core.read_namespaced_secret("locked-config", env.ns)
     assert token.metadata.owner_references[0].name == "locked" and token.data["token"]
     # Someone deletes the trainer's Role and the NetworkPolicy (both the namespace's): the operator makes

@@ -79,14 +79,15 @@ def test_the_namespace_objects_are_applied_once_per_namespace() -> None:
         return await asyncio.gather(*jobs)
 
     writes = asyncio.run(many_jobs())
-    assert sum(writes) == 8 and len(kube.applied) == 8
+    assert sum(writes) == 12 and len(kube.applied) == 12  # 3 NetworkPolicies each (render/network.py)
     assert {(ns, kind) for ns, kind, _ in kube.applied} == {
         (ns, kind) for ns in "ab" for kind in ("ServiceAccount", "Role", "RoleBinding", "NetworkPolicy")
     }
     # Someone deleted the Role and the NetworkPolicy: once the watch shows them gone (and our own apply is
     # not just on its way), the next job's pass applies those two again, once.
     objects.grace = 0.0
-    seen = {"ServiceAccount/posttrain-trainer", "RoleBinding/posttrain-trainer-status"}
+    fences = {"NetworkPolicy/posttrain-egress", "NetworkPolicy/posttrain-task-apps"}
+    seen = {"ServiceAccount/posttrain-trainer", "RoleBinding/posttrain-trainer-status", *fences}
     before = len(kube.applied)
     assert asyncio.run(objects.ensure(kube, settings, "a", seen)) == 2  # type: ignore[arg-type]
     assert {kind for _, kind, _ in kube.applied[before:]} == {"Role", "NetworkPolicy"}
@@ -95,7 +96,7 @@ def test_the_namespace_objects_are_applied_once_per_namespace() -> None:
     # A restarted operator whose watch shows them in place writes nothing.
     fresh = NamespaceObjects()
     assert asyncio.run(fresh.ensure(kube, settings, "a", seen)) == 0  # type: ignore[arg-type]
-    # With a per-job trainer identity, the namespace gets its NetworkPolicy only.
+    # With a per-job trainer identity, the namespace gets its NetworkPolicies only.
     job_mode = OperatorSettings(trainer_identity="job")
-    assert asyncio.run(objects.ensure(kube, job_mode, "c")) == 1  # type: ignore[arg-type]
+    assert asyncio.run(objects.ensure(kube, job_mode, "c")) == 3  # type: ignore[arg-type]
     assert kube.applied[-1][:2] == ("c", "NetworkPolicy")

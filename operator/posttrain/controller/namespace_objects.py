@@ -12,14 +12,14 @@ from typing import Any
 
 from posttrain.controller.kube import Kube
 from posttrain.controller.render.identity import render_namespace_identity
-from posttrain.controller.render.network import render_network_policy
+from posttrain.controller.render.network import render_fences, render_network_policy
 from posttrain.controller.settings import OperatorSettings
 
 
 def render_namespace_objects(namespace: str, settings: OperatorSettings) -> list[dict[str, Any]]:
     identity = render_namespace_identity(namespace, settings) if settings.trainer_identity == "namespace" else []
     ports = {"server_port": settings.server_port, "metrics_port": settings.trainer_metrics_port}
-    return [*identity, render_network_policy(namespace, **ports)]
+    return [*identity, render_network_policy(namespace, **ports), *render_fences(namespace, settings)]
 
 
 class NamespaceObjects:

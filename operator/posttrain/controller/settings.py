@@ -132,6 +132,24 @@ class OperatorSettings(BaseSettings):
     # running job's trainer or rollout pods; Kueue's preemption deletes pods and is not held by them.
     disruption_budgets: bool = True
 
+    # Network fences (render/network.py; docs/security.md "Network"), per namespace, where the cluster's
+    # network plugin enforces NetworkPolicies: egress of job and TaskApp pods is limited to DNS, the pods
+    # of their own namespace, the pods of egress_namespaces, and egress_allowed_networks minus
+    # egress_denied_networks and the API server's addresses; TaskApp pods take traffic only from their
+    # namespace's job pods and the operator. Off: no egress policy (ingress fences stay).
+    egress_policy: bool = True
+    # Networks job and TaskApp pods may reach outside the cluster (S3, a task app or judge elsewhere);
+    # comma-separated CIDRs.
+    egress_allowed_networks: str = "0.0.0.0/0,::/0"
+    # Never reachable, even inside an allowed network: link-local (the cloud metadata address
+    # 169.254.169.254), AWS's IPv6 metadata address; add the cluster's pod and Service CIDRs so that only
+    # the namespaces below are reachable inside the cluster. The API server's addresses are added always.
+    egress_denied_networks: str = "169.254.0.0/16,fe80::/10,fd00:ec2::254/128"
+    # Namespaces whose pods job and TaskApp pods may reach (comma-separated), e.g. where MinIO runs.
+    egress_namespaces: str = "posttrain-system"
+    # The operator's own namespace and pod label (app.kubernetes.io/name): TaskApp pods admit its checks.
+    operator_namespace: str = "posttrain-system"
+
     # Rollout / reference / judge servers.
     server_port: int = 8000
     # The Secret holding the key every job's rollout token is derived from (controller/token_key.py); its
@@ -193,7 +211,8 @@ class OperatorSettings(BaseSettings):
     extra_env: dict[str, str] = Field(default_factory=dict)  # plain env for every container (no secrets)
 
 
-    @field_validator("task_app_allowed_networks", "task_app_denied_networks")
+    @field_validator("task_app_allowed_networks", "task_app_denied_networks", "egress_allowed_networks",
+                     "egress_denied_networks")
     @classmethod
     def _networks(cls, value: str) -> str:
         from posttrain.api.urls import networks
