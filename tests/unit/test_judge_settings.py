@@ -76,6 +76,9 @@ def test_synth_rubric_enabled_with_weights_blends():
     assert both.weights_from == "rubric.weights"
     only, _ = resolved(example(judge={**judge_table, "reward_blend": {"outcome": 1.0}}, rubric=None))
     assert only.blend() == {"env": 1.0, "event": 0.0, "outcome": 1.0}
+    # synth's nested [judge.rubric] (enabled) with its weights
+    nested, _ = resolved(example(judge={**judge_table, "rubric": rubric}, rubric=None))
+    assert nested.blend() == {"env": 0.2, "event": 0.3, "outcome": 0.5} and nested.weights_from == "judge.rubric.weights"
 
 
 @pytest.mark.parametrize(

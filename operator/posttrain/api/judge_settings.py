@@ -4,7 +4,7 @@ reward blend, which scores it judges, where it is and which rubric it scores aga
 Two spellings blend a judge's scores into the reward (total = env * env_return + event * sum(event scores) +
 outcome * outcome_score, posttrain.api.reward.blend_reward):
   - `[judge] reward_blend = { env = 0.6, outcome = 0.4 }` (synth's current one), or `[judge.rubric]
-    enabled = true` with its `reward_blend`;
+    enabled = true` with its `weights` or `reward_blend`;
   - synth's deprecated `[rubric] enabled = true` with `[rubric.weights]` (or `[rubric] reward_blend`); it wins
     over `[judge] reward_blend` when both are given, as in synth.
 Either needs a judge: `[judge]` not disabled with `[judge.options]` provider and model (synth: an incomplete
@@ -205,7 +205,7 @@ class JudgeSettings(BaseModel):
 
 def _blend_source(judge: JudgeConfig | None, rubric: RubricConfig | None) -> tuple[str, Any] | None:
     """(the key, the weights) of the blend in force: [rubric] (enabled) first, then [judge] reward_blend,
-    then [judge.rubric] (enabled)."""
+    then [judge.rubric] (enabled: its weights, else its reward_blend)."""
     if rubric is not None and rubric.enabled:
         if rubric.weights is not None:
             return "rubric.weights", rubric.weights
@@ -214,8 +214,11 @@ def _blend_source(judge: JudgeConfig | None, rubric: RubricConfig | None) -> tup
     if judge is not None and judge.reward_blend:
         return "judge.reward_blend", judge.reward_blend
     nested = judge.rubric if judge is not None else None
-    if nested is not None and nested.enabled and nested.reward_blend:
-        return "judge.rubric.reward_blend", nested.reward_blend
+    if nested is not None and nested.enabled:
+        if nested.weights is not None:
+            return "judge.rubric.weights", nested.weights
+        if nested.reward_blend:
+            return "judge.rubric.reward_blend", nested.reward_blend
     return None
 
 

@@ -398,10 +398,11 @@ class RubricWeights(Section):
 
 
 class RubricConfig(Section):
-    """`[rubric]` (deprecated in favour of judge.reward_blend): total = env*return + event*sum(events) +
-    outcome*outcome_score."""
+    """`[rubric]` (synth's deprecated spelling of judge.reward_blend): with enabled = true and a [judge]
+    configured, total = env*return + event*sum(events) + outcome*outcome_score (these weights win over
+    judge.reward_blend)."""
 
-    enabled: bool = Field(False, description="Blend judge scores into the reward.")
+    enabled: bool = Field(False, description="Blend judge scores into the reward (needs a configured [judge]).")
     weights: RubricWeights | None = Field(None, description="Blend weights (at least one non-zero).")
     reward_blend: dict[str, float] | None = Field(None, max_length=16, description="Blend weights by name.")
 
@@ -451,7 +452,9 @@ class JudgeOptionsConfig(Section):
     outcome: bool | None = Field(None, description="Score the outcome (default true).")
     timeout_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="Judge call timeout.")
     weights: dict[str, float] | None = Field(None, max_length=16, description="Score weights by name.")
-    rubric_overrides: RubricOverrides | None = Field(None, description="Inline rubric.")
+    rubric_overrides: RubricOverrides | None = Field(
+        None, description="Inline rubric; a judged score without one uses the task app's /task_info rubric."
+    )
     gpus: int | None = Field(
         None, ge=1, le=MAX_GPUS, description="posttrain: GPUs for a self-hosted judge (default 1)."
     )
@@ -480,7 +483,10 @@ class JudgeConfig(Section):
     )
     enabled: bool | None = Field(None, description="Turn the judge on or off.")
     reward_blend: dict[str, float] | None = Field(
-        None, max_length=16, description="Blend weights, e.g. {env = 0.5, outcome = 0.5}."
+        None,
+        max_length=16,
+        description="Blend weights, e.g. {env = 0.5, outcome = 0.5} (names left out: env 1, event 0, outcome 0); "
+        "the judge is called only for a score with weight > 0, else validate warns and none is deployed.",
     )
     rubric: RubricConfig | None = Field(None, description="Rubric settings.")
     options: JudgeOptionsConfig | None = Field(None, description="Judge provider, model and rubric.")
