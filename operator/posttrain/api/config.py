@@ -536,11 +536,14 @@ def _judge_rules(config: RLConfig, problems: list[Problem], warnings: list[str])
     if (options.model_extra or {}).get("api_key_env"):
         warnings.append("judge.options.api_key_env is read only by `posttrain train --local`; a cluster job's "
                         "judge key comes from the Secret [judge.api_key_secret_ref] names")  # fmt: skip
-    resolved = JudgeSettings.from_sections(judge, rubric, calls_judges=not is_restem(config))
-    if resolved.idle:  # configured, never called: nothing reads it, so nothing is deployed for it
+    try:
+        resolved: JudgeSettings | None = JudgeSettings.from_sections(judge, rubric, calls_judges=not is_restem(config))
+    except ValueError:  # a negative blend weight: the rule below names it
+        resolved = None
+    if resolved is not None and resolved.idle:  # configured, never called: nothing reads it, nothing is deployed
         warnings.append(f"[judge] {options.provider}/{options.model} does nothing: {resolved.idle_reason}; no judge "
                         "is called and none is deployed")  # fmt: skip
-    if resolved.unknown_weights:
+    if resolved is not None and resolved.unknown_weights:
         warnings.append(f"{resolved.weights_from}: {', '.join(resolved.unknown_weights)} blend nothing (the "
                         "names are env, event and outcome)")  # fmt: skip
     blend = judge.reward_blend or {}
