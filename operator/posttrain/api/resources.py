@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from posttrain.api.base import CR_CONTEXT, CRModel, Section
+from posttrain.api.fields import TrainerMode
 from posttrain.api.sections import (
     AlgorithmConfig,
     ComputeConfig,
@@ -332,7 +333,7 @@ class JobStatus(CRModel):
     conditions: list[Condition] | None = Field(None, description="Conditions.")
     observed_generation: int | None = Field(None, description="The generation this status reflects.")
     model: str | None = Field(None, description="The model being trained (base or source id).")
-    trainer_mode: Literal["full", "lora", "qlora"] | None = Field(
+    trainer_mode: TrainerMode | None = Field(
         None, description="full, lora or qlora: what the trainer trains (posttrain.api.settings.trainer_mode)."
     )
     linked_job_id: str | None = Field(None, description="The trainer Job.")

@@ -42,6 +42,7 @@ from posttrain.api.fields import (  # noqa: F401 - MAX_* re-exported for the mod
     StepRewardsMode,
     Temperature,
     Tokens,
+    TrainerMode,
 )
 from posttrain.api.urls import check_url
 
@@ -134,7 +135,7 @@ class PolicySection(Section):
     top_k: int | None = Field(None, ge=-1, le=MAX_TOKENS, description="Top-k sampling (-1: off).")
     repetition_penalty: float = Field(1.0, gt=0, le=100, description="Repetition penalty.")
     stop_sequences: list[str] | None = Field(None, max_length=64, description="Stop strings.")
-    trainer_mode: Literal["lora", "qlora", "full"] | None = Field(
+    trainer_mode: TrainerMode | None = Field(
         None, description="lora, qlora or full (required when [policy] names the model)."
     )
     label: str | None = Field(None, description="Human-readable run/model label.")
@@ -174,7 +175,7 @@ class ModelSection(Section):
         "posttrain job, or an s3:// URI of weights.",
         json_schema_extra={"pattern": model_ids.SOURCE_PATTERN},
     )
-    trainer_mode: Literal["lora", "qlora", "full"] | None = Field(
+    trainer_mode: TrainerMode | None = Field(
         None, description="lora, qlora or full (required for RL)."
     )
     label: str | None = Field(None, description="Human-readable run/model label (required for RL).")

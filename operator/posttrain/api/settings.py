@@ -331,7 +331,7 @@ class GSPOSettings(OnlineSettings):
     gspo_variant: Annotated[GspoVariant, _pick("gspo_variant")] = Field(
         "sequence", description="sequence (GSPO) or token (GSPO-token)."
     )
-    trainer_mode: Literal["full", "lora", "qlora"] = Field("full", description="full, lora or qlora.")
+    trainer_mode: TrainerMode = Field("full", description="full, lora or qlora.")
     lora: dict[str, Any] = Field(default_factory=dict, description="LoRA settings (r, alpha, dropout, target_modules).")
     parallel: ParallelSettings = Field(default_factory=ParallelSettings, description="hyperparameters.parallelism.")
     judge: JudgeSettings = Field(
@@ -450,7 +450,7 @@ class RestemSettings(OnlineSettings):
     eval_temperature: Annotated[Temperature, Keys("evaluation.temperature")] = Field(
         0.0, description="evaluation.temperature; 0 = greedy."
     )
-    trainer_mode: Literal["full", "lora", "qlora"] = Field("full", description="full or lora.")
+    trainer_mode: TrainerMode = Field("full", description="full or lora.")
     lora: dict[str, Any] = Field(default_factory=dict, description="LoRA settings (r, alpha, dropout, target_modules).")
     parallel: ParallelSettings = Field(default_factory=ParallelSettings, description="training.parallelism.")
 
@@ -522,7 +522,7 @@ class SFTSettings(TrainerSettings):
     algorithm: Literal["sft"] = "sft"
     trainer: ClassVar[str] = "sft"
 
-    trainer_mode: Literal["full", "lora", "qlora"] = Field("full", description="full, lora or qlora.")
+    trainer_mode: TrainerMode = Field("full", description="full, lora or qlora.")
     lora: dict[str, Any] = Field(default_factory=dict, description="LoRA settings (r, alpha, dropout, target_modules).")
     n_epochs: Annotated[SFTEpochs, Keys("hyperparameters.n_epochs")] = Field(1, description="hyperparameters.n_epochs.")
     max_steps: Annotated[
