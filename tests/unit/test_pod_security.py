@@ -27,7 +27,8 @@ def rljob(**spec: Any) -> Job:
             "compute": {"gpuType": "H100", "gpuCount": 4, "nodes": 1,
                         "topology": {"gpusForVllm": 1, "gpusForTraining": 2, "gpusForRef": 1}},
             "reference": {"placement": "dedicated"},
-            "judge": {"options": {"provider": "vllm", "model": "Qwen/Qwen3-0.6B"}},
+            "judge": {"options": {"provider": "vllm", "model": "Qwen/Qwen3-0.6B"},
+                      "rewardBlend": {"env": 0.5, "outcome": 0.5}},  # a judge only a blend reads is deployed
             **spec,
         }, name="math-rl", namespace="team-a"))  # fmt: skip
 
