@@ -18,8 +18,9 @@ completion). A rollout whose task app returned its v3 trace (record.return_trace
 Reading (`read_sessions`) yields `posttrain filter`'s row shape ({"messages", "reward", "metadata"}), with
 synth's filter semantics: the reward is outcome_rewards.total_reward (a session without one fails a min
 score), messages in (timestamp, id) order, a message's JSON content unwrapped (`content`, `text`,
-`payload.content`), an assistant's `tool_calls` kept; a session without messages falls back to
-metadata.prompt / metadata.completion. Everything in the file is untrusted and bounded as posttrain's own
+`payload.content`), an assistant's `tool_calls` kept. A session without message rows (synth 0.2.19's
+Crafter app saves none) is read from its LM call records (the cais events' call_records: each call's input
+messages and its answer, one row per call), else from metadata.prompt / metadata.completion. Everything in the file is untrusted and bounded as posttrain's own
 trace store is (posttrain.api.traces.bounded)."""
 
 from __future__ import annotations
@@ -287,6 +288,45 @@ def _unwrap(content: Any) -> tuple[Any, list[Any] | None]:
     return content, None
 
 
+def _part_text(parts: Any) -> Any:
+    """An LLMMessage's parts as chat content: the text when all parts are text, else OpenAI content parts."""
+    parts = [p for p in parts if isinstance(p, dict)] if isinstance(parts, list) else []
+    if all(p.get("type") in ("text", None) for p in parts):
+        return "".join(str(p.get("text") or "") for p in parts)
+    out = []
+    for part in parts:
+        if part.get("type") == "text":
+            out.append({"type": "text", "text": str(part.get("text") or "")})
+        elif part.get("uri"):
+            out.append({"type": "image_url", "image_url": {"url": str(part["uri"])}})
+    return out
+
+
+def call_conversations(records: Any) -> list[list[dict[str, Any]]]:
+    """Each LM call of a cais event's call_records (synth's LLMCallRecord) as a conversation: its input
+    messages, then its answer (tool calls in OpenAI's shape, else the output text)."""
+    out = []
+    for record in records if isinstance(records, list) else []:
+        if not isinstance(record, dict):
+            continue
+        messages = [{"role": str(m.get("role") or "user"), "content": _part_text(m.get("parts"))}
+                    for m in record.get("input_messages") or [] if isinstance(m, dict)]  # fmt: skip
+        if not messages:
+            continue
+        calls = [{"id": str(c.get("call_id") or f"call_{i}"), "type": "function",
+                  "function": {"name": str(c.get("name") or ""), "arguments": str(c.get("arguments_json") or "{}")}}
+                 for i, c in enumerate(record.get("output_tool_calls") or []) if isinstance(c, dict)]  # fmt: skip
+        text = record.get("output_text") or "".join(
+            _part_text(m.get("parts")) for m in record.get("output_messages") or [] if isinstance(m, dict)
+            and isinstance(_part_text(m.get("parts")), str)
+        )  # fmt: skip
+        answer: dict[str, Any] = {"role": "assistant", "content": text or ""}
+        if calls:
+            answer["tool_calls"] = calls
+        out.append(messages + [answer])
+    return out
+
+
 def read_sessions(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(session number, rollout row) of a synth v3 trace database, in created_at order. Read-only."""
     path = Path(path)
@@ -318,11 +358,18 @@ def read_sessions(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                                    "metadata": {**metadata, "session_id": sid, "created_at": created,
                                                 "total_reward": _number(reward), "achievements_count": achievements}}  # fmt: skip
             if messages and any(m["role"] == "user" for m in messages):
-                row["messages"] = messages
-            elif metadata.get("prompt") and metadata.get("completion"):
-                row["prompt"], row["completion"] = str(metadata["prompt"]), str(metadata["completion"])
-            else:
-                continue  # nothing to train on (synth skips it too)
-            yield number, row
+                yield number, {**row, "messages": messages}
+                continue
+            # No message rows: synth 0.2.19's task apps save none when the session's events were written first
+            # (its Crafter app's FILTER_COMMAND_STATUS.md); its LM calls are in the cais events' call_records.
+            calls = []
+            for (raw,) in db.execute("SELECT call_records FROM events WHERE session_id = ? AND event_type = 'cais'"
+                                     " AND call_records IS NOT NULL ORDER BY id LIMIT ?", (sid, MAX_MESSAGES)):  # fmt: skip
+                with contextlib.suppress(ValueError, TypeError):
+                    calls += call_conversations(json.loads(raw))
+            for conversation in calls:
+                yield number, {**row, "messages": conversation}
+            if not calls and metadata.get("prompt") and metadata.get("completion"):
+                yield number, {**row, "prompt": str(metadata["prompt"]), "completion": str(metadata["completion"])}
     finally:
         db.close()
