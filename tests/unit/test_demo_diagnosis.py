@@ -61,6 +61,13 @@ def test_the_rerun_command_is_one_the_demo_accepts(task, warmup, expected):
     assert (args.seed, args.task, args.sft_warmup) == (7, task, warmup)
 
 
+def test_a_config_of_ones_own_is_part_of_the_rerun_command():
+    command = rerun_command(3, "math", False, "my configs/rl.toml")
+    assert command == 'make demo DEMO_ARGS="--config \'my configs/rl.toml\' --seed 3"'
+    args = parse_args(shlex.split(shlex.split(command)[2].split("=", 1)[1]))
+    assert str(args.config) == "my configs/rl.toml" and args.seed == 3
+
+
 def test_the_demo_seed_defaults_to_the_configs():
     assert parse_args([]).seed is None  # Demo then reads the config's [training] seed (0 in examples/demo)
     with pytest.raises(SystemExit):

@@ -230,7 +230,9 @@ class Demo:
         return 0
 
     def rerun(self) -> str:
-        return rerun_command(self.seed, self.args.task, self.args.sft_warmup)
+        own = TASKS[self.args.task][0]
+        config = None if self.args.config.resolve() == own.resolve() else str(self.args.config)
+        return rerun_command(self.seed, self.args.task, self.args.sft_warmup, config)
 
     def prepare_model(self) -> None:
         from posttrain import modelzoo

@@ -247,8 +247,11 @@ def diagnosis(
     return head + (": " + "; ".join(parts) if parts else "")
 
 
-def rerun_command(seed: int, task: str = "math", sft_warmup: bool = False) -> str:
-    """The command that reruns a demo with its seed (same machine: the same run)."""
+def rerun_command(seed: int, task: str = "math", sft_warmup: bool = False, config: str | None = None) -> str:
+    """The command that reruns a demo with its seed (same machine: the same run); config: a --config other
+    than the task's own."""
+    import shlex
+
     args = [*(["--task", task] if task != "math" else []), *(["--sft-warmup"] if sft_warmup else []),
-            "--seed", str(seed)]  # fmt: skip
-    return f'make demo DEMO_ARGS="{" ".join(args)}"'
+            *(["--config", config] if config else []), "--seed", str(seed)]  # fmt: skip
+    return f'make demo DEMO_ARGS="{shlex.join(args)}"'
