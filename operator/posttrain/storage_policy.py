@@ -30,9 +30,20 @@ def read_from(namespace: str, shared_models: dict[str, list[str]]) -> list[str]:
     )
 
 
+FINAL_DIR = "final/"  # a job's final model: jobs/<ns>/<name>-<uid8>/final/ (model_ids.resolve_model_source)
+
+
+def shared_models_pattern(owner: str) -> str:
+    """What a namespace that `owner` shares its models with may read of owner's folder: the final models
+    only (jobs/<owner>/*/final/), never its datasets, checkpoints or traces. `*` is a wildcard of the
+    policy languages (IAM's resources and StringLike, SeaweedFS's actions)."""
+    return f"{namespace_prefix(owner)}*/{FINAL_DIR}"
+
+
 def readable_prefixes(namespace: str, read_from: Iterable[str] = ()) -> list[str]:
-    """Key prefixes a namespace's credentials may read (the first one it may also write and delete)."""
-    return [namespace_prefix(namespace), *(namespace_prefix(ns) for ns in read_from), *SHARED_READ_PREFIXES]
+    """Key prefixes (patterns) a namespace's credentials may read (the first one it may also write and
+    delete): its own folder, the final models of the namespaces sharing theirs with it, the base models."""
+    return [namespace_prefix(namespace), *(shared_models_pattern(ns) for ns in read_from), *SHARED_READ_PREFIXES]
 
 
 def seaweed_actions(bucket: str, namespace: str, read_from: Iterable[str] = ()) -> list[str]:

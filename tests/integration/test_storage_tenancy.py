@@ -104,7 +104,11 @@ def test_a_shared_folder_is_readable_not_writable(server, monkeypatch):
     client = _client(server, "reader", monkeypatch)
     shared = "jobs/team/job-1/final/model.safetensors"
     assert s3.get_bytes(client, server.bucket, shared) == b"wteam"
-    assert shared in s3.list_prefix(client, server.bucket, "jobs/team/")
+    assert shared in s3.list_prefix(client, server.bucket, "jobs/team/job-1/final/")
+    # a share is the final models: not the owner's datasets, checkpoints or traces
+    admin = server.client()
+    admin.put_object(server.bucket, "jobs/team/job-1/traces/t.jsonl", io.BytesIO(b"conversation"), 12)
+    _denied(lambda: s3.get_bytes(client, server.bucket, "jobs/team/job-1/traces/t.jsonl"))
     _denied(lambda: s3.put_bytes(client, server.bucket, shared, b"evil"))
     _denied(lambda: client.remove_object(server.bucket, shared))
     _denied(lambda: s3.get_bytes(client, server.bucket, "jobs/teamb/job-1/final/model.safetensors"))

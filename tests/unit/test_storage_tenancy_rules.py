@@ -102,13 +102,18 @@ def test_cli_refuses_s3_source_outside_namespace_folders_and_warns_on_foreign() 
 def test_storage_policies() -> None:
     assert sp.read_from("team-a", {"team-b": ["team-a"], "pub": ["*"], "team-c": ["x"]}) == ["pub", "team-b"]
     actions = sp.seaweed_actions("bkt", "team-a", ["team-b"])
-    assert "Write:bkt/jobs/team-a/*" in actions and "Read:bkt/jobs/team-b/*" in actions
+    assert "Write:bkt/jobs/team-a/*" in actions and "Read:bkt/jobs/team-b/*/final/*" in actions
+    assert "Read:bkt/jobs/team-b/*" not in actions  # a share is the final models, not the whole folder
     assert not any(a.startswith("Write:bkt/jobs/team-b") for a in actions)
     assert all(a.endswith("/*") for a in actions)  # never a whole-bucket action
     policy = sp.iam_policy("bkt", "team-a")
     by_sid = {s["Sid"]: s for s in policy["Statement"]}
     assert by_sid["ReadWriteOwnFolder"]["Resource"] == ["arn:aws:s3:::bkt/jobs/team-a/*"]
     assert by_sid["ListOwnAndShared"]["Condition"]["StringLike"]["s3:prefix"] == ["jobs/team-a/*", "models/*"]
+    shared = {s["Sid"]: s for s in sp.iam_policy("bkt", "team-a", ["team-b"])["Statement"]}
+    assert shared["ReadSharedModels"]["Resource"] == ["arn:aws:s3:::bkt/jobs/team-b/*/final/*", "arn:aws:s3:::bkt/models/*"]
+    assert "jobs/team-b/*/final/*" in shared["ListOwnAndShared"]["Condition"]["StringLike"]["s3:prefix"]
+    assert not any(r.endswith("/jobs/team-b/*") for st in shared.values() for r in st["Resource"])
     assert "${aws:username}" in str(sp.iam_policy("bkt"))  # one MinIO policy for users named after namespaces
 
 
