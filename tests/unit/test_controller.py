@@ -4,6 +4,7 @@ task-app contract), the retry bound, and the apply-only-what-is-missing rule (wi
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import threading
 from collections.abc import Iterator
@@ -311,6 +312,7 @@ def test_the_jobs_secret_is_posted_once_and_again_when_the_job_finds_it_gone() -
         async def create(self, obj: dict[str, Any]) -> bool:
             self.calls.append("POST")
             assert set(obj["data"]) == {"job.json", "config.toml", "token"}
+            assert base64.b64decode(obj["data"]["config.toml"]) == b"[job]\n"  # read from the job, not memory
             created, self.present = not self.present, True
             return created
 
@@ -321,6 +323,10 @@ def test_the_jobs_secret_is_posted_once_and_again_when_the_job_finds_it_gone() -
             assert path == "/api/v1/namespaces/ns/secrets/j-config"
             self.calls.append("GET")
             return self.present
+
+        async def get(self, path: str) -> dict[str, Any]:  # the job, for its originalToml (not kept in memory)
+            assert path.endswith("/rljobs/j")
+            return {"spec": {"originalToml": "[job]\n"}}
 
     rendered = _rendered()
     uid = rendered.secret["metadata"]["ownerReferences"][0]["uid"]
@@ -401,3 +407,13 @@ def test_the_rollout_token_is_derived_from_the_job_and_the_operators_key() -> No
     other = type(job.owner)(**{**job.owner.__dict__, "uid": "another-uid"})
     assert derived_token(b"k" * 32, other) != token  # a job made again under the same name: another token
     assert derived_token(b"x" * 32, job.owner) != token  # only the operator's key makes it
+
+
+def test_the_loops_keep_a_jobs_body_without_its_original_toml() -> None:
+    from posttrain.controller.apply import without_original_toml
+
+    body = {"metadata": {"name": "j"}, "spec": {"originalToml": "x" * 262144, "suspend": False}}
+    kept = without_original_toml(body)
+    assert kept["spec"] == {"suspend": False} and body["spec"]["originalToml"]  # the watch's body is not changed
+    plain = {"metadata": {}, "spec": {"suspend": True}}
+    assert without_original_toml(plain) is plain

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from posttrain.controller import metrics
-from posttrain.controller.apply import KIND_LABELS
+from posttrain.controller.apply import KIND_LABELS, without_original_toml
 from posttrain.controller.runtime import Key, Runtime, runtime_of
 
 # One pass over (runtime, the object's latest body, the watch indexes, the loop's own state): the seconds to
@@ -90,7 +90,7 @@ def on_event(
     rt = runtime_of(memo)
     if rt.children is not None:  # the children's indexes (controller/child_watch.py) beside kopf's
         indexes = {**indexes, **rt.children.indexes}
-    raw = dict(body)
+    raw = without_original_toml(dict(body))  # up to 256 KiB a job: read again when the job's Secret is made
     meta = raw["metadata"]
     key: Key = (meta["namespace"], KIND_LABELS[raw["kind"]], meta["name"])
 

@@ -38,7 +38,7 @@ from posttrain.controller.bounds import bound_status, event_message
 from posttrain.controller.kube import KubeError, collection_path, object_path
 from posttrain.controller.objects import Job, Owner, owner_of, parse_job
 from posttrain.controller.render.model import bucket, check_model_access
-from posttrain.controller.render.names import SERVER_ROLES, child_name
+from posttrain.controller.render.names import SERVER_ROLES, child_name, config_name
 from posttrain.controller.render.taskapp import TaskAppTarget
 from posttrain.controller.render.token import derived_token, with_token
 from posttrain.controller.render.workload import held
@@ -157,10 +157,12 @@ async def ensure_job_secret(
         ):
             return
         state.secret_checked = now
-        meta = rendered.secret["metadata"]
-        if await rt.kube.exists(object_path("v1", "Secret", meta["namespace"], meta["name"])):
+        if await rt.kube.exists(object_path("v1", "Secret", owner.namespace, config_name(owner.name))):
             return
-    secret = rendered.secret
+    # the TOML is not kept in memory (controller/loop.py): read once from the job itself
+    fresh = await rt.kube.get(object_path(owner.api_version, owner.kind, owner.namespace, owner.name))
+    original = ((fresh or {}).get("spec") or {}).get("originalToml")
+    secret = rendered.secret_with(original if isinstance(original, str) else None)
     if rendered.rollout_token:
         secret = with_token(secret, derived_token(rt.token_key, owner))
     await create_owned(rt, secret)

@@ -43,8 +43,20 @@ class Rendered:
     children: list[dict[str, Any]]
     topology: Topology
     jobfile: JobFile
-    secret: dict[str, Any]  # the job's Secret, made by the controller before the children
+    job: Job  # what the job's Secret is rendered from
     rollout_token: bool = False  # the controller adds a random rollout token to the Secret (RLJob)
+
+    @property
+    def secret(self) -> dict[str, Any]:
+        """The job's Secret, made by the controller before the children. Rendered when asked for, not kept:
+        it holds the job's originalToml (up to 256 KiB, base64) and a plan is kept per running job."""
+        return render_config_secret(self.job, self.jobfile)
+
+    def secret_with(self, original_toml: str | None) -> dict[str, Any]:
+        """The Secret with the job's originalToml, which the operator does not keep in memory (the loops
+        cache a job's body without it, controller/loop.py) and reads from the API server when it makes it."""
+        spec = self.job.spec.model_copy(update={"original_toml": original_toml})
+        return render_config_secret(Job(owner=self.job.owner, spec=spec, status=self.job.status), self.jobfile)
 
     def by_role(self, role: str, kind: str | None = None) -> list[dict[str, Any]]:
         return [
@@ -67,7 +79,7 @@ def render_rljob(job: Job, settings: OperatorSettings, task_app: TaskAppTarget) 
                              judge_env=servers.judge_env)  # fmt: skip
     children = [*servers.children, *render_trainer_identity(job.owner, settings), *trainer,
                 *render_disruption_budgets(job.owner, settings, rollout=bool(servers.children))]  # fmt: skip
-    return Rendered(children, topo, jobfile, render_config_secret(job, jobfile), rollout_token=True)
+    return Rendered(children, topo, jobfile, job, rollout_token=True)
 
 
 def render_sftjob(job: Job, settings: OperatorSettings) -> Rendered:
@@ -84,7 +96,7 @@ def render_sftjob(job: Job, settings: OperatorSettings) -> Rendered:
         *render_trainer(job, settings, topo, dataset_volume=train_volume or validation_volume),
         *render_disruption_budgets(job.owner, settings, rollout=False),
     ]
-    return Rendered(children, topo, jobfile, render_config_secret(job, jobfile))
+    return Rendered(children, topo, jobfile, job)
 
 
 def render_job(job: Job, settings: OperatorSettings, task_app: TaskAppTarget | None) -> Rendered:
