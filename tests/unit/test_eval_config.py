@@ -24,8 +24,27 @@ KEY = "sk_env_eval_config_test"
 
 
 def _trace(seed: int) -> dict:
-    """A v3 SessionTrace as a synth task app returns it (record.return_trace, trace_format full)."""
+    """A v3 SessionTrace as a synth task app returns it (record.return_trace, trace_format full); odd seeds
+    in the shapes synth's Crafter app writes (policy_* message types, the tool calls as the assistant's
+    payload, created_at as Python's repr of a datetime)."""
     step = f"turn_{seed}"
+    if seed % 2:
+        calls = [{"tool_name": "interact", "arguments": {"actions": ["do"]}}]
+        return {
+            "session_id": f"sess-{seed}", "created_at": "datetime.datetime(2026, 11, 28, 23, 14, 50)",
+            "metadata": {"env_name": "crafter"},
+            "session_time_steps": [{"step_id": step, "step_index": 0, "turn_number": 0}],
+            "event_history": [{"system_instance_id": "env", "time_record": {"event_time": 1.0}, "reward": 1.0,
+                               "terminated": True, "metadata": {"step_id": step}}],
+            "markov_blanket_message_history": [
+                {"message_type": "policy_system_prompt", "metadata": {"step_id": step},
+                 "content": {"json_payload": json.dumps({"role": "system", "text": "You play Crafter."})}},
+                {"message_type": "policy_user_prompt", "metadata": {"step_id": step},
+                 "content": {"json_payload": json.dumps({"role": "user", "text": f"seed {seed}: a tree"})}},
+                {"message_type": "policy_tool_call", "metadata": {"step_id": step},
+                 "content": {"json_payload": json.dumps(calls)}},
+            ],
+        }  # fmt: skip
     return {
         "session_id": f"sess-{seed}",
         "created_at": "2025-11-05T10:00:00+00:00",
@@ -159,6 +178,8 @@ def test_eval_config_loop_prints_scores_writes_synth_v3_and_filter_reads_it(tmp_
         meta = json.loads(sessions["sess-2"])
         assert meta["judge_scores"] == {"Inverse": 2.0} and meta["env_name"] == "crafter" and meta["seed"] == 2
         assert conn.execute("SELECT COUNT(*) FROM events WHERE event_type = 'environment'").fetchone()[0] == 4
+        created = conn.execute("SELECT created_at FROM session_traces WHERE session_id = 'sess-1'").fetchone()[0]
+        assert created[:4] == "20" and "T" in created, created  # an ISO time, whatever the task app sent
         assert conn.execute("SELECT message_type FROM messages WHERE session_id = 'sess-1' ORDER BY id").fetchall() == [
             ("system",), ("user",), ("assistant",)]  # fmt: skip
     # filter --config over it: synth's filter TOML, min official score and a judge bound

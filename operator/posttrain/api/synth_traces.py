@@ -151,7 +151,7 @@ class SynthTraceWriter:
                     "prompt": row.get("prompt"), "completion": row.get("completion")}  # fmt: skip
         if row.get("error"):
             metadata["error"] = row["error"]
-        created = str((payload or {}).get("created_at") or meta.get("created_at") or _now())
+        created = _created((payload or {}).get("created_at") or meta.get("created_at"))
         sid = self._session_id((payload or {}).get("session_id") or meta.get("run_id"))
         self.db.execute("INSERT INTO session_traces (session_id, created_at, num_timesteps, num_events, num_messages,"
                         " metadata) VALUES (?, ?, 0, 0, 0, ?)", (sid, created, _json(metadata)))  # fmt: skip
@@ -278,6 +278,8 @@ def _unwrap(content: Any) -> tuple[Any, list[Any] | None]:
         if not isinstance(parsed, dict | list):
             return content, None
         content = parsed
+    if isinstance(content, list) and content and all(isinstance(c, dict) and _is_call(c) for c in content):
+        return None, content  # a tool-call payload (synth's task apps record the calls as the message)
     if isinstance(content, dict):
         calls = content.get("tool_calls") if isinstance(content.get("tool_calls"), list) else None
         payload = content.get("payload") if isinstance(content.get("payload"), dict) else None
@@ -325,6 +327,18 @@ def call_conversations(records: Any) -> list[list[dict[str, Any]]]:
             answer["tool_calls"] = calls
         out.append(messages + [answer])
     return out
+
+
+def _is_call(item: dict[str, Any]) -> bool:
+    return any(k in item for k in ("tool_name", "function")) or ("name" in item and "arguments" in item)
+
+
+def _created(value: Any) -> str:
+    """An ISO time (a trace's created_at as the task app sent it), else now."""
+    try:
+        return datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00")).isoformat()
+    except ValueError:
+        return _now()
 
 
 def read_sessions(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
