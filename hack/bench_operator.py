@@ -17,6 +17,11 @@ reader sees which one bounds a figure.
         [--operator-pythonpath DIR]   run another tree's operator (a before/after in one sitting)
         [--profile FILE]              py-spy the operator through the paced phase: raw stacks to FILE
 
+--memory-jobs N (e.g. 5000) runs only a memory phase instead: N suspended SFTJobs, each carrying the largest
+originalToml the CRD admits (--toml-kib, 256 KiB), in one namespace; the operator's peak RSS once it runs a
+loop for every one of them (each job's body, parsed spec and rendered Secret stay in memory), against the
+memory limit of the install's Deployment (base 512 MiB, prod 1 GiB).
+
 With --json the last line is one JSON object: operator_cpu_s_per_job, requests_per_job, writes_per_job,
 paced_p50_s, paced_p99_s, burst_jobs_per_s, peak_rss_mib, idle_cpu_pct, and the rest."""
 
@@ -439,6 +444,57 @@ def run_bench(cluster: Any, args: argparse.Namespace, workdir: Path) -> dict[str
     return out
 
 
+def big_toml(kib: int, i: int) -> str:
+    """A TOML of `kib` KiB (the CRD's maxLength counts characters): comments after a real [job] table."""
+    head = f"# bench job {i}\n[job]\nmodel = \"posttrain/tiny-random-qwen2\"\n"
+    line = "# " + "x" * 97 + "\n"
+    return (head + line * (kib * 1024 // len(line)))[: kib * 1024]
+
+
+def memory_bench(cluster: Any, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """N suspended SFTJobs with the largest originalToml; the operator's RSS once it holds them all."""
+    from kubernetes import client
+
+    api = api_client_of(cluster)
+    ensure_crds(api)
+    co = client.CustomObjectsApi(api)
+    ns = f"bench-memory-{int(time.time())}"
+    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    env = {"POSTTRAIN_S3_ENDPOINT": "http://127.0.0.1:9", "POSTTRAIN_NAMESPACE": ns}
+    operator = OperatorProcess(kubeconfig_of(cluster), workdir / "operator.log", env=env)
+    operator.start()
+    out: dict[str, Any] = {"cpu": cpu_model(), "memory_jobs": args.memory_jobs, "toml_kib": args.toml_kib}
+    try:
+        sampler = RssSampler(operator.pid)
+        sampler.start()
+        out["rss_idle_mib"] = round(psutil.Process(operator.pid).memory_info().rss / 2**20, 1)
+
+        def create(i: int) -> None:
+            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SFTJob", "metadata": {"name": f"mem-{i:05d}"},
+                    "spec": {"suspend": True, "model": {"base": "posttrain/tiny-random-qwen2"},
+                             "algorithm": {"type": "offline", "method": "sft", "variety": "fft"},
+                             "compute": {"gpuType": "H100", "gpuCount": 1},
+                             "dataset": {"uri": "s3://posttrain/datasets/x.jsonl"},
+                             "hyperparameters": {"nEpochs": 1}, "originalToml": big_toml(args.toml_kib, i)}}  # fmt: skip
+            co.create_namespaced_custom_object(GROUP, VERSION, ns, "sftjobs", body)
+
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(create, range(args.memory_jobs)))
+        out["create_s"] = round(time.monotonic() - t0, 1)
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline and (operator.probe().get("posttrain") or {}).get("loops", 0) < args.memory_jobs:
+            time.sleep(1.0)
+        out["loops"] = (operator.probe().get("posttrain") or {}).get("loops")
+        time.sleep(10.0)  # every loop's first pass (parse, render) done
+        out["rss_mib"] = round(psutil.Process(operator.pid).memory_info().rss / 2**20, 1)
+        sampler.stop.set()
+        out["peak_rss_mib"] = round(sampler.peak / 2**20, 1)
+    finally:
+        operator.stop()
+    return out
+
+
 def share(phase: dict[str, Any]) -> str:
     op, cp = phase["operator_cpu_s"], phase["control_plane_cpu_s"]
     total = sum(phase["cpu_s"].values()) or 1.0
@@ -487,6 +543,8 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, help="py-spy the operator through the paced phase into this file")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object, last line")
     parser.add_argument("--json-file", type=Path, help="also write the figures to this file")
+    parser.add_argument("--memory-jobs", type=int, default=0, help="only the memory phase, with this many jobs")
+    parser.add_argument("--toml-kib", type=int, default=256, help="originalToml of each memory-phase job (KiB)")
     args = parser.parse_args()
     from posttrain_dev.devcluster import DevCluster
 
@@ -496,6 +554,14 @@ def main() -> int:
         dev = DevCluster(workdir / "cluster", nodes=args.nodes, gpus_per_node=args.gpus_per_node, start_timeout=300)
         with dev as cluster:
             try:
+                if args.memory_jobs:
+                    result = memory_bench(cluster, args, workdir)
+                    print(f"operator memory on {result['cpu']}: {result['memory_jobs']} suspended SFTJobs x "
+                          f"{result['toml_kib']} KiB originalToml: loops {result['loops']}, RSS {result['rss_mib']} MiB "
+                          f"(peak {result['peak_rss_mib']}, idle {result['rss_idle_mib']}); limits: base 512 MiB, "
+                          "prod 1024 MiB")  # fmt: skip
+                    print(json.dumps(result))
+                    return 0
                 result = run_bench(cluster, args, workdir)
             finally:
                 if args.json_file and (workdir / "operator.log").exists():  # kept beside the figures
