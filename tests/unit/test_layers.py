@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "posttrain.minio_tenants": SERVICES,
     "posttrain.s3server": SERVICES,
     "posttrain.modelzoo": SERVICES,
+    "posttrain.hub": SERVICES,
     "posttrain.dataset_upload": SERVICES,
     "posttrain.kubeaccess": SERVICES,
     "posttrain.envfiles": SERVICES,

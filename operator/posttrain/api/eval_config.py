@@ -29,6 +29,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from posttrain.api.seeds import parse_seeds
+
 INERT = {
     "app_id": "there is no task app registry: the task app is task_app_url, --task-url or TASK_APP_URL",
     "metadata": "seeds are not selected by /task_info metadata here: list them in seeds",
@@ -92,8 +94,6 @@ class EvalTable(BaseModel):
     @field_validator("seeds", mode="before")
     @classmethod
     def _seeds(cls, value: Any) -> Any:
-        from posttrain.evaluation.summary import parse_seeds
-
         if isinstance(value, int) and not isinstance(value, bool):
             return [value]
         if isinstance(value, str):
