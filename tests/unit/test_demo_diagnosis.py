@@ -69,12 +69,18 @@ def test_a_config_of_ones_own_is_part_of_the_rerun_command():
 
 
 def test_the_demo_seed_defaults_to_the_configs():
-    assert parse_args([]).seed is None  # Demo then reads the config's [training] seed (0 in examples/demo)
+    assert parse_args([]).seed is None  # Demo then reads the config's [training] seed, else draws one
     with pytest.raises(SystemExit):
         parse_args(["--seed", "-3"])
 
 
-def test_the_demo_configs_run_with_seed_0_unless_told():
-    from posttrain.local.demo import TASKS, _config_seed
+def test_the_demo_draws_a_seed_unless_told(tmp_path):
+    from posttrain.local.demo import TASKS, Demo, _config_seed
 
-    assert {task: _config_seed(entry[0]) for task, entry in TASKS.items()} == {"math": 0, "agent": 0}
+    assert {task: _config_seed(entry[0]) for task, entry in TASKS.items()} == {"math": None, "agent": None}
+    drawn = {Demo(parse_args(["--runs-dir", str(tmp_path)])).seed for _ in range(5)}
+    assert all(isinstance(s, int) and 0 <= s < 1_000_000 for s in drawn) and len(drawn) > 1
+    assert Demo(parse_args(["--runs-dir", str(tmp_path), "--seed", "9"])).seed == 9
+    seeded = tmp_path / "rl.toml"
+    seeded.write_text(TASKS["math"][0].read_text().replace("group_size = 8", "group_size = 8\nseed = 4", 1))
+    assert Demo(parse_args(["--runs-dir", str(tmp_path), "--config", str(seeded)])).seed == 4
