@@ -15,17 +15,14 @@ import os
 import re
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
+from fixtures.loopback import served
 from fixtures.tiny_rl import tiny_rl_toml
-from posttrain.localhost import free_port
 
 pytestmark = [pytest.mark.slow]
 
@@ -55,20 +52,9 @@ class Judge:
 
 @pytest.fixture
 def judge() -> Iterator[tuple[Judge, str]]:
-    port = free_port()
     state = Judge()
-    server = uvicorn.Server(uvicorn.Config(state.app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "the loopback judge did not start"
-    try:
-        yield state, f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with served(state.app) as base:
+        yield state, f"{base}/v1"
 
 
 def test_a_loopback_judge_scores_every_rollout_and_its_score_is_the_reward(judge, tmp_path):

@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, HTTPException, Request
+from fixtures.loopback import served
 from posttrain.api.judge_settings import JudgeSettings
 from posttrain.api.rollout_settings import RolloutSettings
-from posttrain.localhost import free_port
 from posttrain_trainer.judging import EpisodeJudge, episode_for_judge, judge_base_url
 from posttrain_trainer.rl import sequences_from_results
 from posttrain_trainer.rollouts import (
@@ -89,20 +87,9 @@ class Scripted:
 
 @pytest.fixture(scope="module")
 def scripted() -> Iterator[tuple[Scripted, str]]:
-    port = free_port()
     state = Scripted()
-    server = uvicorn.Server(uvicorn.Config(state.app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "scripted policy/judge server did not start"
-    try:
-        yield state, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with served(state.app) as base:
+        yield state, base
 
 
 def rl_config(
