@@ -416,22 +416,6 @@ def verdict(results: list[dict[str, Any]]) -> dict[str, Any]:
 # -- reliability: the demo N times ---------------------------------------------------------------------
 
 
-def cpu_name(cpuinfo: str | None = None) -> str:
-    """The CPU's "model name" from /proc/cpuinfo (or the text given), else the platform's."""
-    import platform
-
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and value.strip():
-            return value.strip()
-    return platform.processor() or platform.machine()
-
-
 def run_record(seed: int, wall_s: float, exit_code: int, summary: dict[str, Any] | None) -> dict[str, Any]:
     """One demo run: its seed, wall time, exit code, the iteration at which training mean_return first
     reached 0.5 (None: never), its held-out score (None: no final evaluation) and diagnosis."""
@@ -514,7 +498,7 @@ def print_distribution(records: list[dict[str, Any]], dist: dict[str, Any]) -> N
 def reliability(args) -> int:
     from posttrain import hardware
 
-    cpu = f"{cpu_name()}; {hardware.probe().describe()}; {os.cpu_count()} cores"
+    cpu = f"{hardware.cpu_label()}; {hardware.probe().describe()}; {os.cpu_count()} cores"
     print(f"machine: {cpu}; {uptime()}", flush=True)
     bar = 0.8 if args.task == "math" else 0.0
     records = []

@@ -167,6 +167,24 @@ def cpu_model_name(cpuinfo: str | None = None) -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_label(cpuinfo: str | None = None) -> str:
+    """The model name with the CPU family and model ("AMD EPYC (family 25 model 17)"): a VM's model name alone
+    is often just the vendor's brand, and figures must name the CPU they were measured on."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = cpu_model_name(cpuinfo)
+    if fields.get("cpu family") and fields.get("model"):
+        return f"{name} (family {fields['cpu family']} model {fields['model']})"
+    return name
+
+
 def cpu_flags_bf16(cpuinfo: str | None = None) -> bool:
     """True when /proc/cpuinfo lists AVX512-BF16 or AMX-BF16."""
     if cpuinfo is None:

@@ -49,7 +49,10 @@ def test_the_distribution_counts_a_run_without_a_score_as_a_miss(bench):
     assert bench.distribution([], "x")["share_at_least_0_8"] is None
 
 
-def test_cpu_name_from_cpuinfo(bench):
-    text = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9B14 96-Core Processor\n"
-    assert bench.cpu_name(text) == "AMD EPYC 9B14 96-Core Processor"
-    assert bench.cpu_name("processor : 0\n")  # no model name: the platform's, never empty
+def test_cpu_label_names_family_and_model():
+    from posttrain import hardware
+
+    text = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+            "model name\t: AMD EPYC\n")  # fmt: skip
+    assert hardware.cpu_label(text) == "AMD EPYC (family 25 model 17)"
+    assert hardware.cpu_label("processor : 0\n")  # no model name: the platform's, never empty
