@@ -161,6 +161,7 @@ def serve(args: argparse.Namespace) -> int:
         extra=[*vllm_args.tool_call_args(model_dir, parser=args.tool_call_parser), *args.vllm_arg],
         eager=vllm_args.cpu_eager(cpu),
         block_size=vllm_args.cpu_block_size(cpu),
+        whole_prefills=vllm_args.cpu_whole_prefills(cpu),
     )
     env = vllm_args.vllm_env(None, run_dir, cpu=cpu, enable_lora=args.enable_lora)
     log.info(

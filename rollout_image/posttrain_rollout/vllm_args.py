@@ -50,9 +50,11 @@ def vllm_argv(
     python: str = sys.executable,
     eager: bool = False,
     block_size: int | None = None,
+    whole_prefills: bool = False,
 ) -> list[str]:
     """vLLM's command line. eager: --enforce-eager (no torch.compile) unless `extra` already says how to
-    compile (see cpu_eager); block_size: --block-size unless `extra` gives one (see cpu_block_size)."""
+    compile (see cpu_eager); block_size: --block-size unless `extra` gives one (see cpu_block_size);
+    whole_prefills: --no-enable-chunked-prefill unless `extra` says how to prefill (see cpu_whole_prefills)."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     argv += ["--host", "127.0.0.1", "--port", str(port)]
     if served_model_name:
@@ -88,6 +90,8 @@ def vllm_argv(
         argv.append("--enforce-eager")
     if block_size and not _given(extra, "--block-size"):
         argv += ["--block-size", str(int(block_size))]
+    if whole_prefills and not any(_given(extra, f) for f in ("--enable-chunked-prefill", "--no-enable-chunked-prefill")):
+        argv.append("--no-enable-chunked-prefill")
     argv += extra
     return argv
 
@@ -100,6 +104,16 @@ def cpu_block_size(cpu: bool) -> int | None:
     prompts x 8, 46 prompt tokens, 16 new): 9.0-9.5 s a batch at 128, 5.7-6.1 s at 32 (prefix-cache hits
     0 % -> 61 %). On a GPU vLLM keeps its own; `--vllm-arg=--block-size=N` overrides."""
     return 32 if cpu else None
+
+
+def cpu_whole_prefills(cpu: bool) -> bool:
+    """Prefill each prompt in one step on a CPU backend. vLLM 0.32 rewinds a seeded request's generator
+    (`set_offset`) when it drops the token sampled after a partial prefill, and a CPU torch.Generator has no
+    offset: the first seeded prompt longer than the step's token budget (2048 on CPU) killed the engine ("CPU
+    Generator does not use offset"; synth's Crafter prompts of 2,300 tokens, seeded by the job's seed or by a
+    task app's own `seed`). Without chunked prefill vLLM raises the budget to max_model_len and never splits a
+    prompt; short prompts are not split either way. A GPU's generator rewinds, so vLLM keeps chunking there."""
+    return cpu
 
 
 def _given(extra: list[str], flag: str) -> bool:

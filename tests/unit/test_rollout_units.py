@@ -356,3 +356,14 @@ def test_the_trainer_names_why_a_cid_has_no_capture():
     assert _refusal(httpx.Response(404, json=refused)) == "vLLM refused 3 policy call(s): set it"
     assert _refusal(httpx.Response(404, json={"error": {"message": "never seen"}})) is None
     assert _refusal(httpx.Response(404, text="not json")) is None
+
+
+def test_cpu_prefills_whole_prompts_unless_the_caller_says():
+    # a seeded request's partial prefill kills vLLM 0.32 on CPU (its generator cannot rewind)
+    assert vllm_args.cpu_whole_prefills(True) and not vllm_args.cpu_whole_prefills(False)
+    assert "--no-enable-chunked-prefill" in vllm_args.vllm_argv("/m", 1, whole_prefills=True)
+    assert "--no-enable-chunked-prefill" not in vllm_args.vllm_argv("/m", 1)
+    for flag in ("--enable-chunked-prefill", "--no-enable-chunked-prefill"):
+        argv = vllm_args.vllm_argv("/m", 1, whole_prefills=True, extra=[flag])
+        assert argv.count(flag) == 1 and argv.count("--no-enable-chunked-prefill") <= 1
+
