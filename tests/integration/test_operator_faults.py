@@ -182,7 +182,18 @@ def test_hostile_task_apps_fail_their_own_jobs_and_nothing_else(
 
 
 # ------------------------------------------------------------------------------------ lost pods
-def test_an_evicted_trainer_pod_is_replaced_and_the_job_keeps_running(env: Env, math_taskapp: Any) -> None:
+@pytest.fixture
+def no_budgets_env(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Env]:
+    """The operator without PodDisruptionBudgets: the API's eviction is what a kubelet's node-pressure eviction
+    does to the pod (a DisruptionTarget), and the budgets (render/disruption.py) refuse the API's eviction of a
+    running trainer, which a kubelet's eviction does not ask."""
+    with operator_env(cluster, namespace, tmp_path / "operator.log",
+                      settings={"POSTTRAIN_DISRUPTION_BUDGETS": "false"}) as handle:  # fmt: skip
+        yield handle
+
+
+def test_an_evicted_trainer_pod_is_replaced_and_the_job_keeps_running(no_budgets_env: Env, math_taskapp: Any) -> None:
+    env = no_budgets_env
     env.secret("task-key", math_taskapp.api_key)
     env.create("rljobs", rljob("evicted", math_taskapp.url))
     env.create("rljobs", rljob("misconfigured", math_taskapp.url))
