@@ -5,7 +5,6 @@ The derivation itself: tests/unit/test_sampling_seed.py."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -13,32 +12,31 @@ import pytest
 from fixtures.vllm import STOP_GRACE_S, start_rollout_server
 from posttrain import reaper
 from posttrain.localhost import stop_group
+from posttrain_rollout.seeding import request_seed
 
 pytestmark = pytest.mark.vllm
 
 PROMPT = [{"role": "user", "content": "Name three colours."}]
 
 
+JOB_SEED = 1234
+
+
 @pytest.fixture(scope="module")
-def seeded_servers(vllm_model_dir, tmp_path_factory):
-    """Two policy servers on the same weights, job seeds 1234 and 1235 (started side by side)."""
-    with ThreadPoolExecutor(2) as pool:
-        started = list(pool.map(
-            lambda seed: start_rollout_server(Path(vllm_model_dir), tmp_path_factory.mktemp(f"seed-{seed}"),
-                                              extra=["--seed", str(seed)]),
-            (1234, 1235),
-        ))  # fmt: skip
+def seeded_server(vllm_model_dir, tmp_path_factory):
+    """A policy server with the job seed 1234 (one server: another job's seed is a request seed below)."""
+    proc, server = start_rollout_server(Path(vllm_model_dir), tmp_path_factory.mktemp("seeded"),
+                                        extra=["--seed", str(JOB_SEED)])  # fmt: skip
     try:
-        yield [server for _, server in started]
+        yield server
     finally:
-        for proc, _ in started:
-            stop_group(proc, STOP_GRACE_S)
-            reaper.unwatch(proc.pid)
+        stop_group(proc, STOP_GRACE_S)
+        reaper.unwatch(proc.pid)
 
 
-def sample(server, cid: str) -> list[int]:
+def sample(server, cid: str, seed: int | None = None) -> list[int]:
     body = {"model": server.served_model_name, "messages": PROMPT, "max_tokens": 24, "temperature": 1.0,
-            "top_p": 1.0, "ignore_eos": True}  # fmt: skip
+            "top_p": 1.0, "ignore_eos": True, **({"seed": seed} if seed is not None else {})}  # fmt: skip
     r = httpx.post(f"{server.url}/v1/chat/completions", params={"cid": cid}, json=body, timeout=300)
     assert r.status_code == 200, r.text
     captured = httpx.get(f"{server.url}/v1/captures/{cid}", timeout=30).json()
@@ -46,15 +44,15 @@ def sample(server, cid: str) -> list[int]:
     return r.json()["choices"][0]["token_ids"]
 
 
-def test_same_seed_same_rollout_same_tokens_else_different(seeded_servers):
-    first, other_seed = seeded_servers
-    run_a = sample(first, "trace_demo-rl-aaaaaaaa-it1-s8-r3")
-    run_b = sample(first, "trace_demo-rl-bbbbbbbb-it1-s8-r3")  # a rerun: another uid, the same rollout
+def test_same_seed_same_rollout_same_tokens_else_different(seeded_server):
+    run_a = sample(seeded_server, "trace_demo-rl-aaaaaaaa-it1-s8-r3")
+    run_b = sample(seeded_server, "trace_demo-rl-bbbbbbbb-it1-s8-r3")  # a rerun: another uid, the same rollout
     assert len(run_a) == 24 and run_a == run_b
-    assert sample(first, "trace_demo-rl-aaaaaaaa-it1-s8-r3") != run_a  # the episode's next turn
-    assert sample(first, "trace_demo-rl-aaaaaaaa-it1-s8-r4") != run_a  # another rollout of the group
-    assert sample(other_seed, "trace_demo-rl-cccccccc-it1-s8-r3") != run_a  # another job seed
-    # and that other server repeats itself too
-    assert sample(other_seed, "trace_demo-rl-dddddddd-it1-s8-r3") == sample(
-        other_seed, "trace_demo-rl-eeeeeeee-it1-s8-r3"
-    )
+    assert sample(seeded_server, "trace_demo-rl-aaaaaaaa-it1-s8-r3") != run_a  # the episode's next turn
+    assert sample(seeded_server, "trace_demo-rl-aaaaaaaa-it1-s8-r4") != run_a  # another rollout of the group
+    # the proxy's seed is exactly the derivation's: the same tokens when a request carries that seed itself
+    # (a request's own seed wins), and another job seed's derivation samples others
+    own = request_seed(JOB_SEED, "trace_demo-rl-aaaaaaaa-it1-s8-r3", 0)
+    assert sample(seeded_server, "trace_demo-rl-ffffffff-it2-s1-r0", seed=own) == run_a
+    other_job = request_seed(JOB_SEED + 1, "trace_demo-rl-aaaaaaaa-it1-s8-r3", 0)
+    assert sample(seeded_server, "trace_demo-rl-gggggggg-it2-s1-r0", seed=other_job) != run_a
