@@ -7,8 +7,8 @@ wall time, the iteration at which the training mean_return first reached 0.5, th
 a run below the bar, the demo's own one-line diagnosis; then the distribution (min, median, share >= 0.8,
 median wall time). Its last line is one JSON object: runs, seeds, held_out (list), min, median,
 share_at_least_0_8, wall_s (list), wall_s_median, first_0_5 (list), cpu (the CPU's name from /proc/cpuinfo
-and its capability). Each run's summary.json is kept in bench-results/demo_runs/. `--runs 20` is the measure
-of issue 40 (held-out >= 0.8 in 19 of 20); about 4-7 min a run on 2 cores. --task agent: the multi-step demo.
+and its capability). Each run's summary.json is kept in bench-results/demo_runs/. `--runs 20` measures the
+demo's goal (held-out >= 0.8 in 19 of 20, docs/benchmarks.md); about 4-7 min a run on 2 cores. --task agent: the multi-step demo.
 
 --compare: the side by side below (--which, --iterations, --target, --stop-at-target apply to it only).
 

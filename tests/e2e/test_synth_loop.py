@@ -1,4 +1,4 @@
-"""A synth user's whole loop with synth's own files (issue 42): synth's Crafter task app (synth-ai 0.2.19
+"""A synth user's whole loop with synth's own files: synth's Crafter task app (synth-ai 0.2.19
 wheel, real crafter) served with its tracing on (TASKAPP_TRACING_ENABLED=1, SYNTH_TRACES_DB: the app's own
 synth_ai.db, written by synth's tracing_v3) -> `posttrain eval --config` with the wheel's
 crafter_eval_synth_qwen4b.toml unchanged (flags: the local task app, weights served here, fewer seeds and

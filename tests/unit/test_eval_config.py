@@ -1,4 +1,4 @@
-"""synth's eval TOML (issue 42, items 1 and 2): `posttrain eval --config` reads an [eval] table (each key does
+"""synth's eval TOML: `posttrain eval --config` reads an [eval] table (each key does
 what synth's eval does, or validate names it as without effect), flags override it, per-seed and mean
 scores (the task app's official, outcome and events scores and each Python judge's) are printed as synth's
 CLI prints them, `--sqlite` writes synth's v3 trace database (the task app's own v3 trace where it returns

@@ -1,4 +1,4 @@
-"""Hub models (issue 42, item 4): a base id the machine has no folder for is downloaded from the Hugging Face
+"""Hub models: a base id the machine has no folder for is downloaded from the Hugging Face
 Hub into the user's HF cache (HF_HOME) through huggingface_hub's snapshot_download, from HF_ENDPOINT (here a
 Hub served on 127.0.0.1 holding the tiny model built locally); HF_HUB_OFFLINE=1 keeps to the cache; an
 unreachable Hub keeps the error that names --model-path. `train --local` and `eval` resolve their model

@@ -1,4 +1,4 @@
-"""docs/synth-compat.md stays true (issue 42, item 6): every example TOML the synth-ai 0.2.19 wheel ships
+"""docs/synth-compat.md stays true: every example TOML the synth-ai 0.2.19 wheel ships
 (RL, SFT, eval, filter, and what is none of them) is classified as `posttrain validate` classifies it and
 validated; the doc's table must name each file with that kind and that outcome (`ok`, or `refused: FIELD`
 for the field of the first problem). A file the table does not place, or places differently, fails the test.

@@ -1,4 +1,4 @@
-"""synth's configs unchanged (issue 42, item 5): `convert --judge-key-secret NAME[:KEY]` names the judge's key
+"""synth's configs unchanged: `convert --judge-key-secret NAME[:KEY]` names the judge's key
 Secret, `convert --set KEY=VALUE` replaces a key validated like `train --set`, and `--allow-experimental` on
 convert, validate, train and eval does what SDK_EXPERIMENTAL=1 does. The hosted-judge examples are the
 synth-ai 0.2.19 wheel's own files (skipped, saying so, when the wheel is absent)."""

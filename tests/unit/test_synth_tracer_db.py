@@ -1,4 +1,4 @@
-"""`posttrain filter` over a database written by synth's own tracing code (issue 42, item 2): synth-ai
+"""`posttrain filter` over a database written by synth's own tracing code: synth-ai
 0.2.19's SessionTracer, run from its venv, saves no message rows for a session whose events were written
 first (its Crafter app's FILTER_COMMAND_STATUS.md), so the conversation is read from the LM call records of
 its cais events; outcome_rewards gives the score, as synth's filter reads it."""

@@ -1,4 +1,4 @@
-"""A task app that reports its event rewards only through its v3 trace (issue 42, item 3): the craftworld
+"""A task app that reports its event rewards only through its v3 trace: the craftworld
 app's answers with every step's info.meta.decision_rewards moved into the trace as synth's tracer rows
 (event_rewards: achievement_delta / unique_achievement_delta per turn), returned only when the trainer asks
 with record.return_trace. The trainer (RolloutClient._run_one) must ask for it when step rewards are on and

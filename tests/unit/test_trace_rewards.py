@@ -1,4 +1,4 @@
-"""Event rewards reported only through a v3 trace (issue 42, item 3): trace_rewards turns synth's compact
+"""Event rewards reported only through a v3 trace: trace_rewards turns synth's compact
 `decision_rewards` and `event_rewards` rows into the same per-decision blocks as info.meta.decision_rewards,
 so step_rewards.decision_rewards credits them exactly alike."""
 
