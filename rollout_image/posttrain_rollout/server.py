@@ -332,7 +332,7 @@ class Proxy:
                 )
                 made.append(local)
                 fmt = "full"
-            await self.gate.pause()
+            drain_seconds = await self.gate.pause()
             try:
                 if fmt == "full":
                     r = await self.http().post(
@@ -365,9 +365,10 @@ class Proxy:
                 await self.gate.resume()  # keep serving the old weights, old version
                 raise
             await self.gate.resume(new_version)
+            timing = self.gate.record_sync(time.perf_counter() - started, drain_seconds)
             self.syncs += 1
             self._forget_old_folders(made)
-        return {"weight_version": new_version, "seconds": time.perf_counter() - started, "format": fmt}
+        return {"weight_version": new_version, "seconds": time.perf_counter() - started, "format": fmt, **timing}
 
     def _forget_old_folders(self, made: list[Path], keep: int = 2) -> None:
         """Folders this server wrote (s3 downloads, merged adapters): only those of the last `keep` syncs
@@ -520,7 +521,8 @@ async def capture_stats(request: Request) -> Response:
 async def get_weights(request: Request) -> Response:
     proxy = _proxy(request)
     return JSONResponse(
-        {"weight_version": proxy.gate.version, "syncing": proxy.gate.paused, "lora": proxy.lora_name}
+        {"weight_version": proxy.gate.version, "syncing": proxy.gate.paused, "lora": proxy.lora_name,
+         **proxy.gate.stats()}  # fmt: skip
     )
 
 

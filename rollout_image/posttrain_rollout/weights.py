@@ -1,7 +1,11 @@
 """Weight versions and the admission gate that makes a weight sync atomic for requests.
 
-A sync closes the gate (new requests wait on an asyncio condition), waits for requests in flight to finish,
-swaps the weights, sets the new version and reopens the gate: every request runs on exactly one version.
+A sync closes the gate (new requests wait on an asyncio condition), waits for requests in flight to finish
+(they complete on the old weights and are captured with the old version: none is dropped), swaps the weights,
+sets the new version and reopens the gate: every request runs on exactly one version. The gate also keeps the
+server's busy time (a request in flight, or weights loading) for the trainer's idle share, and per sync how
+long the old weights kept serving after the new ones arrived (stale seconds) and how long admission waited for
+the requests in flight (drain seconds).
 Also: s3:// model folders (download) and LoRA adapters merged into full weights (CPU serving)."""
 
 from __future__ import annotations
@@ -11,8 +15,33 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
+
+
+class BusyClock:
+    """Seconds during which at least one unit of work ran (pure bookkeeping; `now` is injectable)."""
+
+    def __init__(self, now: Any = time.monotonic):
+        self._now = now
+        self._active = 0
+        self._since = 0.0
+        self._total = 0.0
+
+    def start(self) -> None:
+        if self._active == 0:
+            self._since = self._now()
+        self._active += 1
+
+    def stop(self) -> None:
+        self._active = max(0, self._active - 1)
+        if self._active == 0:
+            self._total += self._now() - self._since
+
+    def seconds(self) -> float:
+        """Busy seconds so far, the running stretch included."""
+        return self._total + (self._now() - self._since if self._active else 0.0)
 
 
 class WeightGate:
@@ -22,6 +51,9 @@ class WeightGate:
         self._paused = False
         self._inflight = 0
         self._sync_lock = asyncio.Lock()
+        self.busy = BusyClock()  # requests in flight or weights loading
+        self.stale_seconds_total = 0.0  # summed over syncs: old weights serving after new ones arrived
+        self.last_sync: dict[str, float] = {}
 
     @property
     def inflight(self) -> int:
@@ -36,24 +68,49 @@ class WeightGate:
         async with self._cond:
             await self._cond.wait_for(lambda: not self._paused)
             self._inflight += 1
+            self.busy.start()
             return self.version
 
     async def leave(self) -> None:
         async with self._cond:
             self._inflight -= 1
+            self.busy.stop()
             self._cond.notify_all()
 
-    async def pause(self) -> None:
+    async def pause(self) -> float:
+        """Close admission and wait for the requests in flight to finish; the seconds waited (the loading
+        that follows counts as busy until resume)."""
+        started = time.monotonic()
         async with self._cond:
             self._paused = True
             await self._cond.wait_for(lambda: self._inflight == 0)
+            self.busy.start()
+        return time.monotonic() - started
 
     async def resume(self, version: Any = None) -> None:
         async with self._cond:
             if version is not None:
                 self.version = version
+            if self._paused:
+                self.busy.stop()
             self._paused = False
             self._cond.notify_all()
+
+    def record_sync(self, stale_seconds: float, drain_seconds: float) -> dict[str, float]:
+        """One sync's timing: stale (the POST's arrival to the new version serving), drain (admission closed,
+        waiting for the requests in flight)."""
+        self.stale_seconds_total += stale_seconds
+        self.last_sync = {"stale_seconds": stale_seconds, "drain_seconds": drain_seconds}
+        return self.last_sync
+
+    def stats(self) -> dict[str, Any]:
+        """What GET /v1/weights reports beside the version: busy seconds since start, stale seconds summed
+        over syncs, the last sync's timing."""
+        return {
+            "busy_seconds": self.busy.seconds(),
+            "stale_seconds_total": self.stale_seconds_total,
+            "last_sync": dict(self.last_sync),
+        }
 
     def sync_lock(self) -> asyncio.Lock:
         """Held for the whole of one sync: syncs never interleave."""

@@ -16,11 +16,13 @@ computes anyway (no extra forward pass).
 
 Staleness: every capture carries the weight_version the rollout server served it with. The trainer knows
 which version it last synced; `staleness` compares the two (iterations between the sampling weights and the
-trainer's weights at the update)."""
+trainer's weights at the update). Under [training] async_depth N (pipeline.py) rollouts are sampled up to N
+versions behind by design: `fresh_rollouts` drops those further behind (counted), and `lag_stats` gives the
+mean and max lag over the policy calls of a batch."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,23 +88,70 @@ class MismatchMeter:
         }
 
 
-def staleness(weight_versions: Sequence[Sequence[Any]], synced: int, iteration: int) -> dict[str, Any]:
+def _version(value: Any) -> int | None:
+    """A captured weight_version as an int (the server reports ints; a header may carry "3"), else None."""
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def call_lags(versions: Sequence[Any], iteration: int) -> list[int]:
+    """Per policy call with a known version: how many versions it lags the trainer's weights `iteration`."""
+    return [iteration - v for v in (_version(x) for x in versions) if v is not None]
+
+
+def rollout_lag(versions: Sequence[Any], iteration: int) -> int | None:
+    """A rollout's lag: that of its oldest call (None: no version known)."""
+    lags = call_lags(versions, iteration)
+    return max(lags) if lags else None
+
+
+def fresh_rollouts(
+    results: Sequence[Any], iteration: int, depth: int, versions: Callable[[Any], Sequence[Any]]
+) -> tuple[list[Any], int]:
+    """The rollouts whose oldest call lags at most `depth` versions behind `iteration` (a rollout without a
+    known version is kept: nothing says it is stale), and how many were dropped. `versions(r)`: the weight
+    versions of r's policy calls."""
+    kept, dropped = [], 0
+    for r in results:
+        lag = rollout_lag(versions(r), iteration)
+        if lag is not None and lag > depth:
+            dropped += 1
+        else:
+            kept.append(r)
+    return kept, dropped
+
+
+def lag_stats(weight_versions: Sequence[Sequence[Any]], iteration: int) -> dict[str, Any]:
+    """Mean and max lag over every policy call with a known version (None without one)."""
+    lags = [lag for versions in weight_versions for lag in call_lags(versions, iteration)]
+    return {
+        "staleness_mean": sum(lags) / len(lags) if lags else None,
+        "staleness_max": max(lags) if lags else None,
+    }
+
+
+def staleness(
+    weight_versions: Sequence[Sequence[Any]], synced: int, iteration: int, depth: int = 0
+) -> dict[str, Any]:
     """Per batch: how far behind the trainer the sampling weights were, from the captured versions.
 
-    synced: the version the trainer last pushed (what every rollout should have been served with);
-    iteration: the trainer's weights at the update. Returns max_staleness (iteration - oldest captured
-    version; None when no version was captured), unexpected_versions (captures whose version is not the
-    synced one: a server that missed a sync, or restarted on older weights) and unknown_versions."""
+    synced: the version the trainer last pushed (what every rollout should have been served with, or under
+    async_depth `depth` one of the `depth` versions before it); iteration: the trainer's weights at the
+    update. Returns max_staleness (iteration - oldest captured version; None when no version was captured),
+    unexpected_versions (captures whose version is none of those: a server that missed a sync, or restarted
+    on older weights) and unknown_versions."""
     known, unexpected, unknown = [], 0, 0
     for versions in weight_versions:
-        for v in versions:
-            if isinstance(v, str) and v.isdigit():
-                v = int(v)
-            if isinstance(v, bool) or not isinstance(v, int):
+        for raw in versions:
+            v = _version(raw)
+            if v is None:
                 unknown += 1
                 continue
             known.append(v)
-            if v != synced:
+            if not synced - depth <= v <= synced:
                 unexpected += 1
     return {
         "max_staleness": (iteration - min(known)) if known else None,

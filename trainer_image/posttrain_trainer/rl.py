@@ -20,6 +20,12 @@ Loop: iterations = training.num_epochs x training.iterations_per_epoch. Each ite
      (LoRA: the base model under disable_adapter; full: a frozen copy of the initial weights).
   4. one optimizer step per mini-batch (gspo.gspo_loss, clip eps_low/eps_high).
   5. weight sync every training.weight_sync_interval iterations (weightsync.py), timed.
+  With training.async_depth N > 0 (pipeline.py), step 1 of iterations k+1 .. k+N runs on rank 0 in a
+  background thread while steps 2-5 of iteration k run: a batch is sampled by weights up to N versions
+  behind, rollouts further behind are dropped and counted, and the sampler's logprobs are the behaviour
+  policy (old_logprobs = "sampler", truncated importance sampling; the settings force or require it). Each
+  iteration reports the version lag (staleness_mean, staleness_max), stale_dropped, the seconds the trainer
+  waited for its batch, and the idle share of the trainer and of the rollout servers (utilisation.py).
   6. evaluation every evaluation.every_n_iters on evaluation.seeds (mode eval, temperature
      evaluation.temperature, default 0 = greedy), plus once before training and once at the end.
   7. progress (step = iteration, total, loss, mean_return, judge scores, judge failures, tokens/s) via report.py;
@@ -60,7 +66,7 @@ from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
 
 from posttrain_trainer import distributed as D
-from posttrain_trainer import gspo, offpolicy, preemption, rl_vision, step_rewards
+from posttrain_trainer import gspo, offpolicy, preemption, rl_vision, step_rewards, utilisation
 from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.modeling import train_without_dropout
 from posttrain_trainer.online import (
@@ -71,6 +77,7 @@ from posttrain_trainer.online import (
     std,
     wait_until_serving,
 )
+from posttrain_trainer.pipeline import RolloutPipeline, SampledBatch, requested_window
 from posttrain_trainer.report import Reporter
 from posttrain_trainer.resume import CheckpointStore
 from posttrain_trainer.rl_config import (
@@ -98,6 +105,8 @@ ITERATION_EVENT_FIELDS = (
     "rollout_seconds", "update_seconds", "weight_sync_seconds", "iteration_seconds", "judged", "judge_failed",
     "truncated", "empty_responses", "sampler_mismatch", "sampler_kl", "sampler_max_abs_delta", "max_staleness",
     "unexpected_versions", "media_tokens_sampled", "mean_turns", "decision_rewards_nonzero", "decision_reward_sum",
+    "staleness_mean", "staleness_max", "stale_dropped", "rollout_wait_seconds", "trainer_idle_share",
+    "rollout_idle_share", "weight_sync_stale_seconds",
 )  # fmt: skip
 
 
@@ -230,6 +239,14 @@ def sample_with_signal(
     stats = {"sampling_rounds": rounds, "groups_sampled": len({r.spec.group for r in everything}),
              "groups_kept": len(kept)}  # fmt: skip
     return [r for g in kept for r in g], everything, stats
+
+
+def call_versions(result: RolloutResult) -> list[Any]:
+    """The weight version of each captured policy call of a rollout (the rollout server's captures)."""
+    versions = result.trace.get("weight_versions")
+    if versions is None:
+        versions = [v for s in result.sequences for v in s.weight_versions]
+    return list(versions)
 
 
 def decision_credits(ok: list[RolloutResult]) -> list[list[float]]:
@@ -623,7 +640,9 @@ def iteration_record(
         "sampler_max_abs_delta": update.get("sampler_max_abs_delta"),
         "sampler_logprobs_missing": update.get("sampler_logprobs_missing"),
         **{k: stats.get(k) for k in ("max_staleness", "unexpected_versions")},
+        **{k: stats.get(k) for k in ("staleness_mean", "staleness_max", "stale_dropped")},
         "rollout_seconds": stats["rollout_seconds"],
+        "rollout_wait_seconds": stats.get("rollout_wait_seconds"),
         "iteration_seconds": seconds,
         **{k: stats.get(k) for k in ("mean_turns", "decision_rewards_nonzero", "decision_reward_sum")},
         **{k: stats[k] for k in ("judged", "judge_failed", "media_tokens_sampled") if k in stats},
@@ -669,6 +688,8 @@ class RLRun:
         self.last_eval: float | None = None
         self.run_tag = run_tag(job.job.name, job.job.uid)
         self.traces = traces.JobTraces(job, self.store.client) if D.is_main() else None
+        self.pipeline: RolloutPipeline | None = None  # rank 0, async_depth > 0: the background sampler
+        self.clocks: utilisation.ServerClocks | None = None  # rank 0: the rollout servers' busy seconds
 
     @property
     def total(self) -> int:
@@ -710,7 +731,15 @@ class RLRun:
             with contextlib.suppress(Exception):
                 self.upload_traces(force=True)
             raise
+        finally:
+            self.close()
         return self.finish(first_eval)
+
+    def close(self) -> None:
+        """Ends the background sampler (waits for a batch in flight); idempotent."""
+        if self.pipeline is not None:
+            pipeline, self.pipeline = self.pipeline, None
+            pipeline.close()
 
     def resume(self) -> None:
         state = self.store.resume(self.engine)
@@ -747,6 +776,10 @@ class RLRun:
             else None
         )
         self.sync_format = sync_format(self.cfg.weight_sync_format, is_peft(self.engine.module))
+        if D.is_main():
+            self.clocks = utilisation.ServerClocks(job.endpoints.policy)
+            if self.cfg.async_depth > 0:
+                self.pipeline = RolloutPipeline(self.sample_batch)
 
     def make_judge(self) -> EpisodeJudge | None:
         """The judge the job's settings call (None: no judge is called), with each judged score's rubric:
@@ -795,6 +828,10 @@ class RLRun:
             self.iteration, self.total, update, stats, self.engine.current_lr(), elapsed
         )
         record.update(sync_metrics)
+        record["trainer_idle_share"] = utilisation.idle_share(
+            utilisation.trainer_busy_seconds(update, sync_metrics), elapsed
+        )
+        record["rollout_idle_share"] = self.clocks.idle_share() if self.clocks is not None else None
         self.history.append(record)
         self.reporter.record(record, self.history)
         self.reporter.event(
@@ -824,18 +861,18 @@ class RLRun:
         given to every rank (collective). Raises RolloutBudgetExceeded on every rank."""
         payload: Any = None
         if D.is_main():
-            cfg = self.cfg
-            sampling: dict[str, Any] = {}
-            if cfg.dynamic_sampling:
-                results, sampled, sampling = sample_with_signal(
-                    self.sample_round, cfg.batch_size, cfg.max_sampling_rounds
+            batch, waited = self.take_batch()
+            results, dropped = batch.results, 0
+            if self.cfg.async_depth > 0:
+                results, dropped = offpolicy.fresh_rollouts(
+                    results, self.iteration, self.cfg.async_depth, call_versions
                 )
-            else:
-                results = sampled = self.sample_round(0)
-            self.trace(sampled, "train", self.iteration)
+            self.trace(batch.sampled, "train", self.iteration)
             try:
-                payload = self.score(results, started, sampled)
-                payload["stats"].update(sampling)
+                payload = self.score(results, started, batch.sampled)
+                payload["stats"].update(batch.stats)
+                payload["stats"].update(rollout_seconds=batch.seconds, rollout_wait_seconds=waited,
+                                        stale_dropped=dropped)  # fmt: skip
             except RolloutBudgetExceeded as err:
                 payload = {"error": str(err)}
         payload = D.broadcast_object(payload)
@@ -843,15 +880,38 @@ class RLRun:
             raise RolloutBudgetExceeded(payload["error"])
         return payload["seqs"], payload["stats"]
 
-    def sample_round(self, k: int) -> list[RolloutResult]:
+    def take_batch(self) -> tuple[SampledBatch, float]:
+        """Rank 0: this iteration's batch and the seconds waited for it: sampled now (async_depth 0), or
+        taken from the background sampler after requesting the batches up to async_depth iterations ahead."""
+        if self.pipeline is None:
+            batch = self.sample_batch(self.iteration, self.loop)
+            return batch, batch.seconds
+        self.pipeline.ensure(requested_window(self.iteration, self.cfg.async_depth, self.total))
+        return self.pipeline.take(self.iteration)
+
+    def sample_batch(self, iteration: int, loop: RolloutLoop) -> SampledBatch:
+        """Iteration `iteration`'s rollouts, sampled on `loop` (with dynamic sampling, its rounds)."""
+        cfg = self.cfg
+        started = time.perf_counter()
+        sampling: dict[str, Any] = {}
+        if cfg.dynamic_sampling:
+            results, sampled, sampling = sample_with_signal(
+                lambda k: self.sample_round(k, iteration, loop), cfg.batch_size, cfg.max_sampling_rounds
+            )
+        else:
+            results = sampled = self.sample_round(0, iteration, loop)
+        return SampledBatch(iteration, results, sampled, sampling, time.perf_counter() - started)
+
+    def sample_round(self, k: int, iteration: int | None = None, loop: RolloutLoop | None = None) -> list[RolloutResult]:
         """One batch of groups: round 0 the iteration's own seeds; a further round of dynamic sampling seeds
         past every iteration's (seed_start + (total + iteration x rounds + k - 1) x batch_size + j), so a
         resumed run samples the same prompts."""
         cfg = self.cfg
-        at = self.iteration if k == 0 else self.total + self.iteration * cfg.max_sampling_rounds + k - 1
+        iteration = self.iteration if iteration is None else iteration
+        at = iteration if k == 0 else self.total + iteration * cfg.max_sampling_rounds + k - 1
         seeds = iteration_seeds(at, cfg.batch_size, cfg.seed_start)
         specs = plan_rollouts(self.run_tag, at, seeds, cfg.group_size, self.job.endpoints.policy)
-        return self.loop.collect(self.rollouts, specs)
+        return (loop or self.loop).collect(self.rollouts, specs)
 
     def score(
         self, results: list[RolloutResult], started: float, sampled: list[RolloutResult] | None = None
@@ -889,8 +949,10 @@ class RLRun:
             rollout_seconds=time.perf_counter() - started,
             errors=sorted(set(errors))[:3],
             **offpolicy.staleness(
-                [s.weight_versions for r in ok for s in r.sequences], self.synced_at, self.iteration
+                [s.weight_versions for r in ok for s in r.sequences], self.synced_at, self.iteration,
+                self.cfg.async_depth,
             ),
+            **offpolicy.lag_stats([call_versions(r) for r in ok], self.iteration),
         )
         if self.judge is not None:
             stats["judged"] = len(ok)

@@ -61,7 +61,16 @@ class SyncResult:
             "weight_sync_seconds": self.total_seconds,
             "weight_sync_save_seconds": self.save_seconds,
             "weight_sync_post_seconds": self.post_seconds,
+            # the longest any server kept serving the old weights after the new ones reached it (waiting for
+            # its requests in flight, then loading), and of that the wait for the requests in flight
+            "weight_sync_stale_seconds": _longest(self.server, "stale_seconds"),
+            "weight_sync_drain_seconds": _longest(self.server, "drain_seconds"),
         }
+
+
+def _longest(answers: Sequence[dict[str, Any]], key: str) -> float | None:
+    values = [float(a[key]) for a in answers if isinstance(a.get(key), int | float)]
+    return max(values) if values else None
 
 
 def sync_format(wanted: str, is_lora: bool) -> str:

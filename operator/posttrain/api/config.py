@@ -465,6 +465,7 @@ def _rl_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) ->
     if wants_vision and not config.model.supports_vision:
         warnings.append("rollout asks for vision but the model does not support it (model.supports_vision)")
     _rl_fsdp_rules(config, problems, warnings)
+    _async_rules(config, problems, warnings)
     _judge_rules(config, problems, warnings)
     _step_reward_rules(config, problems)
 
@@ -482,6 +483,19 @@ def _step_reward_rules(config: RLConfig, problems: list[Problem]) -> None:
         if value is not None and str(value).strip().lower() not in STEP_REWARD_STRATEGIES:
             problems.append(Problem(f"unknown step-reward strategy {value!r}", field=f"{where}.step_rewards_strategy",
                                     fix='use "consistent" (or "simple") or "per_achievement" (or "complex")'))  # fmt: skip
+
+
+def _async_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) -> None:
+    """training.async_depth: GSPO's asynchronous sampling (settings.async_problems); ReST-EM ignores it."""
+    training = config.training
+    if training is None or not training.async_depth:
+        return
+    if is_restem(config):
+        warnings.append("training.async_depth: ReST-EM samples, then trains; async_depth is ignored")
+        return
+    interval = training.weight_sync_interval or getattr(training.weight_sync, "weight_sync_interval", None)
+    problems += [Problem(m, field=f, fix=x)
+                 for f, m, x in settings.async_problems(training.async_depth, training.old_logprobs, interval)]  # fmt: skip
 
 
 def _rl_fsdp_rules(config: RLConfig, problems: list[Problem], warnings: list[str]) -> None:

@@ -24,6 +24,7 @@ MAX_TOKENS = 16_777_216  # 16M tokens: beyond the longest context windows of tod
 MAX_TEMPERATURE = 100.0
 MAX_WEIGHT = 1_000_000.0
 MAX_SECONDS = 30 * 24 * 3600.0
+MAX_ASYNC_DEPTH = 8  # weight versions a rollout may lag behind the update; far past any useful staleness
 
 # ------------------------------------------------------------------------------------------ choices
 Overlong = Literal["keep", "mask", "penalty", "shaped"]
@@ -57,6 +58,7 @@ Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 Temperature = Annotated[float, Field(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
 Keep = Annotated[int, Field(ge=0, le=MAX_COUNT)]  # how many to keep; 0 keeps all
+AsyncDepth = Annotated[int, Field(ge=0, le=MAX_ASYNC_DEPTH)]  # 0: sample, then update (serial)
 # [training] report_to of RL and SFT configs: a string or a list, normalised by api/trackers.py
 ReportTo = Annotated[
     list[Literal["tensorboard", "mlflow", "wandb"]] | None,

@@ -25,6 +25,7 @@ from posttrain.api.fields import (  # noqa: F401 - MAX_* re-exported for the mod
     MAX_WEIGHT,
     OVERLONG_PENALTY_BOUNDS,
     TIS_CAP_BOUNDS,
+    AsyncDepth,
     Count,
     Epochs,
     EventRewardsKind,
@@ -368,6 +369,12 @@ class RLTrainingConfig(Section):
         None,
         **TIS_CAP_BOUNDS,
         description="posttrain: cap of the truncated importance weight under old_logprobs = sampler (2).",
+    )
+    async_depth: AsyncDepth | None = Field(
+        None,
+        description="posttrain: GSPO samples iteration k+1 with the weights of k while it updates to k+1 "
+        "(0, default: sample, then update); rollouts older than this many weight versions are dropped. "
+        "Needs old_logprobs = sampler (set for you when unset) and weight_sync_interval = 1.",
     )
     gspo_variant: GspoVariant | None = Field(
         None,

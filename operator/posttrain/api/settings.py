@@ -29,6 +29,7 @@ from posttrain.api.fields import (  # noqa: F401 - re-exported
     OVERLONG_PENALTY_BOUNDS,
     OVERLONG_TREATMENTS,
     TIS_CAP_BOUNDS,
+    AsyncDepth,
     Count,
     Epochs,
     EventRewardsKind,
@@ -126,6 +127,24 @@ def fsdp_problems(fsdp: bool, use_deepspeed: bool, trainer_mode: str | None) -> 
         out.append(("training.parallelism.fsdp", f'fsdp shards full fine-tuning only, not trainer_mode = "{trainer_mode}"',
                     "set fsdp = false (an adapter's gradients and optimizer state are small) or "
                     'trainer_mode = "full"'))  # fmt: skip
+    return out
+
+
+def async_problems(async_depth: int, old_logprobs: str | None, weight_sync_interval: int | None) -> list[tuple[str, str, str]]:
+    """training.async_depth > 0: rollouts lag the update by up to async_depth weight versions; the sampler's
+    logprobs must be the behaviour policy (old_logprobs = sampler, truncated importance sampling), and every
+    update's weights must reach the rollout servers for the bound to hold."""
+    if not async_depth:
+        return []
+    out = []
+    if old_logprobs == "trainer":
+        out.append(("training.old_logprobs", f'old_logprobs = "trainer" with training.async_depth = {async_depth}: '
+                    "rollouts sampled by older weights need the sampler's logprobs as the behaviour policy",
+                    'set old_logprobs = "sampler" (or leave it unset), or async_depth = 0'))  # fmt: skip
+    if weight_sync_interval is not None and weight_sync_interval > 1:
+        out.append(("training.weight_sync_interval", f"weight_sync_interval = {weight_sync_interval} with "
+                    f"training.async_depth = {async_depth}: rollouts would lag more than async_depth versions "
+                    "and be dropped", "set weight_sync_interval = 1, or async_depth = 0"))  # fmt: skip
     return out
 
 
@@ -331,6 +350,11 @@ class GSPOSettings(OnlineSettings):
     gspo_variant: Annotated[GspoVariant, _pick("gspo_variant")] = Field(
         "sequence", description="sequence (GSPO) or token (GSPO-token)."
     )
+    async_depth: Annotated[AsyncDepth, Keys("training.async_depth")] = Field(
+        0,
+        description="Sample iteration k+1 with the weights of k while updating to k+1; rollouts more than this "
+        "many weight versions behind are dropped (0: sample, then update).",
+    )
     trainer_mode: TrainerMode = Field("full", description="full, lora or qlora.")
     lora: dict[str, Any] = Field(default_factory=dict, description="LoRA settings (r, alpha, dropout, target_modules).")
     parallel: ParallelSettings = Field(default_factory=ParallelSettings, description="hyperparameters.parallelism.")
@@ -362,11 +386,14 @@ class GSPOSettings(OnlineSettings):
                 _table(config, "hyperparameters.parallelism") or training.get("parallelism")
             ),
             "judge": JudgeSettings.resolve(config),
+            # asynchronous sampling: the sampler is the behaviour policy unless the config says otherwise
+            **({"old_logprobs": "sampler"} if found.get("async_depth") and "old_logprobs" not in found else {}),
         }
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
         problems = fsdp_problems(self.parallel.fsdp, self.parallel.use_deepspeed, self.trainer_mode)
+        problems += async_problems(self.async_depth, self.old_logprobs, self.weight_sync_interval)
         if self.needs_groups:
             problems += group_problems(self.group_size)
         _refuse(problems)
