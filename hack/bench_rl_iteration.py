@@ -28,7 +28,21 @@ Printed: per side the median and spread (min, IQR, max) of the seconds per itera
 whole iteration (tokens counted from what each side trained on: posttrain's policy_tokens, TRL's
 completion_mask), the median time per phase, and the ratio of the medians. Server start-up is not timed.
 
-Not a test: `make bench` or `.venv/bin/python hack/bench_rl_iteration.py [--repeats 5] [--trl-mode auto]`."""
+--async: the demo's job (examples/demo/rl.toml, 14 iterations) with [training] async_depth 0 (today's serial
+loop) and async_depth 1, interleaved (sync, async, sync, async, ...), --runs times each, in this process
+against one set of `posttrain train --local` services; each run starts from the base weights (pushed to the
+rollout server as version 0) with trainer seed --seed-base + run (the same for both modes of a run; the
+rollout server's sampling seed is the TOML's). The rollout server (vLLM, the proxy, the task app) runs on core 0
+and the trainer (this process) on core 1 (os.sched_setaffinity; vLLM's OMP threads bound to core 0), so that
+on 2 cores sampling and update can overlap. Per run: training wall seconds (the 14 iterations, without the
+final evaluation), iterations per hour, the mean idle share of the trainer and of the rollout server per
+iteration (the trainer's metrics), the mean version lag and the stale rollouts dropped, and the held-out
+accuracy (the demo's greedy evaluation on 128 held-out problems after the last iteration). Then the ratios
+async/sync of the medians; the last line is one JSON object: iterations_per_hour_ratio, held_out_sync,
+held_out_async (one per run), runs, cpu, and the per-run records.
+
+Not a test: `make bench` or `.venv/bin/python hack/bench_rl_iteration.py [--repeats 5] [--trl-mode auto]`;
+`.venv/bin/python hack/bench_rl_iteration.py --async [--runs 5]` (about 4-5 min a run on 2 cores)."""
 
 from __future__ import annotations
 
@@ -454,6 +468,199 @@ def run(args) -> dict[str, Any]:
         }
 
 
+# -- --async: the demo's job, serial loop against async_depth 1 ------------------------------------------
+
+DEMO_TOML = REPO / "examples" / "demo" / "rl.toml"
+ROLLOUT_CORE, TRAINER_CORE = 0, 1
+
+
+def run_summary(mode: str, seed: int, wall: float, iterations: list[dict[str, Any]], held_out: float | None) -> dict[str, Any]:
+    """One run's record from the trainer's per-iteration metrics (pure)."""
+
+    def mean_of(key: str) -> float | None:
+        values = [m[key] for m in iterations if isinstance(m.get(key), int | float)]
+        return round(statistics.fmean(values), 4) if values else None
+
+    return {
+        "mode": mode,
+        "seed": seed,
+        "iterations": len(iterations),
+        "wall_s": round(wall, 1),
+        "iterations_per_hour": round(len(iterations) / wall * 3600.0, 1) if wall > 0 else None,
+        "trainer_idle_share": mean_of("trainer_idle_share"),
+        "rollout_idle_share": mean_of("rollout_idle_share"),
+        "staleness_mean": mean_of("staleness_mean"),
+        "stale_dropped": sum(int(m.get("stale_dropped") or 0) for m in iterations),
+        "rollout_s": mean_of("rollout_seconds"),
+        "rollout_wait_s": mean_of("rollout_wait_seconds"),
+        "update_s": mean_of("update_seconds"),
+        "sync_s": mean_of("weight_sync_seconds"),
+        "weight_sync_stale_s": mean_of("weight_sync_stale_seconds"),
+        "final_mean_return": iterations[-1].get("mean_return") if iterations else None,
+        "held_out": held_out,
+    }
+
+
+def _median(values: list[Any]) -> float | None:
+    values = [v for v in values if isinstance(v, int | float)]
+    return statistics.median(values) if values else None
+
+
+def async_comparison(records: list[dict[str, Any]], cpu: str) -> dict[str, Any]:
+    """Medians per mode and the ratios async/sync (pure)."""
+    by = {m: [r for r in records if r["mode"] == m] for m in ("sync", "async")}
+    med = {m: {k: _median([r[k] for r in rs]) for k in ("iterations_per_hour", "trainer_idle_share",
+                                                          "rollout_idle_share", "held_out", "wall_s")}
+           for m, rs in by.items()}  # fmt: skip
+
+    def ratio(key: str) -> float | None:
+        a, b = med["async"][key], med["sync"][key]
+        return round(a / b, 3) if a is not None and b else None
+
+    held = (med["async"]["held_out"], med["sync"]["held_out"])
+    return {
+        "bench": "rl_iteration_async",
+        "iterations_per_hour_ratio": ratio("iterations_per_hour"),
+        "trainer_idle_share_ratio": ratio("trainer_idle_share"),
+        "rollout_idle_share_ratio": ratio("rollout_idle_share"),
+        "held_out_ratio": ratio("held_out"),
+        "held_out_delta": round(held[0] - held[1], 4) if None not in held else None,
+        "held_out_sync": [r["held_out"] for r in by["sync"]],
+        "held_out_async": [r["held_out"] for r in by["async"]],
+        "medians": med,
+        "runs": min(len(by["sync"]), len(by["async"])),
+        "cpu": cpu,
+        "records": records,
+    }
+
+
+class DemoServices:
+    """The demo job's `posttrain train --local` services on core 0, and RLRuns of it on core 1."""
+
+    def __init__(self, args, work: Path, stack: contextlib.ExitStack):
+        from posttrain.api import convert
+        from posttrain.api.config import normalized_config
+        from posttrain.local.processes import ProcessSet
+        from posttrain.local.runner import LocalOptions, LocalRun
+
+        text = DEMO_TOML.read_text().replace("[training]\n", f"[training]\nseed = {args.seed_base}\n", 1)
+        config_path = work / "bench-rl-async.toml"
+        config_path.write_text(text)
+        _, config, _ = convert.load(text, kind="rl", file=str(config_path), model=None)
+        opts = LocalOptions(kind="rl", config_path=config_path, config=normalized_config(config),
+                            name="bench-rl-async", runs_dir=args.runs_dir)  # fmt: skip
+        run = LocalRun(opts)
+        run.check_inputs()
+        run.procs = stack.enter_context(ProcessSet(run.run_dir / "pids.json"))
+        stack.callback(lambda: run.s3 is not None and run.s3.stop())
+        # what starts now (S3, the task app, the rollout server and its vLLM) inherits core 0
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(ROLLOUT_CORE)
+        os.sched_setaffinity(0, {ROLLOUT_CORE})
+        started = time.monotonic()
+        run.start_storage()
+        run.verify()
+        job_path = run.provision()
+        from posttrain.api.jobfile import load_jobfile
+        from posttrain_trainer.rollouts import wait_for_servers
+
+        self.job = load_jobfile(job_path)
+        wait_for_servers(self.job.endpoints.policy)
+        print(f"[bench] services up in {time.monotonic() - started:.0f} s on core {ROLLOUT_CORE}; run folder "
+              f"{run.run_dir}", flush=True)  # fmt: skip
+        os.environ.update(run.child_env)
+        os.environ.pop("POSTTRAIN_METRICS_PORT", None)  # one RLRun after another: no /metrics server each
+        os.sched_setaffinity(0, {TRAINER_CORE})  # the trainer: this process and its threads
+        import torch
+
+        torch.set_num_threads(1)
+        self.run_dir = run.run_dir
+        self.iterations = args.iterations
+
+    def train(self, mode: str, seed: int, index: int) -> dict[str, Any]:
+        import gc
+
+        from posttrain_trainer.rl import RLRun
+        from posttrain_trainer.rollouts import RolloutLoop
+
+        depth = 1 if mode == "async" else 0
+        update: dict[str, Any] = {"seed": seed, "async_depth": depth}
+        if depth:
+            update["old_logprobs"] = "sampler"  # what the settings resolve for async_depth > 0
+        if self.iterations:
+            update.update(num_epochs=1, iterations_per_epoch=self.iterations)
+        settings = self.job.settings.model_copy(update=update)
+        workdir = self.run_dir / "bench" / f"{index:02d}-{mode}"
+        job = self.job.model_copy(update={"settings": settings, "workdir": str(workdir), "checkpoint_every": 0})
+        with RolloutLoop() as loop:
+            rl = RLRun(job, loop)
+            try:
+                rl.connect()
+                rl.sync(0)  # the rollout server back to the base weights (the previous run left its own)
+                rl.clocks.idle_share()  # the servers' idle share from here
+                started = time.perf_counter()
+                while rl.iteration < rl.total:
+                    rl.step()
+                wall = time.perf_counter() - started
+                rl.close()
+                held_out = rl.evaluate(rl.iteration)
+                iterations = [h for h in rl.history if "eval_score" not in h]
+            finally:
+                rl.close()
+            record = run_summary(mode, seed, wall, iterations, held_out)
+        del rl
+        gc.collect()
+        return record
+
+
+def async_bench(args) -> int:
+    from posttrain import hardware
+
+    if (os.cpu_count() or 1) < 2 or not hasattr(os, "sched_setaffinity"):
+        raise SystemExit("--async pins the rollout server and the trainer to two cores: this machine has fewer")
+    cpu = f"{hardware.cpu_label()}; {hardware.probe().describe()}; {os.cpu_count()} cores"
+    print(f"machine: {cpu}; {uptime()}", flush=True)
+    records: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-rl-async-") as tmp:
+        services = DemoServices(args, Path(tmp), stack)
+        for i in range(args.runs):
+            seed = args.seed_base + i
+            for mode in ("sync", "async") if i % 2 == 0 else ("async", "sync"):
+                print(f"== run {i + 1} of {args.runs}, {mode}, trainer seed {seed} ({uptime()})", flush=True)
+                record = services.train(mode, seed, len(records))
+                records.append(record)
+                print(f"[bench] {json.dumps(record)}", flush=True)
+    result = async_comparison(records, cpu)
+    print_async(result)
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def print_async(result: dict[str, Any]) -> None:
+    def fmt(v: Any, spec: str) -> str:
+        return format(v, spec) if isinstance(v, int | float) else "-"
+
+    print(f"\n== {result['runs']} run(s) each on {result['cpu']} ({uptime()})")
+    print(f"{'mode':>6} {'seed':>5} {'wall s':>7} {'it/h':>6} {'idle trainer':>13} {'idle rollout':>13} "
+          f"{'lag':>5} {'dropped':>8} {'held-out':>9}")  # fmt: skip
+    for r in result["records"]:
+        print(f"{r['mode']:>6} {r['seed']:>5} {fmt(r['wall_s'], '.0f'):>7} {fmt(r['iterations_per_hour'], '.0f'):>6} "
+              f"{fmt(r['trainer_idle_share'], '.0%'):>13} {fmt(r['rollout_idle_share'], '.0%'):>13} "
+              f"{fmt(r['staleness_mean'], '.2f'):>5} {r['stale_dropped']:>8} {fmt(r['held_out'], '.3f'):>9}")  # fmt: skip
+    med = result["medians"]
+    for key, name, spec in (("iterations_per_hour", "iterations per hour", ".0f"),
+                            ("trainer_idle_share", "trainer idle share", ".0%"),
+                            ("rollout_idle_share", "rollout server idle share", ".0%"),
+                            ("held_out", "held-out accuracy", ".3f")):  # fmt: skip
+        ratio = {"iterations_per_hour": "iterations_per_hour_ratio", "trainer_idle_share": "trainer_idle_share_ratio",
+                 "rollout_idle_share": "rollout_idle_share_ratio", "held_out": "held_out_ratio"}[key]  # fmt: skip
+        print(f"{name}: async {fmt(med['async'][key], spec)} / sync {fmt(med['sync'][key], spec)} (medians) = "
+              f"{fmt(result[ratio], '.2f')}x")  # fmt: skip
+    print(f"held-out async - sync (medians): {fmt(result['held_out_delta'], '+.3f')} (goal: within 0.03); "
+          f"iterations per hour {fmt(result['iterations_per_hour_ratio'], '.2f')}x (goal: >= 1.4x)")
+
+
 def _print(side: str, k: int, seconds: float, tokens: int, reward, split: dict[str, Any]) -> None:
     parts = ", ".join(f"{p} {split[p]:.1f} s" for p in ("rollout", "update", "sync"))
     reward_text = f"{reward:.3f}" if isinstance(reward, int | float) else "-"
@@ -478,12 +685,26 @@ def main(argv: list[str] | None = None) -> int:
         "--server-timeout", type=float, default=300.0, help="seconds for a TRL vLLM server to start"
     )
     parser.add_argument("--runs-dir", type=Path, default=REPO / ".runs")
-    parser.add_argument("--json-out", type=Path, default=REPO / "bench-results" / "rl_iteration.json")
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="default bench-results/rl_iteration.json (--async: rl_iteration_async.json)")  # fmt: skip
+    parser.add_argument("--async", dest="async_mode", action="store_true",
+                        help="the demo's job, async_depth 0 against 1 (see above)")  # fmt: skip
+    parser.add_argument("--runs", type=int, default=5, help="--async: runs of each mode")
+    parser.add_argument("--seed-base", type=int, default=1, help="--async: the first run's trainer seed")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="--async: iterations per run (default the demo's 14; fewer for a quick look)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.json_out is None:
+        name = "rl_iteration_async.json" if args.async_mode else "rl_iteration.json"
+        args.json_out = REPO / "bench-results" / name
     if (args.prompts * args.group) % args.minibatches:
         parser.error("--prompts x --group must divide into --minibatches")
     args.runs_dir = args.runs_dir.resolve()
     from posttrain.local.processes import sigterm_as_keyboard_interrupt
+
+    if args.async_mode:
+        with sigterm_as_keyboard_interrupt():
+            return async_bench(args)
 
     with sigterm_as_keyboard_interrupt():  # a timeout's SIGTERM still stops every server this started
         result = run(args)
