@@ -68,7 +68,11 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     for group_version, plural in KOPF_WATCHED:
         settings.watching.label_selectors[group_version, plural] = kopf_selector()
     settings.networking.error_backoffs = [0.5, 1, 2, 3, 5, 8]
-    settings.batching.idle_timeout = 60.0
+    # kopf's per-object worker keeps the last event (the whole body, originalToml included) until it has
+    # been idle this long; our handlers only hand the event to the object's loop, so a worker is cheap to
+    # make again. The initial listing comes in chunks, never as one response of every job's body.
+    settings.queueing.idle_timeout = 5.0
+    settings.watching.chunk_size = 100
     op_settings: OperatorSettings = _CONFIG.get("settings") or load_settings()
     # Watches end on the server's side every few minutes and are resumed; a watch silent for longer than
     # watch_idle_seconds (no event, no bookmark) is taken for a dropped connection and made again, and no
