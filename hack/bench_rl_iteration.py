@@ -57,6 +57,7 @@ import sys
 import tempfile
 import time
 import traceback
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -590,7 +591,12 @@ class DemoServices:
             update.update(num_epochs=1, iterations_per_epoch=self.iterations)
         settings = self.job.settings.model_copy(update=update)
         workdir = self.run_dir / "bench" / f"{index:02d}-{mode}"
-        job = self.job.model_copy(update={"settings": settings, "workdir": str(workdir), "checkpoint_every": 0})
+        # a uid of its own: the rollout server counts each cid's calls (the call index seeds the request), so a
+        # run reusing the previous run's cids would sample with other seeds; with its own, both modes of a run
+        # sample their first batch with the same seeds from the same base weights
+        identity = self.job.job.model_copy(update={"uid": str(uuid.uuid4())})
+        job = self.job.model_copy(update={"settings": settings, "workdir": str(workdir), "checkpoint_every": 0,
+                                          "job": identity})  # fmt: skip
         with RolloutLoop() as loop:
             rl = RLRun(job, loop)
             try:
