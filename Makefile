@@ -9,7 +9,7 @@ DEMO_ARGS ?=
 REGISTRY ?=
 TAG ?= dev
 
-.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit test-unproven docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images push release-manifests registry-deps synth-crafter e2e e2e-gitops clean
+.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit test-unproven docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images push release-manifests registry-deps synth-crafter e2e e2e-gitops e2e-netpol clean
 
 # Python with venv first (Debian ships ensurepip apart, in python3-venv), then .venv.
 setup:
@@ -43,7 +43,7 @@ gitops-deps:
 # bin/ first on PATH: the kustomize tests run `kubectl kustomize` with the kubectl k8s-bins built (a fresh
 # machine has no other; they would skip).
 test: setup k8s-bins kueue-bins registry-deps synth-crafter
-	PATH="$(CURDIR)/bin:$$PATH" $(PY) -m pytest tests -m "not argocd and not unproven" $(PYTEST_ARGS)
+	PATH="$(CURDIR)/bin:$$PATH" $(PY) -m pytest tests -m "not argocd and not unproven and not realnode" $(PYTEST_ARGS)
 
 # Learning tests that have not yet passed run after run (docs/known-gaps.md says which and what was measured).
 test-unproven: setup
@@ -114,6 +114,12 @@ registry-deps:
 # The images go through a registry on 127.0.0.1 (hack/registry.sh), as a user's cluster pulls them.
 e2e: setup k8s-bins node-bins registry-deps images
 	$(PY) hack/e2e_node.py
+
+# The namespace's network fences enforced on the real node (kube-router's network policy controller): a job or
+# TaskApp pod reaches neither 169.254.169.254 nor the API server, and reaches DNS, S3 and its own task app
+# (docs/operations/real-node-e2e.md). Needs root; outside `make test` (the real node takes minutes).
+e2e-netpol: setup k8s-bins node-bins
+	PATH="$(CURDIR)/bin:$$PATH" $(PY) -m pytest tests/e2e/test_network_fences_node.py -m realnode -s $(PYTEST_ARGS)
 
 clean:
 	rm -rf site .cluster .cluster-e2e .cluster-harness.log .runs .pytest_cache .ruff_cache

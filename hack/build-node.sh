@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds what a real kubelet node needs beside the control plane (hack/build-k8s.sh builds kubelet and
 # kube-proxy): containerd 2.x with its runc v2 shim and ctr (hack/node/containerd), CoreDNS
-# (hack/node/coredns), crictl (hack/node/crictl) and the pod sandbox's pause process (hack/node/pause), from
-# the Go module proxy into bin/; and installs runc, the CNI plugins, iptables and conntrack from Debian
-# packages where they are missing (needs root and apt-get).
+# (hack/node/coredns), crictl (hack/node/crictl), the pod sandbox's pause process (hack/node/pause),
+# kube-router's network policy controller (hack/node/kube-router, `kube-router-netpol`: the NetworkPolicy
+# enforcer of `make e2e-netpol`) and netcheck (hack/node/netcheck: the probe program of that test's pods), from
+# the Go module proxy into bin/; and installs runc, the CNI plugins, iptables, conntrack and ipset from
+# Debian packages where they are missing (needs root and apt-get).
 # Like hack/build-k8s.sh, Go caches and the built binaries live in $POSTTRAIN_CACHE (default
 # ~/.cache/posttrain), keyed by the pinned module files, and bin/ gets hard links (or copies).
 set -euo pipefail
@@ -24,9 +26,10 @@ export GOMODCACHE=$CACHE/go/mod GOCACHE=$CACHE/go/build GOPATH=$CACHE/go/path
 GO=${GO:-$(bash hack/go.sh)}  # a new enough Go; fetched from the Go module proxy if none is here
 
 # Debian packages: runc (the OCI runtime containerd's shim calls), the CNI plugins (bridge, host-local,
-# loopback, portmap in /usr/lib/cni), iptables (kube-proxy's iptables mode, portmap) and conntrack.
+# loopback, portmap in /usr/lib/cni), iptables (kube-proxy's iptables mode, portmap), conntrack and ipset
+# (kube-router's network policy controller).
 bash hack/debian-deps.sh runc:runc /usr/lib/cni/bridge:containernetworking-plugins iptables:iptables \
-  conntrack:conntrack
+  conntrack:conntrack ipset:ipset
 
 mkdir -p "$LINK_BIN"
 start=$(date +%s)
@@ -43,7 +46,7 @@ build() {
     echo "building $module (cold: minutes on 2 cores; cached afterwards)"
     mkdir -p "$bin"
     [ "$out" = - ] && t="$bin/" || t="$bin/$out"
-    (cd "hack/node/$module" && nice -n 5 "$GO" build -trimpath -tags no_btrfs -ldflags "$ld" -o "$t" "$@")
+    (cd "hack/node/$module" && nice -n "${NICE:-5}" "$GO" build -trimpath -tags no_btrfs -ldflags "$ld" -o "$t" "$@")
     built=1
   fi
   for b in "$bin"/*; do
@@ -59,6 +62,9 @@ build containerd - "-s -w -X $v.Version=$CONTAINERD_VERSION -X $v.Revision=gomod
   github.com/containerd/containerd/v2/cmd/ctr
 build coredns coredns "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" .
 build pause pause "-s -w" .
+build netcheck netcheck "-s -w" .
+# kube-router's Go is slow to build on 2 cores: the lowest priority, like the other long builds beside tests.
+NICE=19 build kube-router kube-router-netpol "-s -w" .
 build crictl - "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" sigs.k8s.io/cri-tools/cmd/crictl
 [ "$built" = 1 ] && echo "node binaries built in $(( $(date +%s) - start )) s"
 "$LINK_BIN/containerd" --version

@@ -49,6 +49,7 @@ HACK = REPO_ROOT / "hack"  # this package's parent: a child process imports it f
 STAGES_FILE = REPO_ROOT / "hack" / "k8s" / "kwok-stages.yaml"
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 PORT_CLASH_ATTEMPTS = 3  # starts with fresh ports when a server finds its picked port taken
+NODE_PORTS = (30000, 32767)  # the API server's default --service-node-port-range
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # A test ends a running kwok pod by setting this annotation to its exit code ("0" succeeds).
 KWOK_EXIT_ANNOTATION = "posttrain.dev/kwok-exit"
@@ -274,6 +275,7 @@ class DevCluster:
     log_to_files: bool = True
     admission_plugins: tuple[str, ...] = ADMISSION_PLUGINS
     real_node: bool = False
+    network_policy: bool = False  # the real node also enforces NetworkPolicies (kube-router; devnode)
     kueue: bool = False  # also run Kueue's manager (hack/build-kueue.sh; posttrain_dev.kueue)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
@@ -335,6 +337,10 @@ class DevCluster:
                               ["system:masters"])  # fmt: skip
         for name in ("etcd", "etcd-peer", "apiserver", "scheduler", "kwok-server", "kwok-node"):
             self.ports[name] = free_port()
+        while self.real_node and NODE_PORTS[0] <= self.ports["apiserver"] <= NODE_PORTS[1]:
+            # pods may reach the node's own addresses on NodePorts whatever the NetworkPolicies say
+            # (kube-router, like kube-proxy, lets them through): an API server there would be unfenced
+            self.ports["apiserver"] = free_port()
         self.kubeconfig.write_text(yaml.safe_dump(kubeconfig_dict(self.server, self.pki)))
 
         self._spawn("etcd", self._etcd_args())
@@ -446,6 +452,7 @@ class DevCluster:
             api=self._api,
             issue_client_cert=lambda stem, cn, orgs: issue_certificate(self.pki, stem, cn, orgs),
             issue_server_cert=lambda stem, cn, names: issue_certificate(self.pki, stem, cn, [], names),
+            enforce_network_policy=self.network_policy,
         )
         self.node.start()
 
@@ -728,6 +735,7 @@ def _serve(args: argparse.Namespace) -> int:
     workdir = Path(args.dir).resolve()
     cluster = DevCluster(
         workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node, real_node=args.real_node,
+        network_policy=args.network_policy,
         kueue=args.kueue,
     )
     stopping = False
@@ -776,6 +784,8 @@ def _up(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     if args.real_node:
         command.append("--real-node")
+    if args.network_policy:
+        command.append("--network-policy")
     if args.kueue:
         command.append("--kueue")
     # the harness imports this package as we do: hack/ on its import path (not installed anywhere)
@@ -856,6 +866,8 @@ def main(argv: list[str] | None = None) -> int:
             help="also start a real kubelet node (containerd, runc, CNI, kube-proxy, CoreDNS); needs root "
             "and `make node-bins`",
         )
+        p.add_argument("--network-policy", action="store_true",
+                       help="with --real-node: the node also enforces NetworkPolicies (kube-router's controller)")
         p.add_argument("--kueue", action="store_true",
                        help="also run Kueue's manager (`make kueue-bins`); see posttrain_dev.kueue")  # fmt: skip
     args = parser.parse_args(argv)

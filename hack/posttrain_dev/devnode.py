@@ -15,6 +15,11 @@ Where things live (everything else it touches is listed by `leftovers()` and rem
   cgroups /posttrain         the kubelet's cgroup root in every cgroup v1 hierarchy (or the v2 tree)
   bridge posttrain0, pod network 10.244.0.0/24, DNS Service 10.0.0.10 -> CoreDNS on the node IP
 
+With enforce_network_policy (DevCluster(network_policy=True), `make e2e-netpol`) kube-router's network policy
+controller runs beside them (hack/node/kube-router, as `kube-router-netpol`): it enforces the API server's
+NetworkPolicies for this node's pods with iptables chains (KUBE-ROUTER-*, KUBE-POD-FW-*, KUBE-NWPLCY-*) and
+ipsets (KUBE-SRC-*, KUBE-DST-*), which stop() removes with the node's other chains.
+
 Facts this relies on (measured on the dev machine, docs/real-node.md): a kubelet >= 1.35 refuses cgroup v1
 unless its configuration sets failCgroupV1: false, so that is set only on a cgroup v1 host; no swap; root."""
 
@@ -58,9 +63,13 @@ CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 NODE_BINARIES = (
     "containerd", "containerd-shim-runc-v2", "ctr", "crictl", "kubelet", "kube-proxy", "coredns", "pause",
 )  # fmt: skip
+NETPOL_BINARY = "kube-router-netpol"  # hack/node/kube-router: kube-router's network policy controller only
+SERVICE_CIDR = "10.0.0.0/24"  # the dev API server's --service-cluster-ip-range
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
-# Chains the kubelet, kube-proxy and the CNI bridge/portmap plugins create; removed on stop.
+# Chains the kubelet, kube-proxy, the CNI bridge/portmap plugins and kube-router create; removed on stop.
 CHAIN_PREFIXES = ("KUBE-", "CNI-")
+# kube-router's ipsets (inet6: the IPv6 ones); removed on stop, once no rule refers to them.
+IPSET_PREFIXES = ("KUBE-", "inet6:KUBE-")
 IPTABLES_TABLES = ("filter", "nat", "mangle", "raw")
 SYSCTLS = ("net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables")
 
@@ -107,9 +116,12 @@ def can_lower_oom_score(status: str | None = None) -> bool:
     return bool(match) and bool(int(match.group(1), 16) >> CAP_SYS_RESOURCE & 1)
 
 
-def missing_prerequisites(bin_dir: Path) -> list[str]:
+def missing_prerequisites(bin_dir: Path, network_policy: bool = False) -> list[str]:
     """What the node needs on this host and does not find, each with the command that provides it."""
-    out = [f"{bin_dir / b} (make node-bins)" for b in NODE_BINARIES if not os.access(bin_dir / b, os.X_OK)]
+    binaries = (*NODE_BINARIES, NETPOL_BINARY) if network_policy else NODE_BINARIES
+    out = [f"{bin_dir / b} (make node-bins)" for b in binaries if not os.access(bin_dir / b, os.X_OK)]
+    if network_policy and not shutil.which("ipset"):
+        out.append("ipset (apt-get install ipset; make node-bins does it)")
     if not shutil.which("runc"):
         out.append("runc (apt-get install runc; make node-bins does it)")
     for plugin in CNI_PLUGINS:
@@ -386,24 +398,56 @@ def dns_objects(node_ip: str, port: int) -> list[tuple[str, dict]]:
     ]
 
 
+def netpol_rbac() -> list[tuple[str, dict]]:
+    """(API path to POST to, object): what kube-router's network policy controller reads, for the user
+    posttrain-kube-router: its node, and the pods, namespaces and NetworkPolicies it enforces."""
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "posttrain:kube-router"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list", "watch"]},
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "posttrain:kube-router"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "posttrain:kube-router"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "posttrain-kube-router"}],
+    }
+    return [
+        ("/apis/rbac.authorization.k8s.io/v1/clusterroles", role),
+        ("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding),
+    ]
+
+
 def pause_image_archive(pause_binary: bytes, ref: str = PAUSE_IMAGE) -> bytes:
     """An OCI image layout (tar) with one layer holding /pause, named `ref` for `ctr images import`."""
+    return binary_image_archive(pause_binary, "pause", ref, user="65535:65535")
+
+
+def binary_image_archive(binary: bytes, name: str, ref: str, *, user: str) -> bytes:
+    """An OCI image layout (tar) whose one layer holds the static program /<name> (its entrypoint), run as
+    `user`, named `ref` for `ctr images import`."""
 
     def blob(data: bytes) -> tuple[str, bytes]:
         return "sha256:" + hashlib.sha256(data).hexdigest(), data
 
     layer_buf = io.BytesIO()
     with tarfile.open(fileobj=layer_buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        info = tarfile.TarInfo("pause")
-        info.size, info.mode, info.mtime = len(pause_binary), 0o755, 0
-        tar.addfile(info, io.BytesIO(pause_binary))
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = len(binary), 0o755, 0
+        tar.addfile(info, io.BytesIO(binary))
     layer_digest, layer = blob(layer_buf.getvalue())
     config_digest, config = blob(
         json.dumps(
             {
                 "architecture": "amd64",
                 "os": "linux",
-                "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
+                "config": {"Entrypoint": [f"/{name}"], "User": user},
                 "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
             },
             sort_keys=True,
@@ -528,6 +572,7 @@ class RealNode:
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     containerd_version: str = ""
+    enforce_network_policy: bool = False  # also kube-router's network policy controller
 
     @property
     def socket(self) -> Path:
@@ -552,7 +597,7 @@ class RealNode:
     # ---------------------------------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        missing = missing_prerequisites(self.bin_dir)
+        missing = missing_prerequisites(self.bin_dir, self.enforce_network_policy)
         if missing:
             raise NodeError("the real node needs: " + "; ".join(missing))
         if _answers(self.socket):
@@ -580,6 +625,8 @@ class RealNode:
         self._wait_node_ready()
         self._start_kube_proxy()
         self._start_coredns()
+        if self.enforce_network_policy:
+            self._start_network_policy()
 
     def stop(self) -> None:
         """Stops every process and removes every trace on the host (see cleanup_host)."""
@@ -617,8 +664,9 @@ class RealNode:
         self.issue_client_cert("kubelet", f"system:node:{NODE_NAME}", ["system:nodes"])
         self.issue_client_cert("kube-proxy", "system:kube-proxy", [])
         self.issue_client_cert("coredns", "posttrain-coredns", [])
+        self.issue_client_cert("kube-router", "posttrain-kube-router", [])
         self.issue_server_cert("kubelet-serving", NODE_NAME, [self.node_ip, NODE_NAME])
-        for who in ("kubelet", "kube-proxy", "coredns"):
+        for who in ("kubelet", "kube-proxy", "coredns", "kube-router"):
             (self.workdir / f"{who}.kubeconfig").write_text(yaml.safe_dump(self._kubeconfig(who)))
 
     def _kubeconfig(self, who: str) -> dict:
@@ -669,6 +717,16 @@ class RealNode:
         if check and result.returncode != 0:
             raise NodeError(f"ctr {' '.join(args)} failed: {result.stderr.strip()[-1000:]}")
         return result
+
+    def import_binary_image(self, binary: Path, ref: str, *, user: str = "65532:65532") -> None:
+        """Imports the static program `binary` as the image `ref` (one layer, entrypoint /<its name>) into
+        the node's containerd, where pods find it (imagePullPolicy IfNotPresent or Never)."""
+        archive = self.workdir / f"{binary.name}-image.tar"
+        archive.write_bytes(binary_image_archive(binary.read_bytes(), binary.name, ref, user=user))
+        try:
+            self._ctr("images", "import", "--platform", "linux/amd64", str(archive))
+        finally:
+            archive.unlink()
 
     def _ensure_pause_image(self) -> None:
         if self._ctr("images", "ls", "-q", f"name=={PAUSE_IMAGE}").stdout.strip():
@@ -783,6 +841,34 @@ class RealNode:
         )
         self._spawn("coredns", [f"-conf={conf}"])
         self._wait_http(f"http://127.0.0.1:{self.ports['dns-ready']}/ready", "coredns")
+
+    def _start_network_policy(self) -> None:
+        """kube-router's network policy controller (RBAC: user posttrain-kube-router), ready once its
+        top-level chain is in the filter table."""
+        for path, obj in netpol_rbac():
+            try:
+                self.api("POST", path, obj)
+            except urllib.error.HTTPError as err:
+                if err.code != 409:
+                    raise
+        self._spawn(
+            NETPOL_BINARY,
+            [
+                f"--kubeconfig={self.workdir / 'kube-router.kubeconfig'}",
+                f"--hostname-override={NODE_NAME}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--enable-ipv6=false",
+                "--iptables-sync-period=30s",
+                "--v=1",
+            ],
+        )
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if ":KUBE-ROUTER-FORWARD " in _run("iptables-save", "-t", "filter").stdout:
+                return
+            time.sleep(0.5)
+        raise NodeError(f"{NETPOL_BINARY} made no KUBE-ROUTER-FORWARD chain (see {self.workdir / 'logs'})")
 
     # ---------------------------------------------------------------------------------------- helpers
 
@@ -924,7 +1010,7 @@ def cleanup_host(workdir: Path, bin_dir: Path, state: Path = STATE_DIR) -> None:
     if pids_file.exists():
         pids = json.loads(pids_file.read_text())
         # kubelet first (it would restart what we remove), containerd last (the CRI clean-up needs it).
-        for name in ("kubelet", "coredns", "kube-proxy"):
+        for name in ("kubelet", "coredns", NETPOL_BINARY, "kube-proxy"):
             if name in pids:
                 _kill_group(pids[name])
         _remove_pod_sandboxes(bin_dir, state / "containerd.sock")
@@ -936,7 +1022,8 @@ def cleanup_host(workdir: Path, bin_dir: Path, state: Path = STATE_DIR) -> None:
     strays = set(_pids_with(str(state)))
     if workdir.exists():
         strays |= {
-            pid for pid in _pids_with(str(workdir)) if Path(_cmd(pid).split(" ")[0]).name in NODE_BINARIES
+            pid for pid in _pids_with(str(workdir))
+            if Path(_cmd(pid).split(" ")[0]).name in (*NODE_BINARIES, NETPOL_BINARY)
         }
     for pid in strays - {os.getpid()}:
         with contextlib.suppress(ProcessLookupError):
@@ -955,6 +1042,8 @@ def cleanup_host(workdir: Path, bin_dir: Path, state: Path = STATE_DIR) -> None:
                 with contextlib.suppress(OSError):
                     Path(point).unlink()
     _iptables_cleanup(workdir)
+    for name in node_ipsets():
+        _run("ipset", "destroy", name)
     if Path(f"/sys/class/net/{BRIDGE}").exists():
         _run("ip", "link", "delete", BRIDGE)
     for hierarchy in _cgroup_hierarchies() if Path("/sys/fs/cgroup").exists() else []:
@@ -985,6 +1074,15 @@ def cleanup_host(workdir: Path, bin_dir: Path, state: Path = STATE_DIR) -> None:
         shutil.rmtree(state, ignore_errors=True)
 
 
+def node_ipsets(listing: str | None = None) -> list[str]:
+    """kube-router's ipsets among `ipset list -n` (KUBE-* and inet6:KUBE-*); none where ipset is missing."""
+    if listing is None:
+        if not shutil.which("ipset"):
+            return []
+        listing = _run("ipset", "list", "-n").stdout
+    return [n for n in listing.split() if n.startswith(IPSET_PREFIXES)]
+
+
 def _kill_group(pid: int, grace: float = 15.0) -> None:
     stop_pids([pid], group=True, grace=grace, alive=signalable)
 
@@ -992,7 +1090,7 @@ def _kill_group(pid: int, grace: float = 15.0) -> None:
 def leftovers(workdir: Path, state: Path = STATE_DIR) -> list[str]:
     """What a stopped node would have left behind on this host; empty when `stop()` cleaned up."""
     found = [f"process {pid}" for pid in _pids_with(str(state))]
-    for name in ("kubelet", "kube-proxy", "coredns", "containerd-shim-runc-v2"):
+    for name in ("kubelet", "kube-proxy", "coredns", NETPOL_BINARY, "containerd-shim-runc-v2"):
         found += [f"process {pid} ({name})" for pid in _pids_with(str(workdir)) if name in _cmd(pid)]
     mountinfo = Path("/proc/self/mountinfo").read_text()
     found += [f"mount {p}" for p in mounts_under(mountinfo, [state, workdir])]
@@ -1004,6 +1102,7 @@ def leftovers(workdir: Path, state: Path = STATE_DIR) -> list[str]:
         if shutil.which(save):
             for table, chains in node_chains(_run(save).stdout, before.get(save)).items():
                 found += [f"{save.split('-')[0]} {table} chain {c}" for c in chains]
+    found += [f"ipset {name}" for name in node_ipsets()]
     if Path(f"/sys/class/net/{BRIDGE}").exists():
         found.append(f"link {BRIDGE}")
     for hierarchy in _cgroup_hierarchies():

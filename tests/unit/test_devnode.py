@@ -177,6 +177,51 @@ def test_cleanup_takes_kube_chains_and_new_cni_chains_with_the_rules_that_jump_t
     assert devnode.jump_rules(IPTABLES, "filter", kept["filter"]) == ["-A INPUT -j KUBE-FIREWALL"]
 
 
+def test_a_programs_image_runs_it_as_the_given_user():
+    archive = devnode.binary_image_archive(b"\x7fELF-netcheck", "netcheck", "localhost/x/netcheck:1", user="65532:65532")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
+    entry = json.loads(files["index.json"])["manifests"][0]
+    assert entry["annotations"]["io.containerd.image.name"] == "localhost/x/netcheck:1"
+    manifest = json.loads(files[f"blobs/sha256/{entry['digest'].split(':')[1]}"])
+    image_config = json.loads(files[f"blobs/sha256/{manifest['config']['digest'].split(':')[1]}"])
+    assert image_config["config"] == {"Entrypoint": ["/netcheck"], "User": "65532:65532"}
+
+
+KUBE_ROUTER_IPTABLES = """*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:KUBE-ROUTER-FORWARD - [0:0]
+:KUBE-POD-FW-ABC - [0:0]
+:KUBE-NWPLCY-XYZ - [0:0]
+-A FORWARD -m comment --comment "kube-router netpol - TEMCG2JMHZYE7H7T" -j KUBE-ROUTER-FORWARD
+-A KUBE-ROUTER-FORWARD -d 10.244.0.5/32 -j KUBE-POD-FW-ABC
+-A KUBE-POD-FW-ABC -j KUBE-NWPLCY-XYZ
+COMMIT
+"""
+
+
+def test_kube_routers_chains_and_ipsets_are_the_nodes_to_remove():
+    """The network policy controller's chains are KUBE-* chains (removed with the jumps to them from the
+    built-in chains), and its ipsets KUBE-SRC-*/KUBE-DST-* (inet6: for IPv6) go too; other ipsets stay."""
+    chains = devnode.node_chains(KUBE_ROUTER_IPTABLES)
+    assert chains == {"filter": ["KUBE-ROUTER-FORWARD", "KUBE-POD-FW-ABC", "KUBE-NWPLCY-XYZ"]}
+    assert devnode.jump_rules(KUBE_ROUTER_IPTABLES, "filter", chains["filter"]) == [
+        '-A FORWARD -m comment --comment "kube-router netpol - TEMCG2JMHZYE7H7T" -j KUBE-ROUTER-FORWARD'
+    ]
+    listing = "KUBE-SRC-4BW3QFHN5KT7OXKR\nKUBE-DST-VOOZ5OFQD3FHP7V5\ninet6:KUBE-SRC-X\nmy-own-set\n"
+    assert devnode.node_ipsets(listing) == ["KUBE-SRC-4BW3QFHN5KT7OXKR", "KUBE-DST-VOOZ5OFQD3FHP7V5", "inet6:KUBE-SRC-X"]
+
+
+def test_the_enforcer_is_needed_only_where_the_node_enforces_network_policy(tmp_path: Path):
+    assert not any(devnode.NETPOL_BINARY in m for m in devnode.missing_prerequisites(tmp_path))
+    assert any(devnode.NETPOL_BINARY in m for m in devnode.missing_prerequisites(tmp_path, network_policy=True))
+    (path, role), (_, binding) = devnode.netpol_rbac()
+    rules = {(r["apiGroups"][0], res): set(r["verbs"]) for r in role["rules"] for res in r["resources"]}
+    assert {"list", "watch"} <= rules[("networking.k8s.io", "networkpolicies")] and "get" in rules[("", "nodes")]
+    assert binding["subjects"][0]["name"] == "posttrain-kube-router" and path.endswith("/clusterroles")
+
+
 def test_mounts_under_lists_the_deepest_first_and_nothing_outside():
     info = (
         "1 0 8:1 / / rw - ext4 /dev/vda rw\n"

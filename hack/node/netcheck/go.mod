@@ -1,0 +1,3 @@
+module posttrain.dev/hack/node/netcheck
+
+go 1.26.0
