@@ -2,8 +2,8 @@
 API server takes them as rendered, and their selectors pick the real pods (the egress fence every pod of
 the namespace's jobs and TaskApps, the TaskApp fence only the TaskApp's), never a pod of someone else's.
 Whether traffic is then refused depends on the cluster's network plugin: this control plane has none that
-enforces NetworkPolicies, so enforcement (a pod cannot reach 169.254.169.254 or the API server) is NOT
-tested here (docs/security.md says so)."""
+enforces NetworkPolicies; the enforcement (a pod cannot reach 169.254.169.254 or the API server, and reaches
+DNS, S3 and its own task app) is tested on the real node with kube-router: tests/e2e/test_network_fences_node.py."""
 
 from __future__ import annotations
 

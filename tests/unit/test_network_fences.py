@@ -2,8 +2,8 @@
 metadata range and the API server, and reaches DNS, its own namespace, the listed namespaces and the allowed
 networks; TaskApp pods admit only their namespace's job pods and the operator. Pure: what the policies
 select and allow. That the API server takes them and they select the real pods:
-tests/integration/test_operator_network.py. Enforcement needs a network plugin that enforces policies:
-not tested here."""
+tests/integration/test_operator_network.py. Enforced by a real network plugin (kube-router):
+tests/e2e/test_network_fences_node.py (`make e2e-netpol`)."""
 
 from __future__ import annotations
 

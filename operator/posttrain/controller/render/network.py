@@ -22,7 +22,10 @@ Two more fences per namespace (render_fences), for tenant code (a task app, a cu
   tenant's task apps (where the cluster's pod and Service CIDRs are denied too).
 - `posttrain-task-apps` selects the namespace's TaskApp pods and admits only its job pods and the
   operator's pods (verification).
-Takes effect where the cluster's network plugin enforces NetworkPolicies."""
+Takes effect where the cluster's network plugin enforces NetworkPolicies (kube-router's on the real dev node:
+tests/e2e/test_network_fences_node.py). A policy sees a Service's traffic after kube-proxy's DNAT, at the
+endpoint: the API server is fenced only when settings.api_server_addresses names its endpoints, not only
+the `kubernetes` Service's ClusterIP."""
 
 from __future__ import annotations
 
