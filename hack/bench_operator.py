@@ -19,8 +19,8 @@ reader sees which one bounds a figure.
 
 --memory-jobs N (e.g. 5000) runs only a memory phase instead: N suspended SFTJobs, each carrying the largest
 originalToml the CRD admits (--toml-kib, 256 KiB), in one namespace; the operator's peak RSS once it runs a
-loop for every one of them (each job's body, parsed spec and rendered Secret stay in memory), against the
-memory limit of the install's Deployment (base 512 MiB, prod 1 GiB).
+loop for every one of them (each job's body without its TOML and its loop's state stay in memory), against the
+memory limit of the install's Deployment (1 GiB in base and prod), and again through a restart.
 
 With --json the last line is one JSON object: operator_cpu_s_per_job, requests_per_job, writes_per_job,
 paced_p50_s, paced_p99_s, burst_jobs_per_s, peak_rss_mib, idle_cpu_pct, and the rest."""
@@ -590,8 +590,7 @@ def main() -> int:
                           f"{result['rss_settled_mib']} MiB 75 s later "
                           f"(peak {result['peak_rss_mib']}, idle {result['rss_idle_mib']}); after a restart: loops "
                           f"{result['restart_loops']} in {result['restart_s']} s, peak {result['restart_peak_rss_mib']} "
-                          f"MiB, {result['restart_rss_settled_mib']} MiB 30 s later; limits: base 512 MiB, "
-                          "prod 1024 MiB")  # fmt: skip
+                          f"MiB, {result['restart_rss_settled_mib']} MiB 30 s later; limit 1024 MiB")  # fmt: skip
                     print(json.dumps(result))
                     return 0
                 result = run_bench(cluster, args, workdir)
