@@ -15,7 +15,8 @@ the operator's rendered policies for both namespaces are applied, and:
 - a job pod and a TaskApp pod reach neither 169.254.169.254 nor the API server (address or Service);
 - both still resolve names through kube-dns, reach the S3 stand-in, and the job pod its own namespace's
   task app through its Service;
-- the task app takes no connection from a job pod of another namespace, and takes the operator's;
+- the task app takes no connection from a job pod of another namespace nor from a pod of its own
+  namespace that belongs to no job (neither does the job pod), and takes the operator's;
 - in a third namespace whose fence denies only the `kubernetes` Service's ClusterIP (what an operator in
   the cluster finds by itself), a job pod still reaches the API server, through that ClusterIP too: the
   policy sees the address kube-proxy translated it to. The API server's own addresses must be denied.
@@ -231,7 +232,8 @@ def test_the_fences_refuse_metadata_and_api_server_and_let_dns_s3_and_own_task_a
     assert job_labels["posttrain.dev/kind"] == "sftjob" and app_labels["posttrain.dev/kind"] == "taskapp"
 
     for ns, name, labels in ((ns_a, "app", app_labels), (ns_a, "job", job_labels), (ns_b, "job", job_labels),
-                             (ns_op, "operator", {"app.kubernetes.io/name": MANAGER}), (ns_c, "job", job_labels)):  # fmt: skip
+                             (ns_a, "other", {"app": "other"}), (ns_op, "operator", {"app.kubernetes.io/name": MANAGER}),
+                             (ns_c, "job", job_labels)):  # fmt: skip
         node.core.create_namespaced_pod(ns, netcheck_pod(name, labels))
     node.core.create_namespaced_service(ns_a, {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "app"},
@@ -239,7 +241,7 @@ def test_the_fences_refuse_metadata_and_api_server_and_let_dns_s3_and_own_task_a
     config_map, pod = dns_pod(f"{dev.host}:{dev.node.ports['dns']}")
     node.core.create_namespaced_config_map("kube-system", config_map)
     node.core.create_namespaced_pod("kube-system", pod)
-    ips = wait_running(node.core, ns_a, ["app", "job"])
+    ips = wait_running(node.core, ns_a, ["app", "job", "other"])
     wait_running(node.core, ns_b, ["job"])
     wait_running(node.core, ns_op, ["operator"])
     wait_running(node.core, ns_c, ["job"])
@@ -283,6 +285,7 @@ def test_the_fences_refuse_metadata_and_api_server_and_let_dns_s3_and_own_task_a
         app = node.probe(ns_a, "app", metadata, apiserver, kubernetes, dns, s3)
         other = node.probe(ns_b, "job", app_service, app_pod, dns, s3)
         operator = node.probe(ns_op, "operator", app_pod)
+        neighbour = node.probe(ns_a, "other", app_pod, f"tcp:{ips['job']}:{APP_PORT}")
         service_only = node.probe(ns_c, "job", apiserver, kubernetes, metadata)
         summary["probes_s"] = round(time.monotonic() - started, 1)
         for who, results in (("job", job), ("task app", app)):
@@ -295,6 +298,7 @@ def test_the_fences_refuse_metadata_and_api_server_and_let_dns_s3_and_own_task_a
             assert not reached(other[target]), f"a job pod of {ns_b} reached {ns_a}'s task app: {other[target]}"
         assert reached(other[dns]) and reached(other[s3], "host-s3"), other
         assert reached(operator[app_pod], "netcheck app"), operator
+        assert not any(reached(r) for r in neighbour.values()), f"a pod of {ns_a} that is no job's got in: {neighbour}"
         # Denying only the `kubernetes` Service's ClusterIP (all an operator in the cluster finds by itself)
         # fences nothing: the policy sees the API server's own address after kube-proxy's DNAT. So
         # POSTTRAIN_API_SERVER_ADDRESSES must name the API server's endpoints (docs/security.md).
@@ -305,6 +309,7 @@ def test_the_fences_refuse_metadata_and_api_server_and_let_dns_s3_and_own_task_a
         return {t: ("reached" if r["ok"] else f"refused ({r.get('error', '')[-60:]})") for t, r in results.items()}
 
     summary.update({"job": verdict(job), "task app": verdict(app), f"job of {ns_b}": verdict(other),
-                    "operator": verdict(operator), "job, only the ClusterIP denied": verdict(service_only)})  # fmt: skip
+                    "operator": verdict(operator), f"{ns_a}'s pod of no job": verdict(neighbour),
+                    "job, only the ClusterIP denied": verdict(service_only)})  # fmt: skip
     print("\nnetpol: " + json.dumps(summary))
     Path(dev.workdir / "netpol-summary.json").write_text(json.dumps(summary, indent=1))
