@@ -26,6 +26,7 @@ from posttrain.controller import (  # noqa: F401 - importing registers the handl
 from posttrain.controller.child_watch import ChildWatches, kinds_for
 from posttrain.controller.children import CHILD_SELECTOR, KOPF_WATCHED, kopf_selector, parent_key
 from posttrain.controller.fairness import CheckSlots
+from posttrain.controller.heap import release_large_blocks
 from posttrain.controller.kube import Kube, is_own_session
 from posttrain.controller.leader import Leadership
 from posttrain.controller.runtime import Runtime
@@ -59,6 +60,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     # kopf stores nothing on the objects: no handler needs a finalizer or a last-handled state. Naming our
     # finalizer lets kopf remove it from objects an older operator (with daemons) had marked.
     settings.persistence.finalizer = FINALIZER
+    release_large_blocks()  # every job's body (up to 256 KiB of TOML) is freed again at once: give its pages back
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.INFO  # our kopf.event() calls: one Event per phase transition
