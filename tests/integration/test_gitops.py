@@ -204,6 +204,8 @@ def operator_credentials(kcfg: str, tmp_path: Path) -> tuple[str, bool]:
             and d["metadata"]["name"] == "posttrain-operator")
         # its own namespace's Role: the Lease (one acting replica) and the rollout tokens' key Secret
         or (d["kind"] in {"Role", "RoleBinding"} and d["metadata"]["name"] == "posttrain-operator-self")
+        # its Secret read, which it binds itself in each opted-in namespace (no binding is applied here)
+        or (d["kind"] == "ClusterRole" and d["metadata"]["name"] == "posttrain-operator-secrets")
     ] + [d for d in render("overlays/dev") if d["kind"] == "ClusterKopfPeering"]
     kubectl(kcfg, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=dump(rbac))
     proc = kubectl(

@@ -452,7 +452,13 @@ def test_the_namespaced_install_runs_a_job_with_a_role_only(
         assert can == "no"
         token = kubectl(kcfg, "create", "token", sa, "-n", namespace, "--duration=1h").strip()
         op_kcfg = token_kubeconfig(kcfg, token, tmp_path / "operator.kubeconfig")
-        with operator_env(cluster, namespace, tmp_path / "operator.log", kubeconfig=op_kcfg) as env:
+        # the overlay's own settings: its Role grants the Secret read, the operator binds none
+        deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "posttrain-operator")
+        (c,) = deployment["spec"]["template"]["spec"]["containers"]
+        overlay = {e["name"]: e["value"] for e in c["env"] if e["name"] == "POSTTRAIN_SECRETS_BINDING"}
+        assert overlay == {"POSTTRAIN_SECRETS_BINDING": "false"}
+        with operator_env(cluster, namespace, tmp_path / "operator.log", kubeconfig=op_kcfg,
+                          settings=overlay) as env:  # fmt: skip
             env.secret("task-key", math_taskapp.api_key)
             env.create("rljobs", rljob("tenant", math_taskapp.url))
             env.wait_phase("rljobs", "tenant", "Running", timeout=60)

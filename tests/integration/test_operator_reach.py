@@ -9,6 +9,9 @@ object would start pods).
 - and nothing beyond them: unowned objects, a foreign object taken over, a Job that runs another account, a
   Role that grants more than the trainer's patch, a binding to cluster-admin, a token Secret, a ConfigMap,
   a pod, a job's spec;
+- it reads Secrets only where it bound its read (RoleBinding posttrain-operator-secrets, in an opted-in
+  namespace, of exactly that ClusterRole to exactly its own account) and, in posttrain-system, only
+  posttrain-token-key;
 - the real operator, running under that account, says why a job in a namespace that has not opted in
   waits (status reason NamespaceNotEnabled, naming the label), and goes on once the namespace opts in."""
 
@@ -37,6 +40,7 @@ from posttrain.controller import render
 from posttrain.controller.namespace_objects import render_namespace_objects
 from posttrain.controller.objects import parse_job, parse_task_app
 from posttrain.controller.render.identity import render_trainer_identity
+from posttrain.controller.render.secret_access import SECRETS_ROLE, render_secret_access
 from posttrain.controller.render.taskapp import TaskAppTarget, render_task_app
 from posttrain.controller.render.token import with_token
 from posttrain.controller.settings import OperatorSettings
@@ -99,15 +103,16 @@ def rendered_prod() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def reach(cluster: Any) -> str:
-    """The prod overlay's operator account, its ClusterRole and binding, and the reach policy, applied as
-    rendered; returns the admin kubeconfig once the policy is in force."""
+    """The prod overlay's operator account, its ClusterRoles (posttrain-operator, posttrain-operator-secrets)
+    and binding, its own namespace's Role and the reach policy, applied as rendered; returns the admin
+    kubeconfig once the policy is in force."""
     kcfg = kubeconfig_of(cluster)
     api = api_client_of(cluster)
     ensure_crds(api)
     api.close()
-    names = {"posttrain-operator", "posttrain-system", POLICY}
+    names = {"posttrain-operator", "posttrain-system", POLICY, SECRETS_ROLE, "posttrain-operator-self"}
     kinds = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-             "ValidatingAdmissionPolicyBinding"}  # fmt: skip
+             "ValidatingAdmissionPolicyBinding", "Role", "RoleBinding"}  # fmt: skip
     docs = [d for d in rendered_prod() if d["kind"] in kinds and d["metadata"]["name"] in names]
     assert {d["kind"] for d in docs} == kinds
     # (a field manager of its own: the dev overlay's labels on posttrain-system, applied by other tests of
@@ -252,7 +257,11 @@ def test_in_an_opted_in_namespace_the_operator_makes_nothing_but_its_own_childre
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": "posttrain-trainer-status", "namespace": ns},
             "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]}  # fmt: skip
-    refused(apply_as_operator(reach, role), "grants only patch")
+    # (RBAC's escalation check refuses it first: the operator holds no Secret read here; as system:masters
+    # the policy alone refuses it)
+    assert apply_as_operator(reach, role).returncode != 0
+    refused(as_operator(reach, "apply", "--server-side", "--field-manager=posttrain-operator", "-f", "-",
+                        "--dry-run=server", stdin=json.dumps(role), masters=True), "grants only patch")  # fmt: skip
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": "posttrain-trainer-status", "namespace": ns},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
@@ -280,6 +289,67 @@ def test_in_an_opted_in_namespace_the_operator_makes_nothing_but_its_own_childre
     spec = {"spec": {"suspend": True}}
     refused(as_operator(reach, "patch", "rljob", "rl", "-n", ns, "--type=merge", "-p", json.dumps(spec),
                         "--dry-run=server"), "never writes a job's or TaskApp's spec")  # fmt: skip
+
+
+def can_i(kcfg: str, verb: str, what: str, ns: str) -> bool:
+    proc = kubectl(kcfg, "auth", "can-i", verb, what, "-n", ns, f"--as={OPERATOR}")
+    assert proc.stdout.strip() in ("yes", "no"), proc.stderr
+    return proc.stdout.strip() == "yes"
+
+
+def test_the_operator_reads_secrets_only_where_it_bound_its_read(reach: str, tenant: str) -> None:
+    ns = tenant
+    # Its own namespace: posttrain-token-key alone (MinIO's root keys live there); no cluster-wide read.
+    assert can_i(reach, "get", "secrets/posttrain-token-key", "posttrain-system")
+    for other in ("secrets", "secrets/minio-credentials"):
+        assert not can_i(reach, "get", other, "posttrain-system"), other
+    for where in ("kube-system", "default", ns):  # (ns: opted in, but its binding is not made yet)
+        assert not can_i(reach, "get", "secrets/task-key", where), where
+    (binding,) = render_secret_access(ns, SETTINGS)
+
+    def variant(**changes: Any) -> dict[str, Any]:
+        other = json.loads(json.dumps(binding))
+        for key, value in changes.items():
+            if key == "namespace":
+                other["metadata"]["namespace"] = value
+            elif key == "name":
+                other["metadata"]["name"] = value
+            else:
+                other[key] = value
+        return other
+
+    # Refused (each a create: no binding of that name exists yet): not in its own namespace (opted in or
+    # not: the dev overlay labels it), nor where no one opted in.
+    refused(apply_as_operator(reach, variant(namespace="posttrain-system")))
+    refused(apply_as_operator(reach, variant(namespace="default")), "namespace default has not opted in")
+    # Not to another subject, nor to one more; not under another name; not another role under its name
+    # (with every right RBAC can give, so that the policy alone refuses).
+    tenant_sa = {"kind": "ServiceAccount", "name": "default", "namespace": ns}
+    refused(apply_as_operator(reach, variant(subjects=[tenant_sa])), "own ServiceAccount")
+    refused(apply_as_operator(reach, variant(subjects=[*binding["subjects"], tenant_sa])), "own ServiceAccount")
+    group = [{"kind": "Group", "name": "system:authenticated", "apiGroup": "rbac.authorization.k8s.io"}]
+    refused(apply_as_operator(reach, variant(subjects=group)), "own ServiceAccount")
+    refused(apply_as_operator(reach, variant(name="tenant-reads-secrets")), "only objects a posttrain job owns")
+    admin = variant(roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"})
+    refused(as_operator(reach, "apply", "--server-side", "--field-manager=posttrain-operator", "-f", "-",
+                        "--dry-run=server", stdin=json.dumps(admin), masters=True), "own ServiceAccount")  # fmt: skip
+    # Never cluster-wide: RBAC gives it no ClusterRoleBinding, and the policy none even as system:masters.
+    crb = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+           "metadata": {"name": SECRETS_ROLE}, "roleRef": binding["roleRef"], "subjects": binding["subjects"]}  # fmt: skip
+    assert as_operator(reach, "create", "-f", "-", "--dry-run=server", stdin=json.dumps(crb)).returncode != 0
+    refused(as_operator(reach, "create", "-f", "-", "--dry-run=server", stdin=json.dumps(crb), masters=True),
+            "writes no cluster-scoped clusterrolebindings")  # fmt: skip
+
+    # The binding the operator renders is admitted in an opted-in namespace; then, and only there, it reads
+    # a Secret by name (never lists one).
+    ok(apply_as_operator(reach, binding, dry_run=False))
+    deadline = time.monotonic() + 30
+    while not can_i(reach, "get", "secrets/task-key", ns):  # the API server's RBAC cache
+        assert time.monotonic() < deadline, "the binding did not give the read"
+        time.sleep(0.5)
+    assert not can_i(reach, "list", "secrets", ns) and not can_i(reach, "watch", "secrets", ns)
+    assert not can_i(reach, "get", "secrets/task-key", "default")
+    assert not can_i(reach, "get", "secrets/minio-credentials", "posttrain-system")
 
 
 def operator_kubeconfig(kcfg: str, out: Path) -> str:

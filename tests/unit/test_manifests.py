@@ -72,7 +72,13 @@ NAMED = {
     ("admissionregistration.k8s.io", "validatingadmissionpolicies"): ["posttrain-trainer-own-job"],
     ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"): ["posttrain-trainer-own-job"],
     ("kopf.dev", "clusterkopfpeerings"): ["posttrain"],
+    ("rbac.authorization.k8s.io", "clusterroles"): ["posttrain-operator-secrets"],
 }
+# The cluster-wide operator's `bind` of its per-namespace Secret read (ClusterRole posttrain-operator-secrets,
+# bound by the operator itself in each opted-in namespace); the namespaced install's Role grants that read
+# and no `bind`.
+BINDS_ITS_SECRET_READ = ("rbac.authorization.k8s.io", "clusterroles")
+SECRETS_ROLE = "posttrain-operator-secrets"
 
 
 def granted_rules(role: dict) -> dict[tuple[str, str], set[str]]:
@@ -121,6 +127,7 @@ def test_operator_rbac_is_exactly_what_the_readme_documents(rel):
     assert operator == documented_rules("posttrain-operator")
     trainer = granted_rules(find(docs, "ClusterRole", "posttrain-trainer"))
     assert trainer == documented_rules("posttrain-trainer")
+    assert granted_rules(find(docs, "ClusterRole", SECRETS_ROLE)) == documented_rules(SECRETS_ROLE)
 
 
 @needs_kubectl
@@ -129,11 +136,24 @@ def test_rbac_is_least_privilege():
     operator = granted_rules(find(docs, "ClusterRole", "posttrain-operator"))
     for (group, resource), verbs in operator.items():
         assert "*" not in verbs and "*" not in resource and group != "*", (group, resource)
-        assert not verbs & {"update", "deletecollection", "escalate", "bind", "impersonate"}, (
-            resource,
-            verbs,
-        )
-    assert operator[("", "secrets")] == {"get", "create"}  # by name only: no list/watch
+        assert not verbs & {"update", "deletecollection", "escalate", "impersonate"}, (resource, verbs)
+        assert "bind" not in verbs or (group, resource) == BINDS_ITS_SECRET_READ, (resource, verbs)
+    # No Secret read cluster-wide: create only (the job's <job>-config); `bind` only of its Secret read, by name.
+    assert operator[("", "secrets")] == {"create"}
+    assert operator[BINDS_ITS_SECRET_READ] == {"bind"}
+    (bind,) = [r for r in find(docs, "ClusterRole", "posttrain-operator")["rules"] if "bind" in r["verbs"]]
+    assert bind == {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                    "resourceNames": [SECRETS_ROLE], "verbs": ["bind"]}  # fmt: skip
+    # That read is `get` on Secrets, nothing else (no list/watch: by name only), and the install binds it
+    # nowhere: the operator does, per opted-in namespace (never cluster-wide, never in posttrain-system).
+    assert granted_rules(find(docs, "ClusterRole", SECRETS_ROLE)) == {("", "secrets"): {"get"}}
+    assert not [d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")
+                and d["roleRef"]["name"] == SECRETS_ROLE]  # fmt: skip
+    # In its own namespace it reads posttrain-token-key alone.
+    self_rules = find(docs, "Role", "posttrain-operator-self")["rules"]
+    reads = [r for r in self_rules if "secrets" in r["resources"] and set(r["verbs"]) & {"get", "list", "watch"}]
+    assert reads == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["posttrain-token-key"],
+                      "verbs": ["get"]}]  # fmt: skip
     assert operator.get(("", "pods"), set()) <= {"list", "watch"}  # read-only: Jobs/Deployments make pods
     trainer = granted_rules(find(docs, "ClusterRole", "posttrain-trainer"))
     assert trainer == {
@@ -154,7 +174,7 @@ def test_rbac_is_least_privilege():
 def test_namespaced_install_has_no_cluster_wide_secret_read():
     docs = render(NAMESPACED)
     assert not [
-        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "posttrain-operator"
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] in ("posttrain-operator", SECRETS_ROLE)
     ]
     cluster = granted_rules(find(docs, "ClusterRole", "posttrain-operator-cluster"))
     assert cluster == {
@@ -171,9 +191,15 @@ def test_namespaced_install_has_no_cluster_wide_secret_read():
         in d["subjects"]
     }
     assert bound == {"posttrain-operator-cluster"}
-    # The Role of each served namespace is exactly the README table's namespaced rows.
+    # The Role of each served namespace is exactly the README table's namespaced rows, with the Secret read
+    # the cluster-wide operator binds itself per namespace instead of its `bind`.
     role = find(docs, "Role", "posttrain-operator")
-    namespaced = {k: v for k, v in documented_rules("posttrain-operator").items() if k not in CLUSTER_SCOPED}
+    namespaced = {
+        k: v for k, v in documented_rules("posttrain-operator").items()
+        if k not in CLUSTER_SCOPED and k != BINDS_ITS_SECRET_READ
+    }  # fmt: skip
+    for k, v in documented_rules(SECRETS_ROLE).items():
+        namespaced[k] = namespaced.get(k, set()) | v
     assert granted_rules(role) == namespaced
     binding = find(docs, "RoleBinding", "posttrain-operator")
     assert binding["metadata"]["namespace"] == role["metadata"]["namespace"] == "team-a"
@@ -183,6 +209,7 @@ def test_namespaced_install_has_no_cluster_wide_secret_read():
     (c,) = find(docs, "Deployment", "posttrain-operator")["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["POSTTRAIN_NAMESPACE"].split(",") == ["team-a"]
+    assert env["POSTTRAIN_SECRETS_BINDING"] == "false"  # the Role grants the read: the operator binds none
     assert not [a for a in c["args"] if a.startswith("--peering")]
     ns = find(docs, "Namespace", "team-a")
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
@@ -398,6 +425,12 @@ def test_namespaces_that_run_jobs_opt_in_and_prod_keeps_the_operators_own_out():
     assert labels(NAMESPACED, "team-a").get(key) == value
     assert key not in labels("overlays/prod", "posttrain-system")
     assert key not in labels(NAMESPACED, "posttrain-system")
+    # Dev jobs in posttrain-system need the operator's Secret read there: the dev overlay binds it (the
+    # operator may not, base/operator-policy.yaml); no other install binds it in any namespace.
+    dev = [d for d in render("overlays/dev") if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == SECRETS_ROLE]
+    assert [(d["metadata"]["namespace"], d["roleRef"]["kind"]) for d in dev] == [("posttrain-system", "ClusterRole")]
+    for rel in ("overlays/prod", NAMESPACED):
+        assert not [d for d in render(rel) if d.get("roleRef", {}).get("name") == SECRETS_ROLE]
 
 
 METADATA = [ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")]
@@ -456,6 +489,7 @@ def test_the_operators_cluster_wide_reads_and_writes_by_name_are_narrowed_to_tha
         ("admissionregistration.k8s.io", "validatingadmissionpolicies"): {"named:get"},
         ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"): {"named:get"},
         ("kopf.dev", "clusterkopfpeerings"): {"any:list", "any:watch", "named:patch"},
+        BINDS_ITS_SECRET_READ: {"named:bind"},
     }
 
 

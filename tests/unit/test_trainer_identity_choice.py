@@ -79,7 +79,8 @@ def test_the_namespace_objects_are_applied_once_per_namespace() -> None:
         return await asyncio.gather(*jobs)
 
     writes = asyncio.run(many_jobs())
-    assert sum(writes) == 12 and len(kube.applied) == 12  # 3 NetworkPolicies each (render/network.py)
+    # each: the operator's Secret read, the trainer identity, 3 NetworkPolicies (render/network.py)
+    assert sum(writes) == 14 and len(kube.applied) == 14
     assert {(ns, kind) for ns, kind, _ in kube.applied} == {
         (ns, kind) for ns in "ab" for kind in ("ServiceAccount", "Role", "RoleBinding", "NetworkPolicy")
     }
@@ -87,7 +88,8 @@ def test_the_namespace_objects_are_applied_once_per_namespace() -> None:
     # not just on its way), the next job's pass applies those two again, once.
     objects.grace = 0.0
     fences = {"NetworkPolicy/posttrain-egress", "NetworkPolicy/posttrain-task-apps"}
-    seen = {"ServiceAccount/posttrain-trainer", "RoleBinding/posttrain-trainer-status", *fences}
+    seen = {"ServiceAccount/posttrain-trainer", "RoleBinding/posttrain-trainer-status", *fences,
+            "RoleBinding/posttrain-operator-secrets"}  # fmt: skip
     before = len(kube.applied)
     assert asyncio.run(objects.ensure(kube, settings, "a", seen)) == 2  # type: ignore[arg-type]
     assert {kind for _, kind, _ in kube.applied[before:]} == {"Role", "NetworkPolicy"}
@@ -96,7 +98,11 @@ def test_the_namespace_objects_are_applied_once_per_namespace() -> None:
     # A restarted operator whose watch shows them in place writes nothing.
     fresh = NamespaceObjects()
     assert asyncio.run(fresh.ensure(kube, settings, "a", seen)) == 0  # type: ignore[arg-type]
-    # With a per-job trainer identity, the namespace gets its NetworkPolicies only.
+    # With a per-job trainer identity, the namespace gets the operator's Secret read and its
+    # NetworkPolicies only; with the read granted by the install (overlays/namespaced), the policies only.
     job_mode = OperatorSettings(trainer_identity="job")
-    assert asyncio.run(objects.ensure(kube, job_mode, "c")) == 3  # type: ignore[arg-type]
-    assert kube.applied[-1][:2] == ("c", "NetworkPolicy")
+    assert asyncio.run(objects.ensure(kube, job_mode, "c")) == 4  # type: ignore[arg-type]
+    assert kube.applied[-4][:2] == ("c", "RoleBinding") and kube.applied[-1][:2] == ("c", "NetworkPolicy")
+    granted = OperatorSettings(trainer_identity="job", secrets_binding=False)
+    assert asyncio.run(objects.ensure(kube, granted, "d")) == 3  # type: ignore[arg-type]
+    assert {kind for ns, kind, _ in kube.applied if ns == "d"} == {"NetworkPolicy"}

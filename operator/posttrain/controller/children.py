@@ -21,7 +21,7 @@ from typing import Any
 
 import kopf
 
-from posttrain.controller.render.names import ROLE_NETWORK, ROLE_TRAINER
+from posttrain.controller.render.names import ROLE_ACCESS, ROLE_NETWORK, ROLE_TRAINER
 from posttrain.controller.runtime import Key, namespace_objects_key, runtime_of
 from posttrain.controller.settings import LABEL_JOB, LABEL_KIND, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER
 
@@ -58,7 +58,7 @@ async def _supporting(kind: str, meta: Any, memo: Any) -> dict[Key, str] | None:
     key = parent_key(meta)
     if key is None:
         labels = meta.get("labels") or {}
-        if LABEL_JOB in labels or labels.get(LABEL_ROLE) not in (ROLE_TRAINER, ROLE_NETWORK):
+        if LABEL_JOB in labels or labels.get(LABEL_ROLE) not in (ROLE_TRAINER, ROLE_NETWORK, ROLE_ACCESS):
             return None
         key = namespace_objects_key(meta.get("namespace") or "")
     return {key: f"{kind}/{meta['name']}"}

@@ -1,8 +1,9 @@
 """The objects the operator makes once per namespace, not per job, owned by nobody (they serve every job
-there): the trainer's identity in mode `namespace` (render/identity.py) and the NetworkPolicy of the
-namespace's job pods (render/network.py). They are server-side applied by the first job of a namespace,
-and again only when the operator's watch of them (controller/children.py, the namespace's index key)
-shows one gone (someone deleted it)."""
+there): its own read of the namespace's Secrets (render/secret_access.py, first: a task app's key is read
+right after), the trainer's identity in mode `namespace` (render/identity.py) and the NetworkPolicies of
+the namespace's pods (render/network.py). They are server-side applied by the first job or TaskApp of a
+namespace that needs them, and again only when the operator's watch of them (controller/children.py, the
+namespace's index key) shows one gone (someone deleted it)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ from typing import Any
 from posttrain.controller.kube import Kube
 from posttrain.controller.render.identity import render_namespace_identity
 from posttrain.controller.render.network import render_fences, render_network_policy
+from posttrain.controller.render.secret_access import render_secret_access
 from posttrain.controller.settings import OperatorSettings
 
 
 def render_namespace_objects(namespace: str, settings: OperatorSettings) -> list[dict[str, Any]]:
     identity = render_namespace_identity(namespace, settings) if settings.trainer_identity == "namespace" else []
     ports = {"server_port": settings.server_port, "metrics_port": settings.trainer_metrics_port}
-    return [*identity, render_network_policy(namespace, **ports), *render_fences(namespace, settings)]
+    access = render_secret_access(namespace, settings)
+    return [*access, *identity, render_network_policy(namespace, **ports), *render_fences(namespace, settings)]
 
 
 class NamespaceObjects:

@@ -19,6 +19,7 @@ from posttrain.controller.apply import (
     NotOwned,
     ensure_children,
     key_of,
+    namespace_objects_seen,
     observe,
     snapshot,
     utcnow,
@@ -40,7 +41,7 @@ from posttrain.controller.status import (
     status_patch,
     taskapp_status,
 )
-from posttrain.controller.taskapp_resolve import check_task_app, unlabelled_secret
+from posttrain.controller.taskapp_resolve import check_task_app, secret_access, unlabelled_secret
 from posttrain.controller.tenancy import reach_refusal
 from posttrain.controller.verify import Attempt, VerifyPolicy, as_verification
 
@@ -55,10 +56,17 @@ class TaskAppState:
     delays: Iterator[float] | None = None  # the backoff of the current run of failed checks
 
 
-async def _check(rt: Runtime, app: TaskAppObject, state: TaskAppState, observed: Any) -> tuple[str, Attempt]:
+async def _check(
+    rt: Runtime, app: TaskAppObject, state: TaskAppState, observed: Any, seen: set[str]
+) -> tuple[str, Attempt]:
     """(URL, the check's outcome): its children applied first; a child the API server refuses is the
     outcome (its spec holds a value it cannot take: no check). A deployed task app gets no Secret that is
-    not labelled for task apps: then nothing is applied."""
+    not labelled for task apps: then nothing is applied. Before any of that, the namespace's own objects
+    (`seen`: as the watches hold them), with the operator's read of the namespace's Secrets: a TaskApp may
+    be the first object of its namespace."""
+    needs_access = bool(app.spec.image or app.spec.api_key_secret_ref)
+    if needs_access and (refused := await secret_access(rt, app.owner.namespace, seen)) is not None:
+        return task_app_service_url(app), refused
     if app.spec.image:
         refused = await unlabelled_secret(rt, app.owner.namespace, secrets_of(app))
         if refused is not None:
@@ -126,7 +134,8 @@ async def reconcile_task_app(rt: Runtime, body: Any, indexes: dict[str, Any], st
         attempt = Attempt(False, INVALID_SPEC, render_failure_message(err))
     else:
         policy = VerifyPolicy.from_settings(rt.settings, app.spec.verification)
-        url, attempt = await _check(rt, app, state, observe(key_of(owner), indexes, owner.uid))
+        observed = observe(key_of(owner), indexes, owner.uid)
+        url, attempt = await _check(rt, app, state, observed, namespace_objects_seen(owner, indexes))
     verification, wait = _outcome(attempt, owner, policy, state, current)
     desired = taskapp_status(owner, current, url, verification, utcnow())
     old = (get_condition(current, TASKAPP_VERIFIED) or {}).get("status")

@@ -149,6 +149,13 @@ class OperatorSettings(BaseSettings):
     egress_namespaces: str = "posttrain-system"
     # The operator's own namespace and pod label (app.kubernetes.io/name): TaskApp pods admit its checks.
     operator_namespace: str = "posttrain-system"
+    # The operator's own ServiceAccount (in operator_namespace): the subject of the RoleBinding
+    # posttrain-operator-secrets it makes in each opted-in namespace (render/secret_access.py) to read the
+    # Secrets jobs name there; it holds no cluster-wide Secret read. Never in its own namespace.
+    operator_service_account: str = "posttrain-operator"
+    # Whether the operator makes that RoleBinding. Off where the install grants the Secret read itself
+    # (overlays/namespaced: a Role per served namespace).
+    secrets_binding: bool = True
 
     # Rollout / reference / judge servers.
     server_port: int = 8000

@@ -1,17 +1,24 @@
 """Task-app resolution: where an RLJob's task app is (a TaskApp by name, from the operator's index, or a
 URL), how to check it, and one check of it with the key from its Secret (through the shared check cache).
-The TaskApp loop uses the same check and the Secret's task-app label rule."""
+The TaskApp loop uses the same check and the Secret's task-app label rule. Before a Secret of a namespace is
+read, the namespace's own objects are in place (controller/namespace_objects.py): among them the
+operator's RoleBinding posttrain-operator-secrets, its only read of that namespace's Secrets
+(render/secret_access.py)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from posttrain.api.resources import LABEL_USE, USE_TASK_APP_KEY
+from posttrain.controller.kube import KubeError
 from posttrain.controller.objects import Job, TaskAppObject
 from posttrain.controller.render.taskapp import TaskAppTarget, task_app_target
 from posttrain.controller.runtime import Runtime
 from posttrain.controller.taskapp_index import TASKAPP_INDEX, TaskAppView, trusts_the_apps_check
+from posttrain.controller.tenancy import reach_refusal
 from posttrain.controller.verify import (
     INVALID_SPEC as TASKAPP_INVALID,
 )
@@ -23,6 +30,48 @@ from posttrain.controller.verify import (
     VerifyPolicy,
 )
 
+T = TypeVar("T")
+# The operator may not read the Secret (403): its RoleBinding in the namespace is missing, or so new that the
+# API server's RBAC cache has not seen it yet. Retried, within a read and at the next check.
+SECRET_FORBIDDEN = "SecretForbidden"
+FORBIDDEN_DELAYS = (0.25, 0.5, 1.0, 2.0)  # seconds between reads refused with 403
+
+
+class SecretForbidden(Exception):
+    def __init__(self, namespace: str, name: str) -> None:
+        super().__init__(f"the operator may not read Secret {name} of namespace {namespace} (403): its "
+                         "RoleBinding posttrain-operator-secrets there is missing or not in force yet; retrying")  # fmt: skip
+        self.attempt = Attempt(False, SECRET_FORBIDDEN, str(self))
+
+
+async def secret_access(rt: Runtime, namespace: str, seen: set[str] | None = None) -> Attempt | None:
+    """The namespace's own objects, its Secret read among them, applied before a Secret of it is read
+    (`seen`: what the watches hold; without it, applied once per process). None when they are in place;
+    the reach policy's refusal (e.g. the namespace has not opted in, controller/tenancy.py) as a failed
+    check."""
+    try:
+        await rt.namespace_objects.ensure(rt.kube, rt.settings, namespace, seen)
+    except KubeError as err:
+        if (refused := reach_refusal(err, namespace)) is None:
+            raise
+        return Attempt(False, *refused)
+    return None
+
+
+async def read_secret(namespace: str, name: str, read: Callable[[], Awaitable[T]]) -> T:
+    """`read()` of Secret `name`; a 403 is read again a few times (a RoleBinding made a moment ago), then
+    raised as SecretForbidden."""
+    for delay in (*FORBIDDEN_DELAYS, None):
+        try:
+            return await read()
+        except KubeError as err:
+            if err.status != 403:
+                raise
+            if delay is None:
+                raise SecretForbidden(namespace, name) from err
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
+
 
 def not_labelled(secret: str) -> Attempt:
     return Attempt(False, SECRET_NOT_LABELLED, f"Secret {secret} is not labelled {LABEL_USE}={USE_TASK_APP_KEY}: "
@@ -33,7 +82,10 @@ async def unlabelled_secret(rt: Runtime, namespace: str, names: list[str]) -> At
     """The first of these Secrets that exists without the task-app label, as a failed check (from their
     metadata alone): a TaskApp's pod gets no Secret its owner did not mark for task apps."""
     for name in names:
-        labels = await rt.kube.secret_labels(namespace, name)
+        try:
+            labels = await read_secret(namespace, name, lambda n=name: rt.kube.secret_labels(namespace, n))
+        except SecretForbidden as forbidden:
+            return forbidden.attempt
         if labels is not None and labels.get(LABEL_USE) != USE_TASK_APP_KEY:
             return not_labelled(name)
     return None
@@ -46,7 +98,12 @@ async def check_task_app(
     key = version = None
     secret = None
     if secret_name:
-        found = await rt.secret_key(namespace, secret_name, secret_key)
+        if (refused := await secret_access(rt, namespace)) is not None:
+            return refused
+        try:
+            found = await read_secret(namespace, secret_name, lambda: rt.secret_key(namespace, secret_name, secret_key))
+        except SecretForbidden as forbidden:
+            return forbidden.attempt
         if found.labels is not None and found.labels.get(LABEL_USE) != USE_TASK_APP_KEY:
             return not_labelled(secret_name)  # its data was never read: it never leaves the cluster
         if found.value is None:

@@ -14,6 +14,7 @@ ROLE_JUDGE = "judge"
 ROLE_CONFIG = "config"
 ROLE_TASK_APP = "task-app"
 ROLE_NETWORK = "network"
+ROLE_ACCESS = "operator-access"  # the operator's own read of a namespace's Secrets
 SERVER_ROLES = (ROLE_ROLLOUT, ROLE_REFERENCE, ROLE_JUDGE)
 NAME_MAX = 63
 # Indexed Job pods are named (and hostnamed) <job>-<index>: keep room for the index.
