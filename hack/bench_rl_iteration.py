@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import itertools
 import json
 import os
 import statistics
@@ -499,7 +500,39 @@ def run_summary(mode: str, seed: int, wall: float, iterations: list[dict[str, An
         "weight_sync_stale_s": mean_of("weight_sync_stale_seconds"),
         "final_mean_return": iterations[-1].get("mean_return") if iterations else None,
         "held_out": held_out,
+        # the training curve against iterations and against the wall clock (iteration_seconds summed)
+        "curve": [[round(t, 1), m.get("mean_return")] for t, m in
+                  zip(itertools.accumulate(float(m.get("iteration_seconds") or 0.0) for m in iterations),
+                      iterations, strict=True)],  # fmt: skip
     }
+
+
+def plot_async(result: dict[str, Any], path: Path) -> Path | None:
+    """Each run's mean_return per iteration and over wall seconds, sync beside async (PNG)."""
+    records = [r for r in result["records"] if r.get("curve")]
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
+    colours = {"sync": "tab:blue", "async": "tab:orange"}
+    for r in records:
+        seconds = [t for t, _ in r["curve"]]
+        returns = [v for _, v in r["curve"]]
+        label = f"{r['mode']} (held-out {r['held_out']:.3f})" if isinstance(r.get("held_out"), float) else r["mode"]
+        by_step.plot(range(1, len(returns) + 1), returns, color=colours[r["mode"]], alpha=0.7, label=label)
+        by_time.plot(seconds, returns, color=colours[r["mode"]], alpha=0.7)
+    by_step.set(xlabel="iteration", ylabel="training mean_return", title="per iteration")
+    by_time.set(xlabel="seconds of training", title="over the wall clock")
+    by_step.legend(fontsize=7)
+    fig.suptitle(f"async_depth 1 vs 0, {result['runs']} runs each: {result['cpu']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def _median(values: list[Any]) -> float | None:
@@ -639,7 +672,9 @@ def async_bench(args) -> int:
     print_async(result)
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result), flush=True)
+    if png := plot_async(result, args.json_out.with_suffix(".png")):
+        print(f"curves: {png}")
+    print(json.dumps({k: v for k, v in result.items() if k != "records"}), flush=True)
     return 0
 
 
