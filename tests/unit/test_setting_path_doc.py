@@ -35,7 +35,8 @@ def test_every_named_object_exists():
 
 def test_the_quoted_reads_are_the_code():
     rl = (REPO / "trainer_image" / "posttrain_trainer" / "rl.py").read_text()
-    assert "plan_rollouts(self.run_tag, at, seeds, cfg.group_size, self.job.endpoints.policy)" in rl
+    assert "policy = replicas.expand(self.job.endpoints.policy)" in rl
+    assert "plan_rollouts(self.run_tag, at, seeds, cfg.group_size, policy)" in rl
     assert "self.cfg = cfg = rl_settings(job)" in rl
     assert "settings=self.cfg.rollout" in rl
     settings = (REPO / "operator" / "posttrain" / "api" / "settings.py").read_text()

@@ -41,7 +41,7 @@ from posttrain.api.restem import VARIETY
 from posttrain.plotting import plot_curves
 
 from posttrain_trainer import distributed as D
-from posttrain_trainer import preemption
+from posttrain_trainer import preemption, replicas
 from posttrain_trainer.online import (
     iteration_seeds,
     mean,
@@ -319,9 +319,8 @@ class RestemRun:
         payload: Any = None
         if D.is_main():
             seeds = iteration_seeds(self.iteration, cfg.prompts, cfg.seed_start)
-            specs = plan_rollouts(
-                self.run_tag, self.iteration, seeds, cfg.samples_per_prompt, self.job.endpoints.policy
-            )
+            policy = replicas.expand(self.job.endpoints.policy)  # every replica, resolved again
+            specs = plan_rollouts(self.run_tag, self.iteration, seeds, cfg.samples_per_prompt, policy)
             results = self.loop.collect(self.rollouts, specs)
             errors = [r.error for r in results if not r.ok]
             try:
@@ -370,9 +369,8 @@ class RestemRun:
             # a sampled evaluation (evaluation.temperature > 0) runs `instances` episodes over the seeds, so
             # that each seed is scored several times (greedy answers would repeat themselves)
             repeats = max(1, -(-(cfg.eval_instances or 0) // len(cfg.eval_seeds))) if cfg.eval_temperature > 0 else 1
-            specs = plan_rollouts(
-                self.run_tag, at, cfg.eval_seeds, repeats, self.job.endpoints.policy, kind="ev"
-            )
+            policy = replicas.expand(self.job.endpoints.policy)
+            specs = plan_rollouts(self.run_tag, at, cfg.eval_seeds, repeats, policy, kind="ev")
             line = run_evaluation(self.loop, self.rollouts, specs, at, cfg.eval_temperature)
             score = line["eval_score"]
             self.history.append(line)

@@ -66,7 +66,7 @@ from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
 
 from posttrain_trainer import distributed as D
-from posttrain_trainer import gspo, offpolicy, preemption, rl_vision, step_rewards, utilisation
+from posttrain_trainer import gspo, offpolicy, preemption, replicas, rl_vision, step_rewards, utilisation
 from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.modeling import train_without_dropout
 from posttrain_trainer.online import (
@@ -910,7 +910,10 @@ class RLRun:
         iteration = self.iteration if iteration is None else iteration
         at = iteration if k == 0 else self.total + iteration * cfg.max_sampling_rounds + k - 1
         seeds = iteration_seeds(at, cfg.batch_size, cfg.seed_start)
-        specs = plan_rollouts(self.run_tag, at, seeds, cfg.group_size, self.job.endpoints.policy)
+        # the policy servers' replicas, resolved again for every round: each rollout's calls and its capture
+        # name one replica (replicas.py)
+        policy = replicas.expand(self.job.endpoints.policy)
+        specs = plan_rollouts(self.run_tag, at, seeds, cfg.group_size, policy)
         return (loop or self.loop).collect(self.rollouts, specs)
 
     def score(
@@ -999,7 +1002,8 @@ class RLRun:
             seeds = list(cfg.eval_seeds)
             if cfg.eval_temperature > 0 and (cfg.eval_instances or 0) > len(seeds):
                 seeds = [seeds[i % len(seeds)] for i in range(cfg.eval_instances)]
-            specs = plan_rollouts(self.run_tag, at, seeds, 1, self.job.endpoints.policy, kind="ev")
+            policy = replicas.expand(self.job.endpoints.policy)
+            specs = plan_rollouts(self.run_tag, at, seeds, 1, policy, kind="ev")
             if len(set(seeds)) < len(seeds):  # repeated seeds (sampled eval): keep the cids unique
                 for n, spec in enumerate(specs):
                     spec.cid = f"{spec.cid}-{n}"

@@ -1,6 +1,8 @@
 """Where an iteration's wall time went on each side: the idle share of the trainer (the time it waited for
 rollouts or for the servers to load its weights) and of the rollout servers (the time none of their requests
-ran and no weights loaded, from the busy seconds each server counts: GET /v1/weights, busy_seconds)."""
+ran and no weights loaded, from the busy seconds each server counts: GET /v1/weights, busy_seconds). Each
+policy endpoint counts as its replicas (replicas.py, resolved at every read); a replica seen in only one of
+two reads (a pod replaced in between) gives no share."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from posttrain_trainer import replicas
 from posttrain_trainer.server_auth import rollout_auth_headers
 
 
@@ -39,27 +42,32 @@ def servers_idle_share(before: Sequence[float | None], after: Sequence[float | N
 class ServerClocks:
     """Rank 0: reads each policy server's busy seconds; idle_share() covers the time since the last call."""
 
-    def __init__(self, endpoints: Sequence[str], timeout_s: float = 10.0):
+    def __init__(
+        self, endpoints: Sequence[str], timeout_s: float = 10.0, resolve: replicas.Resolver | None = None
+    ):
         self.endpoints = list(endpoints)
         self.timeout_s = timeout_s
+        self.resolve = resolve  # replicas.py's resolver (None: socket.getaddrinfo)
         self._last = self.read()
 
-    def read(self) -> tuple[float, list[float | None]]:
+    def read(self) -> tuple[float, dict[str, float | None]]:
+        """(monotonic time, busy seconds per replica URL)."""
         import httpx
 
-        out: list[float | None] = []
-        for endpoint in self.endpoints:
+        out: dict[str, float | None] = {}
+        for endpoint in replicas.expand(self.endpoints, self.resolve):  # resolved again at every read
             try:
                 r = httpx.get(
                     f"{endpoint.rstrip('/')}/v1/weights", headers=rollout_auth_headers(), timeout=self.timeout_s
                 )
                 value = r.json().get("busy_seconds") if r.status_code == 200 else None
-                out.append(float(value) if isinstance(value, int | float) else None)
+                out[endpoint] = float(value) if isinstance(value, int | float) else None
             except (httpx.HTTPError, ValueError, AttributeError):
-                out.append(None)  # an older server, or one that is restarting: no share from it
+                out[endpoint] = None  # an older server, or one that is restarting: no share from it
         return time.monotonic(), out
 
     def idle_share(self) -> float | None:
         (t0, before), (t1, after) = self._last, self.read()
         self._last = (t1, after)
-        return servers_idle_share(before, after, t1 - t0)
+        both = [url for url in after if url in before]
+        return servers_idle_share([before[u] for u in both], [after[u] for u in both], t1 - t0)

@@ -5,7 +5,9 @@ decides (bf16 where bf16 is native, fp32 elsewhere) + config + tokenizer: a fold
 reload_weights reads) or the LoRA adapter alone (format "lora", for GPU servers that hot-load adapters; on
 CPU the rollout server merges it itself or refuses). The folder goes to the shared dir (weight_sync.via =
 "path": a volume both sides mount) or to S3 under <prefix>weights/v<N>/ (via = "s3"); then POST /v1/weights
-{path, format, version} to every policy endpoint. Timed: save, upload and server seconds are returned.
+{path, format, version} to every replica of every policy endpoint (replicas.py: each Service name
+resolved again at every sync; a sync fails when one replica fails). Timed: save, upload and server seconds
+are returned.
 
 Retention: [training] keep_weight_versions (job.settings.keep_weight_versions, default 2; 0 keeps every one). After
 every policy server has loaded version N, the versions older than the newest `keep` are deleted from the
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 from posttrain.api.jobfile import JobFile
 
+from posttrain_trainer import replicas
 from posttrain_trainer.server_auth import rollout_auth_headers
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
@@ -80,6 +83,8 @@ def sync_format(wanted: str, is_lora: bool) -> str:
 
 
 class WeightSyncer:
+    resolve: replicas.Resolver | None = None  # how post() finds a policy endpoint's replicas (replicas.py)
+
     def __init__(
         self,
         job: JobFile,
@@ -89,6 +94,7 @@ class WeightSyncer:
         keep: int | None = None,
         timeout_s: float = 600.0,
         dtype: torch.dtype = torch.bfloat16,
+        resolve: replicas.Resolver | None = None,
     ):
         self.job = job
         self.endpoints = list(endpoints if endpoints is not None else job.endpoints.policy)
@@ -99,6 +105,7 @@ class WeightSyncer:
         self.keep = job.settings.keep_weight_versions if keep is None else int(keep)
         self.timeout_s = timeout_s
         self.dtype = dtype
+        self.resolve = resolve  # replicas.py's resolver (None: socket.getaddrinfo)
 
     def save(self, model: torch.nn.Module, tokenizer, version: int, fmt: str, state=None) -> Path:
         """The weights of `version` in a folder the servers can read; `state`: a sharded model's gathered
@@ -163,7 +170,7 @@ class WeightSyncer:
         import httpx
 
         answers = []
-        for endpoint in self.endpoints:
+        for endpoint in replicas.expand(self.endpoints, self.resolve):  # every replica, resolved now
             url = f"{endpoint.rstrip('/')}/v1/weights"
             try:
                 response = httpx.post(
