@@ -100,6 +100,7 @@ class Replica:
         self.captures: dict[str, list[dict[str, Any]]] = {}
         self.weights: list[dict[str, Any]] = []
         self.busy = 0.0
+        self.version = 0
         replica = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -122,6 +123,7 @@ class Replica:
                 body = self._body()
                 if url.path == "/v1/weights":
                     replica.weights.append(body)
+                    replica.version = body["version"]
                     return self._answer(200, {"weight_version": body["version"]})
                 if url.path == "/v1/chat/completions":
                     cid = parse_qs(url.query)["cid"][0]
@@ -137,7 +139,7 @@ class Replica:
             def do_GET(self):
                 path = urlsplit(self.path).path
                 if path == "/v1/weights":
-                    return self._answer(200, {"weight_version": 0, "busy_seconds": replica.busy})
+                    return self._answer(200, {"weight_version": replica.version, "busy_seconds": replica.busy})
                 cid = path.rsplit("/", 1)[1]
                 if path.startswith("/v1/captures/") and cid in replica.captures:
                     return self._answer(200, replica.captures[cid])
@@ -189,10 +191,17 @@ def _url(server: Replica) -> str:
     return f"http://{NAME}:{server.server.server_address[1]}"
 
 
+def posting_syncer(endpoints: list[str], resolve: Any) -> WeightSyncer:
+    """A WeightSyncer with only what its POSTs to the servers need (no job, no model)."""
+    syncer = WeightSyncer.__new__(WeightSyncer)
+    syncer.endpoints, syncer.timeout_s, syncer.resolve = endpoints, 30.0, resolve
+    syncer.served, syncer._served_lock = None, threading.Lock()
+    return syncer
+
+
 def test_weight_sync_reaches_every_replica(two_replicas, tmp_path):
     servers, resolve = two_replicas
-    syncer = WeightSyncer.__new__(WeightSyncer)  # only its POST to the servers is under test
-    syncer.endpoints, syncer.timeout_s, syncer.resolve = [_url(servers[0])], 30.0, resolve
+    syncer = posting_syncer([_url(servers[0])], resolve)
     answers = syncer.post(str(tmp_path), "full", 3)
     assert [a["weight_version"] for a in answers] == [3, 3]
     assert [s.weights for s in servers] == [[{"path": str(tmp_path), "format": "full", "version": 3}]] * 2
@@ -241,3 +250,17 @@ def test_busy_seconds_come_from_every_replica(two_replicas):
     assert sorted(clocks._last[1].values()) == [0.0, 0.0] and len(clocks._last[1]) == 2
     servers[1].busy = 1e9  # one replica busy throughout, the other idle: the mean idle share is one half
     assert clocks.idle_share() == pytest.approx(0.5)
+
+
+def test_a_replica_that_appears_after_a_sync_gets_those_weights_before_it_is_used(two_replicas, tmp_path):
+    servers, _ = two_replicas
+    port = servers[0].server.server_address[1]
+    first, second = (f"http://127.0.0.{n}:{port}" for n in (1, 2))
+    syncer = posting_syncer([first], None)
+    assert syncer.bring_up_to_date([first, second]) == []  # before any sync every replica has the base weights
+    syncer.post(str(tmp_path), "full", 5)  # one replica then
+    assert servers[0].weights and not servers[1].weights
+    # a second replica (a replaced pod, base weights: version 0) answers now
+    assert syncer.bring_up_to_date([first, second]) == [second]
+    assert servers[1].weights == [{"path": str(tmp_path), "format": "full", "version": 5}]
+    assert len(servers[0].weights) == 1  # the first one, at version 5, was not sent the weights again

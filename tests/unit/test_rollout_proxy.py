@@ -267,7 +267,8 @@ def test_the_trainer_sends_the_token_the_server_demands(tmp_path, monkeypatch):
         assert [e["completion_token_ids"] for e in asyncio.run(captures(b))] == [[3]]
 
         syncer = WeightSyncer.__new__(WeightSyncer)  # only its POST to the servers is under test
-        syncer.endpoints, syncer.timeout_s = [base], 30.0
+        syncer.endpoints, syncer.timeout_s, syncer.resolve = [base], 30.0, None
+        syncer.served, syncer._served_lock = None, threading.Lock()
         assert syncer.post(str(tmp_path), "full", 7)[0]["weight_version"] == 7
         monkeypatch.setenv("POSTTRAIN_ROLLOUT_TOKEN", "someone-else")
         try:

@@ -10,9 +10,9 @@ A name that resolves to one address, an IP literal, `localhost` (a local run: 12
 machine, whose server listens on one of them), an https URL (its certificate names the host, not the IP)
 or a name that does not resolve stays the one URL it is (a failed resolution is logged once per URL).
 
-A replica that replaces a pod starts from the base weights (the rollout server's weight version 0) and is
-sampled from at once: the next weight sync brings it the current weights, and until then its captures'
-weight_version shows the lag (the off-policy statistics count it)."""
+A replica that replaces a pod (or a restarted server) starts from the base weights (weight version 0):
+before each round of rollouts the trainer gives every replica that serves an older version than the last
+sync those weights (weightsync.WeightSyncer.bring_up_to_date)."""
 
 from __future__ import annotations
 

@@ -320,6 +320,8 @@ class RestemRun:
         if D.is_main():
             seeds = iteration_seeds(self.iteration, cfg.prompts, cfg.seed_start)
             policy = replicas.expand(self.job.endpoints.policy)  # every replica, resolved again
+            if self.syncer is not None:  # a replica that replaced a pod gets the current weights first
+                self.syncer.bring_up_to_date(policy)
             specs = plan_rollouts(self.run_tag, self.iteration, seeds, cfg.samples_per_prompt, policy)
             results = self.loop.collect(self.rollouts, specs)
             errors = [r.error for r in results if not r.ok]
@@ -370,6 +372,8 @@ class RestemRun:
             # that each seed is scored several times (greedy answers would repeat themselves)
             repeats = max(1, -(-(cfg.eval_instances or 0) // len(cfg.eval_seeds))) if cfg.eval_temperature > 0 else 1
             policy = replicas.expand(self.job.endpoints.policy)
+            if self.syncer is not None:
+                self.syncer.bring_up_to_date(policy)
             specs = plan_rollouts(self.run_tag, at, cfg.eval_seeds, repeats, policy, kind="ev")
             line = run_evaluation(self.loop, self.rollouts, specs, at, cfg.eval_temperature)
             score = line["eval_score"]

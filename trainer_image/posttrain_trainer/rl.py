@@ -913,6 +913,8 @@ class RLRun:
         # the policy servers' replicas, resolved again for every round: each rollout's calls and its capture
         # name one replica (replicas.py)
         policy = replicas.expand(self.job.endpoints.policy)
+        if self.syncer is not None:  # a replica that replaced a pod gets the current weights first
+            self.syncer.bring_up_to_date(policy)
         specs = plan_rollouts(self.run_tag, at, seeds, cfg.group_size, policy)
         return (loop or self.loop).collect(self.rollouts, specs)
 
@@ -1003,6 +1005,8 @@ class RLRun:
             if cfg.eval_temperature > 0 and (cfg.eval_instances or 0) > len(seeds):
                 seeds = [seeds[i % len(seeds)] for i in range(cfg.eval_instances)]
             policy = replicas.expand(self.job.endpoints.policy)
+            if self.syncer is not None:
+                self.syncer.bring_up_to_date(policy)
             specs = plan_rollouts(self.run_tag, at, seeds, 1, policy, kind="ev")
             if len(set(seeds)) < len(seeds):  # repeated seeds (sampled eval): keep the cids unique
                 for n, spec in enumerate(specs):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -106,6 +107,10 @@ class WeightSyncer:
         self.timeout_s = timeout_s
         self.dtype = dtype
         self.resolve = resolve  # replicas.py's resolver (None: socket.getaddrinfo)
+        # the last weights every replica was given (bring_up_to_date); the background sampler (async_depth)
+        # brings replicas up to date while the main thread syncs
+        self.served: dict[str, Any] | None = None
+        self._served_lock = threading.Lock()
 
     def save(self, model: torch.nn.Module, tokenizer, version: int, fmt: str, state=None) -> Path:
         """The weights of `version` in a folder the servers can read; `state`: a sharded model's gathered
@@ -167,24 +172,51 @@ class WeightSyncer:
         )
 
     def post(self, path: str, fmt: str, version: int) -> list[dict[str, Any]]:
+        with self._served_lock:  # never interleaved with a catch-up (bring_up_to_date) of another thread
+            replica_urls = replicas.expand(self.endpoints, self.resolve)  # every replica, resolved now
+            answers = [self._post_one(url, path, fmt, version) for url in replica_urls]
+            self.served = {"path": path, "format": fmt, "version": version}
+        return answers
+
+    def _post_one(self, endpoint: str, path: str, fmt: str, version: int) -> dict[str, Any]:
         import httpx
 
-        answers = []
-        for endpoint in replicas.expand(self.endpoints, self.resolve):  # every replica, resolved now
-            url = f"{endpoint.rstrip('/')}/v1/weights"
-            try:
-                response = httpx.post(
-                    url,
-                    json={"path": path, "format": fmt, "version": version},
-                    headers=rollout_auth_headers(),
-                    timeout=self.timeout_s,
-                )
-            except httpx.HTTPError as err:
-                raise WeightSyncError(f"POST {url} failed: {type(err).__name__}: {err}") from err
-            if response.status_code >= 400:
-                raise WeightSyncError(f"POST {url} -> HTTP {response.status_code}: {response.text[:300]}")
-            answers.append(response.json() if response.content else {})
-        return answers
+        url = f"{endpoint.rstrip('/')}/v1/weights"
+        try:
+            response = httpx.post(
+                url,
+                json={"path": path, "format": fmt, "version": version},
+                headers=rollout_auth_headers(),
+                timeout=self.timeout_s,
+            )
+        except httpx.HTTPError as err:
+            raise WeightSyncError(f"POST {url} failed: {type(err).__name__}: {err}") from err
+        if response.status_code >= 400:
+            raise WeightSyncError(f"POST {url} -> HTTP {response.status_code}: {response.text[:300]}")
+        return response.json() if response.content else {}
+
+    def bring_up_to_date(self, replica_urls: Sequence[str]) -> list[str]:
+        """Give the last synced weights to every replica of `replica_urls` that serves an older version (a
+        pod that replaced another, or a restarted server, starts from the base weights, version 0) before
+        it is sampled from; the replicas brought up. Nothing before the first sync. A replica that does not
+        answer its version is left to the rollout's own error handling."""
+        import httpx
+
+        with self._served_lock:
+            served = self.served
+            if served is None:
+                return []
+            behind = []
+            for url in replica_urls:
+                try:
+                    response = httpx.get(f"{url.rstrip('/')}/v1/weights", timeout=10.0)
+                    version = response.json().get("weight_version") if response.status_code == 200 else None
+                except (httpx.HTTPError, ValueError, AttributeError):
+                    continue
+                if isinstance(version, int) and version < served["version"]:
+                    self._post_one(url, served["path"], served["format"], served["version"])
+                    behind.append(url)
+        return behind
 
     def sync(
         self, model: torch.nn.Module, tokenizer, version: int, fmt: str = "full", state=None
