@@ -202,8 +202,10 @@ def operator_credentials(kcfg: str, tmp_path: Path) -> tuple[str, bool]:
         for d in render("overlays/dev")
         if (d["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
             and d["metadata"]["name"] == "posttrain-operator")
-        # its own namespace's Role: the Lease (one acting replica) and the rollout tokens' key Secret
-        or (d["kind"] in {"Role", "RoleBinding"} and d["metadata"]["name"] == "posttrain-operator-self")
+        # its own namespace's Role (the Lease, the rollout tokens' key Secret) and, in default, the API server's
+        # EndpointSlice
+        or (d["kind"] in {"Role", "RoleBinding"}
+            and d["metadata"]["name"] in {"posttrain-operator-self", "posttrain-operator-api-server"})
         # its Secret read, which it binds itself in each opted-in namespace (no binding is applied here)
         or (d["kind"] == "ClusterRole" and d["metadata"]["name"] == "posttrain-operator-secrets")
     ] + [d for d in render("overlays/dev") if d["kind"] == "ClusterKopfPeering"]

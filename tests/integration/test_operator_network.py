@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from fixtures.operator_env import operator_env, wait_for
-from fixtures.operator_process import rljob_manifest
+from fixtures.operator_process import api_client_of, rljob_manifest
 from kubernetes import client
 from posttrain.api.resources import GROUP, VERSION
 
@@ -65,3 +65,44 @@ def test_the_fences_apply_and_select_the_namespaces_job_and_task_app_pods(
         v4 = next(b for b in blocks if b["cidr"] == "0.0.0.0/0")
         assert {"169.254.0.0/16", "10.0.0.1/32"} <= set(v4["except"])  # stored as rendered
         assert egress["policyTypes"] == ["Egress"]
+
+
+def test_the_egress_fence_names_where_the_api_server_really_listens(
+    cluster: Any, namespace: str, math_taskapp: Any, tmp_path: Path
+) -> None:
+    """Without POSTTRAIN_API_SERVER_ADDRESSES the operator finds the API server behind the `kubernetes`
+    Service (its EndpointSlice): a policy sees that address after DNAT, never the ClusterIP. This control
+    plane runs no endpoint reconciler (loopback is no valid endpoint), so the test writes the slice the API
+    server of a cluster keeps, with a documentation address."""
+    discovery = client.DiscoveryV1Api(api_client_of(cluster))
+    made = False
+    try:
+        discovery.read_namespaced_endpoint_slice("kubernetes", "default")
+    except client.exceptions.ApiException as err:
+        if err.status != 404:
+            raise
+        discovery.create_namespaced_endpoint_slice("default", client.V1EndpointSlice(
+            metadata=client.V1ObjectMeta(name="kubernetes", labels={"kubernetes.io/service-name": "kubernetes"}),
+            address_type="IPv4", endpoints=[client.V1Endpoint(addresses=["192.0.2.77"])],
+            ports=[client.DiscoveryV1EndpointPort(name="https", port=6443, protocol="TCP")]))  # fmt: skip
+        made = True
+    try:
+        endpoint_slice = discovery.read_namespaced_endpoint_slice("kubernetes", "default")
+        addresses = {a for e in endpoint_slice.endpoints or [] for a in e.addresses or [] if ":" not in a}
+        with operator_env(cluster, namespace, tmp_path / "operator.log") as env:
+            env.secret("task-key", math_taskapp.api_key)
+            env.create("rljobs", rljob_manifest("fenced", math_taskapp.url))
+            net = client.NetworkingV1Api(env.api)
+
+            def egress() -> dict[str, Any] | None:
+                found = {p.metadata.name: p for p in net.list_namespaced_network_policy(env.ns).items}
+                policy = found.get("posttrain-egress")
+                return env.api.sanitize_for_serialization(policy)["spec"] if policy else None
+
+            spec = wait_for(egress, 60, "the egress fence")
+            excepted = {e for rule in spec["egress"] for peer in rule["to"]
+                        for e in (peer.get("ipBlock") or {}).get("except") or []}  # fmt: skip
+            assert addresses and {f"{a}/32" for a in addresses} <= excepted, excepted
+    finally:
+        if made:
+            discovery.delete_namespaced_endpoint_slice("kubernetes", "default")

@@ -23,6 +23,7 @@ from posttrain.controller import (  # noqa: F401 - importing registers the handl
     metrics,
     taskapp_index,
 )
+from posttrain.controller.api_server_endpoints import api_server_endpoints
 from posttrain.controller.child_watch import ChildWatches, kinds_for
 from posttrain.controller.children import CHILD_SELECTOR, KOPF_WATCHED, kopf_selector, parent_key
 from posttrain.controller.fairness import CheckSlots
@@ -91,6 +92,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     op_settings = await resolve_trainer_identity(kube, op_settings)
     if not op_settings.api_server_addresses:  # never a task app's address (posttrain.api.urls)
         found = await api_server_addresses(kube.host)
+        found += [a for a in await api_server_endpoints(kube) if a not in found]  # behind the ClusterIP
         op_settings = op_settings.model_copy(update={"api_server_addresses": ",".join(found)})
     prober = TaskAppProber(addresses=policy_from_settings(op_settings), max_connections=256)
     runtime = Runtime(settings=op_settings, kube=kube, prober=prober)

@@ -57,7 +57,8 @@ class OperatorSettings(BaseSettings):
     task_app_allowed_networks: str = ""
     task_app_denied_networks: str = ""
     # The API server's addresses (ip:port, comma-separated). Empty: found at startup from the operator's
-    # own connection and KUBERNETES_SERVICE_HOST; either way the trainer's init container is told them.
+    # own connection, KUBERNETES_SERVICE_HOST and the `kubernetes` Service's EndpointSlice (the address
+    # behind the ClusterIP); either way the fences deny them and the trainer's init container is told them.
     api_server_addresses: str = ""
 
     # Object storage: the endpoint and bucket for artifacts; credentials only as a Secret name.
