@@ -487,10 +487,7 @@ def memory_bench(cluster: Any, args: argparse.Namespace, workdir: Path) -> dict[
         out["rss_mib"] = rss_mib(operator)
         # kopf's per-object workers keep their last event (the whole body) until idle for
         # settings.queueing.idle_timeout (controller/main.py): the steady state is well after that
-        time.sleep(75.0)
-        out["rss_settled_mib"] = rss_mib(operator)
-        sampler.stop.set()
-        out["peak_rss_mib"] = round(sampler.peak / 2**20, 1)
+        out["rss_settled_mib"], out["peak_rss_mib"] = settled(operator, sampler, 75.0)
     finally:
         operator.stop()
     # A restart (a new version, a lost Lease) meets every job at once: kopf lists them all, and each
@@ -503,10 +500,7 @@ def memory_bench(cluster: Any, args: argparse.Namespace, workdir: Path) -> dict[
         sampler.start()
         out["restart_loops"] = wait_for_loops(operator, args.memory_jobs, args.timeout)
         out["restart_s"] = round(time.monotonic() - t0, 1)
-        time.sleep(30.0)
-        out["restart_rss_settled_mib"] = rss_mib(operator)
-        sampler.stop.set()
-        out["restart_peak_rss_mib"] = round(sampler.peak / 2**20, 1)
+        out["restart_rss_settled_mib"], out["restart_peak_rss_mib"] = settled(operator, sampler, 30.0)
     finally:
         operator.stop()
     return out
@@ -514,6 +508,14 @@ def memory_bench(cluster: Any, args: argparse.Namespace, workdir: Path) -> dict[
 
 def rss_mib(operator: OperatorProcess) -> float:
     return round(psutil.Process(operator.pid).memory_info().rss / 2**20, 1)
+
+
+def settled(operator: OperatorProcess, sampler: RssSampler, wait: float) -> tuple[float, float]:
+    """After `wait` seconds: the operator's RSS then and its peak since the sampler started (MiB)."""
+    time.sleep(wait)
+    rss = rss_mib(operator)
+    sampler.stop.set()
+    return rss, round(sampler.peak / 2**20, 1)
 
 
 def wait_for_loops(operator: OperatorProcess, jobs: int, timeout: float) -> int | None:
