@@ -9,7 +9,7 @@ DEMO_ARGS ?=
 REGISTRY ?=
 TAG ?= dev
 
-.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit test-unproven docs docs-gen demo bench bench-demo cluster-up cluster-down crds lint images push release-manifests registry-deps synth-crafter e2e e2e-gitops e2e-netpol clean
+.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit test-unproven docs docs-gen demo bench bench-demo bench-learning cluster-up cluster-down crds lint images push release-manifests registry-deps synth-crafter e2e e2e-gitops e2e-netpol clean
 
 # Python with venv first (Debian ships ensurepip apart, in python3-venv), then .venv.
 setup:
@@ -77,6 +77,12 @@ bench: setup k8s-bins
 # `$(PY) hack/bench_demo_curve.py --runs 20` for 19 in 20, `--compare` beside a hand-written GSPO loop
 bench-demo: setup
 	$(PY) hack/bench_demo_curve.py
+
+# the 8 learning tests, 20 seeds each from 1000 (one pytest process per test and seed): their false-failure
+# rates, one JSON line last. Hours (the two e2e tests), so not in `make bench`; one test, fewer seeds:
+# `$(PY) hack/bench_learning_tests.py --runs 5 --test tests/integration/test_rl_learning.py::test_gspo_lifts_mean_reward_on_toy_task`
+bench-learning: setup
+	$(PY) hack/bench_learning_tests.py
 
 # REAL_NODE=1: also a real kubelet node (containerd, runc, CNI, kube-proxy, CoreDNS) beside the kwok GPU nodes.
 # KUEUE=1: also Kueue (all-or-nothing admission of each job; docs/how-to/gpu-scheduling.md).

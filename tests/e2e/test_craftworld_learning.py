@@ -31,6 +31,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from fixtures.seeds import seed_from_env
 
 pytestmark = [pytest.mark.slow]
 
@@ -75,7 +76,8 @@ def test_held_out_return_rises_on_craftworld(tmp_path):
     }
     result = subprocess.run(
         [sys.executable, "-m", "posttrain.cli", "train", "--local", "--runs-dir", str(tmp_path / "runs"),
-         "--type", "rl", "--config", str(CONFIG), "--model-path", str(model_dir)],
+         "--type", "rl", "--config", str(CONFIG), "--model-path", str(model_dir),
+         "--set", f"training.seed={seed_from_env(0)}"],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=3000,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]

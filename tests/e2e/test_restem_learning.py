@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures.seeds import seed_from_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -34,7 +35,7 @@ def test_restem_raises_held_out_reward_over_two_iterations(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("TASK_APP_URL", "KUBECONFIG")}
     runner = subprocess.Popen(
         [sys.executable, "-m", "posttrain.cli", "train", "--local", "--config", "examples/restem_math.toml",
-         "--runs-dir", str(runs)],
+         "--runs-dir", str(runs), "--set", f"training.seed={seed_from_env(0)}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
     )  # fmt: skip
     try:

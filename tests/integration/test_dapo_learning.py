@@ -21,6 +21,7 @@ import time
 
 import pytest
 import torch
+from fixtures.seeds import seeds_from_env
 from posttrain.api.settings import DAPOSettings
 from posttrain_trainer import distributed as D
 from posttrain_trainer.modeling import load_model_and_tokenizer
@@ -84,7 +85,7 @@ def run_toy_dapo(model_dir, *, iterations: int = ITERATIONS, seed: int = 0) -> t
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", seeds_from_env([0, 1]))
 def test_dapo_lifts_mean_reward_on_toy_task(tiny_model_dir, seed):
     started = time.perf_counter()
     curve, rounds = run_toy_dapo(tiny_model_dir, seed=seed)

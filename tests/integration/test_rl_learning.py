@@ -19,6 +19,7 @@ import time
 
 import pytest
 import torch
+from fixtures.seeds import seed_from_env
 from posttrain_trainer import distributed as D
 from posttrain_trainer.modeling import load_model_and_tokenizer
 from posttrain_trainer.optim import build_optimizer, build_scheduler
@@ -93,11 +94,12 @@ def run_toy_gspo(model_dir, *, iterations=ITERATIONS, seed=0, cfg_overrides=None
 @pytest.mark.timeout(300)
 def test_gspo_lifts_mean_reward_on_toy_task(tiny_model_dir):
     started = time.perf_counter()
-    curve = run_toy_gspo(tiny_model_dir)
+    seed = seed_from_env(0)
+    curve = run_toy_gspo(tiny_model_dir, seed=seed)
     seconds = time.perf_counter() - started
     before = sum(curve[:3]) / 3
     after = sum(curve[-3:]) / 3
     print(
-        f"toy GSPO reward curve {[round(c, 3) for c in curve]} before {before:.3f} after {after:.3f} ({seconds:.0f} s)"
+        f"toy GSPO seed {seed}: reward curve {[round(c, 3) for c in curve]} before {before:.3f} after {after:.3f} ({seconds:.0f} s)"
     )
     assert after - before >= MARGIN, curve

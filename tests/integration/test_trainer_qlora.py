@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures.seeds import seed_from_env
 from test_trainer_sft import make_dataset, make_job, report_lines, trainer_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +50,8 @@ def test_qlora_loads_4bit_base_and_trains_only_lora(tiny_model_dir):
 
 def _sft_eval_losses(tiny_model_dir, tmp: Path, mode: str) -> list[float]:
     train, val = make_dataset(tmp / "data", n_train=128, n_val=32)
-    hp = {"n_epochs": 2, "batch_size": 8, "learning_rate": 1e-2, "warmup_ratio": 0.1, "sequence_length": 128}
+    hp = {"n_epochs": 2, "batch_size": 8, "learning_rate": 1e-2, "warmup_ratio": 0.1, "sequence_length": 128,
+          "seed": seed_from_env(42)}  # fmt: skip
     training = {
         "mode": mode,
         "use_qlora": mode == "qlora",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures.seeds import seed_from_env
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -155,7 +156,14 @@ def test_sft_lowers_heldout_loss_and_uploads_artifacts(s3_env, tiny_model_dir, t
     from posttrain import storage as s3
 
     train, val = make_dataset(tmp_path / "data")
-    hp = {"n_epochs": 2, "batch_size": 8, "learning_rate": 3e-3, "warmup_ratio": 0.1, "sequence_length": 128}
+    hp = {
+        "n_epochs": 2,
+        "batch_size": 8,
+        "learning_rate": 3e-3,
+        "warmup_ratio": 0.1,
+        "sequence_length": 128,
+        "seed": seed_from_env(42),
+    }
     training = {
         "mode": "full_finetune",
         "validation": {
@@ -246,6 +254,7 @@ def test_torchrun_two_processes_match_one(tiny_model_dir, tmp_path):
         "per_device_batch": 2,
         "learning_rate": 3e-3,
         "sequence_length": 128,
+        "seed": seed_from_env(42),
     }
     runs = {}
     # fp32 on every machine: this compares the parallel schemes, and under bf16 autocast (CPUs with native

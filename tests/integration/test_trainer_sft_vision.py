@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures.seeds import seed_from_env
 from PIL import Image
 from posttrain.modelzoo import TINY_VL_COLOURS
 
@@ -195,6 +196,7 @@ def test_vision_sft_lowers_heldout_loss(tiny_vl_model_dir, tmp_path, one_thread)
         "sequence_length": 64,
         "evaluation_strategy": "steps",
         "eval_steps": 32,
+        "seed": seed_from_env(42),
     }
     job_path = make_job(
         tmp_path / "run",

@@ -118,3 +118,10 @@ def test_the_rl_varieties_are_the_registry():
     assert {v for _, _, v in RL_ALGORITHMS} == set(settings.RL_ALGORITHMS) == {"gspo", "restem", "dapo"}
     rule = SPEC_RULES[RLJobSpec][0]["rule"]
     assert all(f"self.algorithm.variety == '{v}'" in rule for v in settings.RL_ALGORITHMS)
+
+
+def test_an_explicit_sft_seed_of_zero_stays_zero():
+    # unset: the default 42; any explicit seed, 0 included, is the seed the trainer uses
+    assert SFTSettings.resolve({"hyperparameters": {}}).seed == 42
+    assert SFTSettings.resolve({"hyperparameters": {"seed": 0}}).seed == 0
+    assert SFTSettings.resolve({"hyperparameters": {"seed": 7}}).seed == 7

@@ -623,7 +623,6 @@ class SFTSettings(TrainerSettings):
             "learning_rate": hp.get("learning_rate") or (1e-4 if mode != "full" else 1e-5),
             "warmup_ratio": hp.get("warmup_ratio") or 0.0,
             "weight_decay": hp.get("weight_decay") or 0.0,
-            "seed": hp.get("seed") or 42,  # as the trainer always read it: an unset (or 0) seed is 42
             "parallel": ParallelSettings.from_config(parallel_raw),
             "validation": ValidationSettings.resolve(config),
             "validation_path": lookup(config, "data.validation_path"),
