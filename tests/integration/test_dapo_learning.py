@@ -58,11 +58,11 @@ def run_toy_dapo(model_dir, *, iterations: int = ITERATIONS, seed: int = 0) -> t
     for it in range(iterations):
         first: list[float] = []
 
-        def sample(k: int, it: int = it, first: list[float] = first) -> list[RolloutResult]:
+        def sample(k: int, groups: int, it: int = it, first: list[float] = first) -> list[RolloutResult]:
             at = it if k == 0 else iterations + it * cfg.max_sampling_rounds + k - 1  # as RLRun.sample_round
-            specs = plan_rollouts("toy", at, iteration_seeds(at, BATCH, 0), GROUP, ["inproc"])
+            specs = plan_rollouts("toy", at, iteration_seeds(at, BATCH, 0)[:groups], GROUP, ["inproc"])
             results = []
-            for g in range(BATCH):
+            for g in range(groups):
                 group = specs[g * GROUP : (g + 1) * GROUP]
                 prompt = prompt_ids(tokenizer, group[0].seed)
                 for spec, completion in zip(group, sample_group(engine.module, prompt, GROUP, vocab), strict=True):

@@ -10,7 +10,7 @@ import torch
 from posttrain.api.convert import toml_to_cr
 from posttrain.api.settings import DAPOSettings, settings_for
 from posttrain_trainer.gspo import gspo_terms, overlong_shaping
-from posttrain_trainer.rl import groups_with_signal, sample_with_signal, sequences_from_results
+from posttrain_trainer.rl import groups_with_signal, refill_groups, sample_with_signal, sequences_from_results
 from posttrain_trainer.rollouts import EpisodeSequence, RolloutResult, RolloutSpec
 
 
@@ -74,18 +74,40 @@ def test_dynamic_sampling_keeps_groups_with_signal_and_refills_the_batch():
     }
     asked = []
 
-    def sample(k: int) -> list[RolloutResult]:
-        asked.append(k)
-        return [_result(g, i, r, seed=100 * k + g) for g, rewards in rounds[k] for i, r in enumerate(rewards)]
+    def sample(k: int, groups: int) -> list[RolloutResult]:
+        asked.append((k, groups))
+        return [
+            _result(g, i, r, seed=100 * k + g) for g, rewards in rounds[k][:groups] for i, r in enumerate(rewards)
+        ]
 
     kept, everything, stats = sample_with_signal(sample, batch_size=3, max_rounds=3)
-    assert asked == [0, 1]
+    # round 0 kept 1 of 3 groups: the 2 missing take 6 at that rate, capped at the batch (3)
+    assert asked == [(0, 3), (1, 3)]
     assert stats == {"sampling_rounds": 2, "groups_sampled": 6, "groups_kept": 3}
     assert sorted({r.spec.group for r in kept}) == [1, 3, 5]  # round 1's groups renumbered past round 0's
     assert len(everything) == 12 and len(groups_with_signal(kept)) == 3
     # the rounds are bounded: a task with no signal anywhere stops after max_rounds
-    flat = sample_with_signal(lambda k: [_result(0, i, 1.0, seed=k) for i in range(2)], 2, max_rounds=2)
+    flat = sample_with_signal(lambda k, n: [_result(0, i, 1.0, seed=k) for i in range(2)], 2, max_rounds=2)
     assert flat[0] == [] and flat[2]["sampling_rounds"] == 2
+
+
+def test_a_refill_round_samples_only_what_the_signal_rate_says_is_missing():
+    assert refill_groups(missing=1, kept=7, sampled=8, batch_size=8) == 2  # late in training: 2 groups, not 8
+    assert refill_groups(missing=3, kept=5, sampled=8, batch_size=8) == 5
+    assert refill_groups(missing=6, kept=2, sampled=8, batch_size=8) == 8  # capped at a batch
+    assert refill_groups(missing=8, kept=0, sampled=8, batch_size=8) == 8  # no signal yet: a whole batch
+    assert refill_groups(missing=1, kept=9, sampled=9, batch_size=8) == 1
+    asked = []
+
+    def sample(k: int, groups: int) -> list[RolloutResult]:
+        asked.append(groups)
+        if k == 0:  # 7 of 8 groups mixed
+            return [_result(g, i, float(i == 0 or g == 7), seed=g) for g in range(8) for i in range(2)]
+        return [_result(g, i, float(i), seed=100 + g) for g in range(groups) for i in range(2)]
+
+    kept, everything, stats = sample_with_signal(sample, batch_size=8, max_rounds=3)
+    assert asked == [8, 2] and stats == {"sampling_rounds": 2, "groups_sampled": 10, "groups_kept": 8}
+    assert len(everything) == 20 and len({r.spec.group for r in kept}) == 8
 
 
 DAPO_TOML = """

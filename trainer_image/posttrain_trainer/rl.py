@@ -217,23 +217,35 @@ def groups_with_signal(results: list[RolloutResult]) -> list[list[RolloutResult]
     return [g for g in groups.values() if len({r.reward for r in g if r.ok}) > 1]
 
 
+def refill_groups(missing: int, kept: int, sampled: int, batch_size: int) -> int:
+    """How many groups a further round of dynamic sampling rolls out for `missing` groups with signal: as
+    many as the signal rate seen so far (kept of sampled) says it takes, at most batch_size; a full batch
+    while no group has had signal. One group short late in training costs two groups, not a whole batch."""
+    if kept <= 0:
+        return batch_size
+    return max(1, min(batch_size, math.ceil(missing * sampled / kept)))
+
+
 def sample_with_signal(
     sample: Any, batch_size: int, max_rounds: int
 ) -> tuple[list[RolloutResult], list[RolloutResult], dict[str, Any]]:
-    """DAPO's dynamic sampling: `sample(round)` rolls out one batch of groups (round 0: the iteration's own
-    prompts); groups without reward variance are dropped and further rounds sampled until batch_size groups
-    carry signal or max_rounds were sampled. Returns the kept groups' results (group ids made unique across
+    """DAPO's dynamic sampling: `sample(round, groups)` rolls out that many groups (round 0: the iteration's
+    own batch_size prompts); groups without reward variance are dropped and further rounds sampled until
+    batch_size groups carry signal or max_rounds were sampled, each round only as many groups as
+    refill_groups expects to fill the batch. Returns the kept groups' results (group ids made unique across
     rounds; at most batch_size groups), every result sampled (the error budget counts them all) and the
     counts."""
     kept: list[list[RolloutResult]] = []
     everything: list[RolloutResult] = []
-    rounds = 0
+    rounds = sampled = 0
     while rounds < max_rounds and len(kept) < batch_size:
-        results = sample(rounds)
+        groups = batch_size if rounds == 0 else refill_groups(batch_size - len(kept), len(kept), sampled, batch_size)
+        results = sample(rounds, groups)
         for r in results:
             r.spec.group += rounds * batch_size
         everything += results
         kept += groups_with_signal(results)
+        sampled += groups
         rounds += 1
     kept = kept[:batch_size]
     stats = {"sampling_rounds": rounds, "groups_sampled": len({r.spec.group for r in everything}),
@@ -896,20 +908,22 @@ class RLRun:
         sampling: dict[str, Any] = {}
         if cfg.dynamic_sampling:
             results, sampled, sampling = sample_with_signal(
-                lambda k: self.sample_round(k, iteration, loop), cfg.batch_size, cfg.max_sampling_rounds
+                lambda k, groups: self.sample_round(k, iteration, loop, groups), cfg.batch_size, cfg.max_sampling_rounds
             )
         else:
             results = sampled = self.sample_round(0, iteration, loop)
         return SampledBatch(iteration, results, sampled, sampling, time.perf_counter() - started)
 
-    def sample_round(self, k: int, iteration: int | None = None, loop: RolloutLoop | None = None) -> list[RolloutResult]:
-        """One batch of groups: round 0 the iteration's own seeds; a further round of dynamic sampling seeds
-        past every iteration's (seed_start + (total + iteration x rounds + k - 1) x batch_size + j), so a
-        resumed run samples the same prompts."""
+    def sample_round(
+        self, k: int, iteration: int | None = None, loop: RolloutLoop | None = None, groups: int | None = None
+    ) -> list[RolloutResult]:
+        """One batch of groups (the first `groups` of it, default all): round 0 the iteration's own seeds; a
+        further round of dynamic sampling seeds past every iteration's (seed_start + (total + iteration x
+        rounds + k - 1) x batch_size + j), so a resumed run samples the same prompts."""
         cfg = self.cfg
         iteration = self.iteration if iteration is None else iteration
         at = iteration if k == 0 else self.total + iteration * cfg.max_sampling_rounds + k - 1
-        seeds = iteration_seeds(at, cfg.batch_size, cfg.seed_start)
+        seeds = iteration_seeds(at, cfg.batch_size, cfg.seed_start)[:groups]
         # the policy servers' replicas, resolved again for every round: each rollout's calls and its capture
         # name one replica (replicas.py)
         policy = replicas.expand(self.job.endpoints.policy)
@@ -941,16 +955,19 @@ class RLRun:
             )
             stats["train_sequences"] = len(seqs)
         ok = [r for r in results if r.ok]
-        outcome = [r.outcome_score for r in ok if r.outcome_score is not None]
-        events = [r.events_score for r in ok if r.events_score is not None]
+        # the policy's returns over every rollout sampled: dynamic sampling keeps only groups with mixed
+        # rewards, whose mean says nothing of the policy (early it drops the all-wrong groups, late the all-right)
+        policy = [r for r in sampled if r.ok]
+        outcome = [r.outcome_score for r in policy if r.outcome_score is not None]
+        events = [r.events_score for r in policy if r.events_score is not None]
         stats.update(
-            mean_return=mean([r.reward for r in ok]),
-            return_std=std([r.reward for r in ok]),
-            mean_env_return=mean([r.env_return for r in ok]),
+            mean_return=mean([r.reward for r in policy]),
+            return_std=std([r.reward for r in policy]),
+            mean_env_return=mean([r.env_return for r in policy]),
             judge_scores={
                 k: v for k, v in (("outcome", mean(outcome)), ("events", mean(events))) if v is not None
             },
-            sampled_tokens=sum(sum(s.completion_mask) for r in ok for s in r.sequences),
+            sampled_tokens=sum(sum(s.completion_mask) for r in policy for s in r.sequences),
             rollout_seconds=time.perf_counter() - started,
             errors=sorted(set(errors))[:3],
             **offpolicy.staleness(

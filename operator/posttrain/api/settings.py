@@ -334,7 +334,8 @@ class GSPOSettings(OnlineSettings):
     dynamic_sampling: Annotated[bool, Keys("training.dynamic_sampling")] = Field(
         False,
         description="Drop groups whose rewards are all equal (no signal) and sample more prompts until "
-        "batch_size groups carry signal, or max_sampling_rounds (DAPO's dynamic sampling).",
+        "batch_size groups carry signal, or max_sampling_rounds (DAPO's dynamic sampling); a further round "
+        "samples as many groups as the signal rate so far says are missing, at most batch_size.",
     )
     max_sampling_rounds: Annotated[Count, Keys("training.max_sampling_rounds")] = Field(
         3, description="dynamic_sampling: rounds of sampling per iteration at most (the first included)."
