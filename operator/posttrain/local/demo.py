@@ -15,9 +15,9 @@ fine_tuned_model into the RL job as [model].source (FFT-first chaining through t
 --independent-eval re-evaluates the base and the final model from S3 on a fresh rollout server;
 --seed N seeds the trainer and every sampling request (posttrain.api.sampling_seed): the same seed on the
 same machine repeats the run. Without --seed (and no [training] seed in the config) the demo draws one: with
-a fixed default, a CPU on which that one seed misses the bar would miss it on every run (seed 0 did here:
-held-out 0.742 on a Zen 4 EPYC, docs/benchmarks.md), where a drawn seed fails only as often as the demo
-does. The seed is printed at the start; a demo that misses its bar says why in one line
+a fixed default, a CPU on which that one seed misses the bar would miss it on every run (seed 0 did here
+before the demo sampled dynamically: held-out 0.742 on a Zen 4 EPYC, docs/benchmarks.md), where a drawn
+seed fails only as often as the demo does. The seed is printed at the start; a demo that misses its bar says why in one line
 (demo_report.diagnosis) and prints the command that reruns it with that seed.
 
 The dtypes follow the machine (posttrain.hardware: bf16 where it is native, fp32 elsewhere); the task, its
