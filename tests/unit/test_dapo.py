@@ -169,3 +169,21 @@ def test_dapo_needs_groups_like_gspo():
 
     with pytest.raises(UserError, match="group_size = 1"):
         toml_to_cr(DAPO_TOML.replace("group_size = 4", "group_size = 1"), task_url="http://task:8000", env={})
+
+
+def test_mean_return_with_dynamic_sampling_is_the_policys_not_the_kept_groups():
+    """The kept groups (mixed rewards) say nothing of the policy: early they drop the all-wrong groups, late
+    the all-right; an iteration's mean_return is over every rollout sampled."""
+    from types import SimpleNamespace
+
+    from posttrain.api.settings import GSPOSettings
+    from posttrain_trainer.rl import RLRun
+    from posttrain_trainer.rollouts import ErrorBudget
+
+    cfg = GSPOSettings.resolve({"training": {"batch_size": 1, "group_size": 2, "dynamic_sampling": True}})
+    run = SimpleNamespace(cfg=cfg, budget=ErrorBudget(0.0), processor=None, synced_at={}, iteration=1, judge=None)
+    kept = [_result(0, 0, 1.0), _result(0, 1, 0.0)]
+    sampled = kept + [_result(1, i, 0.0, seed=7) for i in range(2)] + [_result(2, i, 0.0, seed=9) for i in range(2)]
+    stats = RLRun.score(run, kept, 0.0, sampled)["stats"]
+    assert stats["mean_return"] == pytest.approx(1 / 6)  # not the kept group's 0.5
+    assert stats["train_sequences"] == 2 and stats["mixed_groups"] == 1
