@@ -11,19 +11,19 @@ assertion with its values). Then per test: runs, failures, failure share, median
 JSON object {"tests": {id: {"runs", "seeds", "failed_seeds", "failures", "wall_s_median", ...}}, "cpu": ...}.
 Every run's whole output is kept in bench-results/learning_runs/, the records in --json-out.
 
-The 8 learning tests (default: all of them) and their time per run without pytest's start-up, as measured in
-docs/benchmarks.md and the tests' docstrings ("est.": estimated, not yet measured):
-  tests/integration/test_rl_learning.py::test_gspo_lifts_mean_reward_on_toy_task                  5-10 s
-  tests/integration/test_dapo_learning.py::test_dapo_lifts_mean_reward_on_toy_task                 16-40 s
-  tests/integration/test_trainer_sft.py::test_sft_lowers_heldout_loss_and_uploads_artifacts        40-60 s (est.)
-  tests/integration/test_trainer_sft.py::test_torchrun_two_processes_match_one                     1.5-2 min (est.)
-  tests/integration/test_trainer_sft_vision.py::test_vision_sft_lowers_heldout_loss                ~14 s
-  tests/integration/test_trainer_qlora.py::test_qlora_sft_learns_like_lora                         1-1.5 min (est.)
-  tests/e2e/test_craftworld_learning.py::test_held_out_return_rises_on_craftworld                  ~7-7.5 min
+The 8 learning tests (default: all of them) and their wall time per run, pytest's start-up included (the
+medians measured on a Zen 4 EPYC, 2 cores, docs/benchmarks.md; the two e2e tests from single runs):
+  tests/integration/test_rl_learning.py::test_gspo_lifts_mean_reward_on_toy_task                  ~14 s
+  tests/integration/test_dapo_learning.py::test_dapo_lifts_mean_reward_on_toy_task                 ~14 s
+  tests/integration/test_trainer_sft.py::test_sft_lowers_heldout_loss_and_uploads_artifacts        ~30 s
+  tests/integration/test_trainer_sft.py::test_torchrun_two_processes_match_one                     ~33 s
+  tests/integration/test_trainer_sft_vision.py::test_vision_sft_lowers_heldout_loss                ~25 s
+  tests/integration/test_trainer_qlora.py::test_qlora_sft_learns_like_lora                         ~22 s
+  tests/e2e/test_craftworld_learning.py::test_held_out_return_rises_on_craftworld                  ~7.5-10 min
   tests/e2e/test_restem_learning.py::test_restem_raises_held_out_reward_over_two_iterations        ~11 min (AVX512-BF16),
                                                                                                     ~50 min on a loaded 2-core machine
-One seed of all 8 is about 22 min on a quiet fast CPU, so the default 20 runs take about 7-8 hours; the two
-e2e tests are nearly all of it. The 6 integration tests alone: about 5 min a seed, under 2 hours for 20.
+One seed of all 8 is about 20 min on a quiet fast CPU, so the default 20 runs take about 7 hours; the two
+e2e tests are nearly all of it. The 6 integration tests alone: about 2.5 min a seed, under an hour for 20.
 (The DAPO test is parametrized [0, 1] in `make test`; with POSTTRAIN_TEST_SEED set it runs that one seed, so
 its id is given without the [param] suffix.)
 
