@@ -12,7 +12,7 @@ JSON object {"tests": {id: {"runs", "seeds", "failed_seeds", "failures", "wall_s
 Every run's whole output is kept in bench-results/learning_runs/, the records in --json-out.
 
 The 8 learning tests (default: all of them) and their wall time per run, pytest's start-up included (the
-medians measured on a Zen 4 EPYC, 2 cores, docs/benchmarks.md; the two e2e tests from single runs):
+medians on an AMD EPYC Zen 4, AVX-512 with avx512_bf16, 2 cores: docs/benchmarks.md; the two e2e tests from single runs):
   tests/integration/test_rl_learning.py::test_gspo_lifts_mean_reward_on_toy_task                  ~14 s
   tests/integration/test_dapo_learning.py::test_dapo_lifts_mean_reward_on_toy_task                 ~14 s
   tests/integration/test_trainer_sft.py::test_sft_lowers_heldout_loss_and_uploads_artifacts        ~30 s
