@@ -8,7 +8,9 @@ with the pre-update weights, then --minibatches mini-batches of one forward, bac
 (TRL: steps_per_generation = minibatches, gradient_accumulation_steps = 1, num_iterations = 1; posttrain:
 num_minibatches = minibatches, one micro-batch per mini-batch), GSPO clip 3e-4/4e-4, beta 0. posttrain
 computes the first mini-batch's old logprobs in its update pass (ratio exactly 1), TRL runs a separate no-grad
-pass over the whole batch: that difference is each trainer's own and is timed.
+pass over the whole batch: that difference is each trainer's own and is timed. posttrain packs each
+prompt's samples into one row where RLRun would (prefix_packing.pack_policy: the prompt runs once per
+micro-batch; TRL runs it once per sample): also each trainer's own, timed, and named in the output.
 
 Interleaving: batch k is updated by TRL, then by posttrain (A, B, A, B, ...): TRL's training loop runs, and a
 callback runs posttrain's update on the same batch when TRL's last optimizer step of that batch returns,
@@ -27,7 +29,7 @@ update and stays in. Logging, which the Trainer does after on_step_end, is outsi
 Tokens are measured on both sides from the inputs each trainer trained on: non-padding prompt + completion
 tokens of every micro-batch of the update (posttrain: the attention masks it collated, its `tokens`
 statistic; TRL: prompt_mask + completion_mask of each compute_loss input). Padded positions (what the forward
-actually ran over) are printed too. Both sides must report the same non-padding count (checked).
+actually ran over: posttrain's packed rows where it packs) are printed too. Both sides must report the same non-padding count (checked).
 
 Precision: both the same, posttrain.hardware's decision for this machine (--precision auto: bf16 autocast
 with fp32 master weights where bf16 is native, else fp32), or both fp32 (--precision fp32). Mode: both in
@@ -163,7 +165,7 @@ class Posttrain:
     def __init__(self, path: Path, args, bf16: bool | None) -> None:
         import torch
         from posttrain_trainer import distributed as D
-        from posttrain_trainer import rl
+        from posttrain_trainer import prefix_packing, rl
         from posttrain_trainer.modeling import load_model_and_tokenizer
         from posttrain_trainer.optim import build_optimizer, build_scheduler
         from posttrain_trainer.rl_config import RLTrainerConfig
@@ -188,15 +190,18 @@ class Posttrain:
         )
         self.engine = D.build_engine(model, optimizer, scheduler, self.cfg.parallel, max_grad_norm=1.0)
         self.engine.module.eval()  # as RLRun leaves it between updates; gspo_update sets its own mode
+        # shared-prefix packing where RLRun would pack (prefix_packing.pack_policy): posttrain's update as it runs
+        self.pack, self.pack_line = prefix_packing.pack_policy(self.engine.module, vision=False)
         self.pad_id = tokenizer.pad_token_id
         self.args = args
         self.probe = Probe(self.engine.module)
         self.padded = 0
         collate = rl._collate
 
-        def counted_collate(seqs, pad_id):  # padded positions, and the mode in effect during the update
-            batch = collate(seqs, pad_id)
-            self.padded += batch.input_ids.numel()
+        # positions the forward ran over (padded rows, or the packed ones), and the mode during the update
+        def counted_collate(seqs, pad_id, processor=None, pack=None):
+            batch = collate(seqs, pad_id, processor, pack)
+            self.padded += (batch.packed.input_ids if batch.packed is not None else batch.input_ids).numel()
             self.probe.look()
             return batch
 
@@ -215,7 +220,7 @@ class Posttrain:
             advantages = gspo.group_advantages(torch.tensor(row["rewards"]), self.args.group).tolist()
             for completion, reward, adv in zip(row["completions"], row["rewards"], advantages, strict=True):
                 seqs.append(TrainSeq(row["prompt_ids"], completion, [1] * len(completion), adv, reward, g))
-        stats = gspo_update(self.engine, seqs, self.cfg, self.pad_id, iteration=iteration)
+        stats = gspo_update(self.engine, seqs, self.cfg, self.pad_id, iteration=iteration, pack=self.pack)
         seconds = time.perf_counter() - started
         assert stats["optimizer_steps"] == self.args.minibatches, stats
         return seconds, int(stats["tokens"]), self.padded
@@ -352,8 +357,8 @@ def run_interleaved(path: Path, batches: list[list[dict[str, Any]]], args, work:
         "excluded_trl_seconds": excluded,
         "probes": {"posttrain": ours.probe.as_dict(), "trl": trl_probe.as_dict()},
         "trl_mixed_precision": str(trainer.accelerator.mixed_precision),
+        "pack_line": ours.pack_line,
     }
-
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -404,7 +409,11 @@ def main(argv: list[str] | None = None) -> int:
         "order": "interleaved per rollout batch: TRL, posttrain, TRL, posttrain, ... (batch 0 = warm-up)",
         "timing": "scored rollout batch handed over -> last optimizer step returned (collation, advantages, "
         "old-logprob pass included; rollouts and rewards excluded on both sides)",
-        "posttrain": {**ours.as_dict(), "padded_positions": result["padded"]["posttrain"]},
+        "posttrain": {
+            **ours.as_dict(),
+            "padded_positions": result["padded"]["posttrain"],
+            "prefix_packing": result["pack_line"],
+        },  # fmt: skip
         "trl": {
             **trl.as_dict(),
             "padded_positions": result["padded"]["trl"],

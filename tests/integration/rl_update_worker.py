@@ -6,7 +6,9 @@ test_rl_deepspeed.py and test_rl_fsdp.py.
 "bf16" turns bf16 on (else fp32); "resume" (FSDP2) saves the full model and optimizer state after the second
 update, builds a fresh model, engine and optimizer from them, and runs the third update on those; "beta" runs
 two on-policy updates (one mini-batch) with a KL term against a frozen copy of the initial weights (sharded
-like the policy under FSDP2) and writes their KL means instead. The updates
+like the policy under FSDP2) and writes their KL means instead; "pack" runs the three updates on groups that
+share 9-token prompts, in micro-batches of 4 packed by shared prefix (prefix_packing), and writes how many
+micro-batches of rank 0 packed. Otherwise the updates
 use 8, 7 and 6 sequences in two mini-batches of micro-batches of one sequence: with two ranks, some
 micro-batches of the later updates are empty on one rank. Rank 0 writes the losses and the final (gathered)
 parameters to OUT (torch.save)."""
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import torch
 from posttrain_trainer import distributed as D
-from posttrain_trainer import rl
+from posttrain_trainer import prefix_packing, rl
 from posttrain_trainer.rl_config import RLTrainerConfig
 
 
@@ -40,6 +42,14 @@ def sequences(count: int = 8) -> list[rl.TrainSeq]:
         advantage = [1.0, -0.5, 0.7, -1.2, 0.3, 0.9, -0.8, 0.4][i]
         out.append(rl.TrainSeq([3, 4, 5 + i % 3], completion, [1] * len(completion), advantage))
     return out
+
+
+def grouped_sequences(count: int = 8) -> list[rl.TrainSeq]:
+    """Two groups whose samples share a 9-token prompt (what shared-prefix packing is for)."""
+    return [
+        rl.TrainSeq([3, 4, 5, 6, 7, 8, 9, 10, 11 + i % 2], s.completion_ids, s.completion_mask, s.advantage)
+        for i, s in enumerate(sequences(count))
+    ]
 
 
 def build(engine_kind: str, bf16: bool) -> D.TrainEngine:
@@ -106,18 +116,28 @@ def main(out: str, engine_kind: str, *flags: str) -> None:
         engine_kind, "ddp" if D.world_size() > 1 else "single"
     )
     assert engine.kind == expected, (engine.kind, expected)
-    cfg = RLTrainerConfig(num_minibatches=2, micro_batch=1, temperature=0.7, eps_low=0.2, eps_high=0.2)
+    pack = "pack" in flags
+    cfg = RLTrainerConfig(
+        num_minibatches=2, micro_batch=4 if pack else 1, temperature=0.7, eps_low=0.2, eps_high=0.2
+    )
+    policy = prefix_packing.pack_policy(engine.module, vision=False)[0] if pack else None
+    assert policy is not None or not pack
+    plans: list[object] = []
+    plan = prefix_packing.plan
+    prefix_packing.plan = lambda *a, **k: plans.append(plan(*a, **k)) or plans[-1]  # counts rank 0's packing
     losses = []
     for i in range(3):
         if i == 2 and "resume" in flags:
             engine = checkpointed(engine, Path(out).parent, bf16)
-        losses.append(rl.gspo_update(engine, sequences(8 - i), cfg, pad_id=0, iteration=i)["loss"])
+        seqs = grouped_sequences(8 - i) if pack else sequences(8 - i)
+        losses.append(rl.gspo_update(engine, seqs, cfg, pad_id=0, iteration=i, pack=policy)["loss"])
     with D.full_weights(engine) as state:
         if state is None:
             state = {name: p.detach().clone().cpu() for name, p in engine.module.named_parameters()}
     if D.is_main():
         params = {name: state[name].float() for name in initial}
-        torch.save({"losses": losses, "params": params, "initial": initial, "engine": engine.kind}, out)
+        torch.save({"losses": losses, "params": params, "initial": initial, "engine": engine.kind,
+                    "packed": sum(p is not None for p in plans)}, out)  # fmt: skip
     D.barrier()
     D.shutdown()
 

@@ -45,6 +45,19 @@ def test_zero3_two_ranks_match_one_rank(tmp_path):
     compare_runs(one, zero3, 1e-5, 5e-5)
 
 
+def test_packed_rows_on_two_ranks_match_one_rank(tmp_path):
+    """Shared-prefix packing under torchrun: each rank packs its own run of a prompt-sorted mini-batch, so
+    two DDP ranks and two ZeRO-3 ranks pack other rows together than one process does, and must still give
+    its losses and parameters (fp32 tolerances above)."""
+    one = _run(tmp_path / "one.pt", 1, "ddp", "pack")
+    ddp = _run(tmp_path / "ddp.pt", 2, "ddp", "pack")
+    zero3 = _run(tmp_path / "zero3.pt", 2, "ds3", "pack")
+    assert (one["engine"], ddp["engine"], zero3["engine"]) == ("single", "ddp", "deepspeed")
+    assert one["packed"] > 0 and ddp["packed"] > 0 and zero3["packed"] > 0  # rank 0 packed some micro-batches
+    compare_runs(one, ddp, 1e-5, 5e-5)
+    compare_runs(one, zero3, 1e-5, 5e-5)
+
+
 def _trainer_run(tmp: Path, model_dir: Path, taskapp, storage: dict, nproc: int, parallelism: dict | None):
     """The RL trainer process (torchrun for nproc > 1) for 3 iterations against the real rollout server in
     front of the scripted model and judge of test_rl_trainer_rollouts, with a final evaluation (which syncs

@@ -26,6 +26,15 @@ def test_fsdp_two_ranks_match_one_rank(one_rank, tmp_path):
     compare_runs(one_rank, two, LOSS_TOL, PARAM_TOL)
 
 
+def test_fsdp_packed_two_ranks_match_one_rank(tmp_path):
+    """Shared-prefix packing under FSDP2 (activation checkpointing on): two ranks, each packing its own rows,
+    give one packing process's losses and parameters."""
+    one = _run(tmp_path / "one.pt", 1, "ddp", "pack")
+    two = _run(tmp_path / "fsdp.pt", 2, "fsdp", "pack")
+    assert one["packed"] > 0 and two["packed"] > 0
+    compare_runs(one, two, LOSS_TOL, PARAM_TOL)
+
+
 def test_fsdp_resumed_from_its_full_state_matches_one_rank(one_rank, tmp_path):
     two = _run(tmp_path / "fsdp.pt", 2, "fsdp", "resume")
     compare_runs(one_rank, two, LOSS_TOL, PARAM_TOL)

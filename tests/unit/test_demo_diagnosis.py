@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 from posttrain.local.demo import parse_args
-from posttrain.local.demo_report import diagnosis, first_at_least, rerun_command
+from posttrain.local.demo_report import diagnosis, first_at_least, missed_bar, rerun_command
 
 
 def rows(returns: list[float], mixed: list[int]) -> list[dict]:
@@ -40,6 +40,12 @@ def test_uniform_iterations_later_in_the_run_and_all_uniform():
     assert "no iteration had a mixed group" in none and "rose only to 0.00 (iteration 1)" in none
     assert diagnosis([], 0.1, None, 0.8) == "the job ended without a final held-out evaluation"
     assert diagnosis([], 0.4, 0.44, 0.5, "mean return") == "held-out mean return 0.440 < 0.5 (base model 0.400)"
+
+
+def test_only_a_run_below_its_bar_or_without_a_final_score_misses_it():
+    # summary.json's diagnosis is written only for a miss: a passing run's line would read "0.836 < 0.8"
+    assert missed_bar(0.633, 0.8) and missed_bar(None, 0.8) and missed_bar(0.0, 0.5)
+    assert not missed_bar(0.8, 0.8) and not missed_bar(0.836, 0.8) and not missed_bar(0.0, 0.0)
 
 
 def test_first_at_least_skips_missing_values():

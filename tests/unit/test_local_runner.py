@@ -89,6 +89,10 @@ def test_progress_lines_and_report_reading(tmp_path):
                                      "decision_reward_sum": 1.25})  # fmt: skip
     assert turns.startswith("rollouts 8, 3.0 turns/episode, decision rewards 2 non-zero (sum 1.25), mixed groups")
     assert "turns/episode" not in runner.format_iteration({"rollouts": 8, "mean_turns": 1.0})
+    packed = runner.format_iteration({"rollouts": 64, "groups": 8, "mixed_groups": 8, "train_sequences": 64,
+                                      "forward_positions": 1890, "padded_positions": 3904})  # fmt: skip
+    assert "trained 64 seqs (packed: 1,890 of 3,904 positions), grad_norm" in packed
+    assert "packed" not in runner.format_iteration({"rollouts": 8, "forward_positions": 90, "padded_positions": 90})
     report = tmp_path / "report.jsonl"
     report.write_text(json.dumps({"progress": {"step": 1}}) + "\n" + '{"result": {"fine_tuned')
     offset, lines = runner._read_report(report, 0)

@@ -34,6 +34,7 @@ import torch
 from posttrain.api.settings import DEFAULT_TIS_CAP, EPS_HIGH, EPS_LOW, GspoVariant
 
 from posttrain_trainer.logprobs import token_logprobs  # noqa: F401 - part of this module's API
+from posttrain_trainer.prefix_packing import PackedBatch
 
 ADV_EPS = 1e-6
 GSPO_VARIANTS: tuple[str, ...] = get_args(GspoVariant)
@@ -218,7 +219,9 @@ def _dapo_terms(
     clipped = torch.clamp(token_ratio, 1.0 - eps_low, 1.0 + eps_high) * token_adv
     token_min = torch.minimum(unclipped, clipped)
     if behavior_logprobs is not None:
-        token_min = token_min * truncated_importance_weights(old, behavior_logprobs, mask, tis_cap, per_token=True)
+        token_min = token_min * truncated_importance_weights(
+            old, behavior_logprobs, mask, tis_cap, per_token=True
+        )
     n = max(float(num_tokens) if num_tokens is not None else float(mask.sum()), 1.0)
     loss = -(token_min * mask).sum() / n
     kl_seq = None
@@ -334,6 +337,8 @@ class TokenBatch:
     completion_start: list[int]  # prompt length per row
     # extra model inputs of the batch (a vision policy's pixel_values, image_grid_thw, mm_token_type_ids)
     model_inputs: dict[str, Any] = field(default_factory=dict)
+    # the rows packed by shared prefix (prefix_packing.plan), None: the model runs on the plain rows
+    packed: PackedBatch | None = None
 
     @property
     def targets(self) -> torch.Tensor:

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from posttrain_trainer.prefix_packing import PackedBatch, attention_implementation, mask_4d
+
 DEFAULT_CHUNK_BYTES = 128 * 2**20
 # config attributes of heads that transform the output layer's logits before returning them
 LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_logits_scale")
@@ -115,12 +117,23 @@ def _vocab(head: torch.nn.Module, model: torch.nn.Module) -> int:
     return int(head.weight.shape[0])
 
 
+def _shifted(hidden: torch.Tensor) -> torch.Tensor:
+    return hidden[:, :-1, :]
+
+
 @contextlib.contextmanager
 def projecting_logprobs(
-    head: torch.nn.Module, targets: torch.Tensor, *, vocab: int, temperature: float, chunk_bytes: int
+    head: torch.nn.Module,
+    targets: torch.Tensor,
+    *,
+    vocab: int,
+    temperature: float,
+    chunk_bytes: int,
+    select: Callable[[torch.Tensor], torch.Tensor] = _shifted,
 ) -> Iterator[None]:
     """For the duration, the output layer returns target logprobs [B, K - 1] for hidden states [B, K, H]
-    (position k predicts targets[:, k]; the last kept position predicts nothing)."""
+    (position k predicts targets[:, k]; the last kept position predicts nothing). select: the hidden states
+    that predict `targets`, of their leading shape (packed rows: the positions each target is read from)."""
     had_own = "forward" in head.__dict__
     own = head.__dict__.get("forward")
     project = head.forward  # bound: the class's forward or a wrapper installed on the instance
@@ -128,7 +141,7 @@ def projecting_logprobs(
     def forward(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return chunked_logprobs(
             lambda h: project(h, *args, **kwargs),
-            hidden[:, :-1, :],
+            select(hidden),
             targets,
             vocab=vocab,
             temperature=temperature,
@@ -155,13 +168,21 @@ def token_logprobs(
     first_target: int = 0,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     model_inputs: dict[str, Any] | None = None,
+    packed: PackedBatch | None = None,
 ) -> torch.Tensor:
     """log pi(input_ids[:, t+1] | input_ids[:, :t+1]) for every t: [B, T - 1], float32.
 
     Logits are divided by the sampling temperature (the distribution the tokens were drawn from). Targets
     before column `first_target` (prompt tokens nobody trains on, TokenBatch.first_target) read 0: their
     logits are never computed. model_inputs go to the model as well (a vision model's pixel values and image
-    grids). See the module docstring for the memory bound."""
+    grids). packed: the same rows packed by shared prefix (posttrain_trainer.prefix_packing): the model runs
+    on the packed rows, and only completion targets are computed (the rest read 0). See the module
+    docstring for the memory bound."""
+    if packed is not None:
+        return _packed_token_logprobs(
+            model, input_ids.shape, input_ids.device, packed, temperature=float(temperature or 1.0),
+            autocast=autocast, chunk_bytes=chunk_bytes,
+        )  # fmt: skip
     width = input_ids.shape[1]
     first_target = max(0, min(int(first_target), width - 1))
     keep = width - first_target
@@ -201,4 +222,43 @@ def token_logprobs(
         return values
     full = values.new_zeros((input_ids.shape[0], width - 1))
     full[:, first_target:] = values
+    return full
+
+
+def _packed_token_logprobs(
+    model: torch.nn.Module,
+    shape: torch.Size,
+    device: torch.device,
+    packed: PackedBatch,
+    *,
+    temperature: float,
+    autocast: contextlib.AbstractContextManager | None,
+    chunk_bytes: int,
+) -> torch.Tensor:
+    """token_logprobs of plain rows [B, T] (`shape`) from their packed form: completion targets only."""
+    head = output_layer(model)
+    if head is None:
+        raise RuntimeError("packed rows need the model's output layer (prefix_packing.unsupported_reason)")
+    width = packed.input_ids.shape[1]
+    kept_from = int(packed.source_pos.min()) if packed.source_pos.numel() else width - 1
+    keep = width - kept_from
+    flat = (packed.source_row * keep + packed.source_pos - kept_from).to(device)
+
+    def select(hidden: torch.Tensor) -> torch.Tensor:  # hidden [R, keep, H] -> [N, H]
+        return hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat)
+
+    mask = mask_4d(packed.segments, attention_implementation(model) or "sdpa").to(device)
+    with (
+        autocast or contextlib.nullcontext(),
+        projecting_logprobs(
+            head, packed.target_ids.to(device), vocab=_vocab(head, model), temperature=temperature,
+            chunk_bytes=chunk_bytes, select=select,
+        ),
+    ):  # fmt: skip
+        values = model(
+            input_ids=packed.input_ids.to(device), attention_mask=mask,
+            position_ids=packed.position_ids.to(device), use_cache=False, logits_to_keep=keep,
+        ).logits  # fmt: skip
+    full = values.new_zeros((shape[0], shape[1] - 1))
+    full[packed.out_row.to(device), packed.out_col.to(device)] = values
     return full

@@ -66,7 +66,16 @@ from posttrain.api.jobfile import JobFile
 from posttrain.plotting import plot_curves
 
 from posttrain_trainer import distributed as D
-from posttrain_trainer import gspo, offpolicy, preemption, replicas, rl_vision, step_rewards, utilisation
+from posttrain_trainer import (
+    gspo,
+    offpolicy,
+    preemption,
+    prefix_packing,
+    replicas,
+    rl_vision,
+    step_rewards,
+    utilisation,
+)
 from posttrain_trainer.judging import EpisodeJudge
 from posttrain_trainer.modeling import train_without_dropout
 from posttrain_trainer.online import (
@@ -106,7 +115,7 @@ ITERATION_EVENT_FIELDS = (
     "truncated", "empty_responses", "sampler_mismatch", "sampler_kl", "sampler_max_abs_delta", "max_staleness",
     "unexpected_versions", "media_tokens_sampled", "mean_turns", "decision_rewards_nonzero", "decision_reward_sum",
     "staleness_mean", "staleness_max", "stale_dropped", "rollout_wait_seconds", "trainer_idle_share",
-    "rollout_idle_share", "weight_sync_stale_seconds",
+    "rollout_idle_share", "weight_sync_stale_seconds", "forward_positions", "padded_positions",
 )  # fmt: skip
 
 
@@ -239,7 +248,11 @@ def sample_with_signal(
     everything: list[RolloutResult] = []
     rounds = sampled = 0
     while rounds < max_rounds and len(kept) < batch_size:
-        groups = batch_size if rounds == 0 else refill_groups(batch_size - len(kept), len(kept), sampled, batch_size)
+        groups = (
+            batch_size
+            if rounds == 0
+            else refill_groups(batch_size - len(kept), len(kept), sampled, batch_size)
+        )
         results = sample(rounds, groups)
         for r in results:
             r.spec.group += rounds * batch_size
@@ -280,24 +293,34 @@ def decision_credits(ok: list[RolloutResult]) -> list[list[float]]:
 # -- the update -----------------------------------------------------------------------------------------
 
 
-def _micro_plan(minibatch: list[TrainSeq], micro: int) -> list[list[TrainSeq]]:
+def _micro_plan(minibatch: list[TrainSeq], micro: int, contiguous: bool = False) -> list[list[TrainSeq]]:
     """This rank's share of a mini-batch in micro-batches; every rank gets the same number of micro-batches
-    (an empty one becomes a zero-loss pass, so DDP's collectives stay in step)."""
+    (an empty one becomes a zero-loss pass, so DDP's collectives stay in step). The share is every world-th
+    row (a length-sorted mini-batch: similar work per rank), or with `contiguous` a run of rows (a
+    prompt-sorted one: a prompt's samples stay on one rank, where they pack)."""
     world, rank = D.world_size(), D.rank()
-    mine = minibatch[rank::world]
     per_rank = math.ceil(len(minibatch) / world)
+    mine = minibatch[rank * per_rank : (rank + 1) * per_rank] if contiguous else minibatch[rank::world]
     count = max(1, math.ceil(per_rank / micro))
     return [mine[i * micro : (i + 1) * micro] for i in range(count)]
 
 
-def _collate(seqs: list[TrainSeq], pad_id: int, processor: Any = None) -> gspo.TokenBatch:
-    """Right-padded ids; with a vision policy's processor, the pixel values of the rows' images too."""
+def _collate(
+    seqs: list[TrainSeq], pad_id: int, processor: Any = None, pack: prefix_packing.PackPolicy | None = None
+) -> gspo.TokenBatch:
+    """Right-padded ids; with a vision policy's processor, the pixel values of the rows' images too; with a
+    pack policy, the rows packed by shared prefix where that saves work (prefix_packing)."""
     batch = gspo.collate_sequences(
         [s.prompt_ids for s in seqs],
         [s.completion_ids for s in seqs],
         [s.completion_mask for s in seqs],
         pad_id,
     )
+    if pack is not None and len(seqs) > 1:
+        batch.packed = prefix_packing.plan(
+            [list(s.prompt_ids) + list(s.completion_ids) for s in seqs], batch.completion_start, pad_id,
+            window=pack.window,
+        )  # fmt: skip
     if any(s.images for s in seqs):
         if processor is None:
             raise rl_vision.VisionInputError(
@@ -332,6 +355,8 @@ class UpdateTotals:
     counted: float = 0
     policy_tokens: float = 0
     tokens: float = 0
+    positions: float = 0  # what the forward passes ran over: padded rows, or packed rows where they packed
+    plain_positions: float = 0  # the padded rows' positions, packed or not
     mismatch: offpolicy.MismatchMeter = field(default_factory=offpolicy.MismatchMeter)
 
     def add(self, terms: Any, micro: PreparedMicro, mask: torch.Tensor) -> None:
@@ -343,28 +368,37 @@ class UpdateTotals:
         self.counted += len(micro.seqs)
         self.policy_tokens += int(mask.sum())
         self.tokens += int(micro.batch.attention_mask.sum())
+        packed = micro.batch.packed
+        self.plain_positions += micro.batch.input_ids.numel()
+        self.positions += packed.input_ids.numel() if packed is not None else micro.batch.input_ids.numel()
 
     def all_ranks(self) -> tuple[UpdateTotals, dict[str, Any]]:
         """The sums over all ranks, and the sampler-mismatch metrics over all ranks."""
-        values = [self.loss, self.clipped, self.ratio, self.kl, self.counted, self.policy_tokens, self.tokens]
+        values = [self.loss, self.clipped, self.ratio, self.kl, self.counted, self.policy_tokens, self.tokens,
+                  self.positions, self.plain_positions]  # fmt: skip
         totals = D.all_reduce_sum(
             torch.tensor([*values, *self.mismatch.as_list()], dtype=torch.float64)
         ).tolist()
-        metrics = offpolicy.MismatchMeter.metrics(totals[7:])
+        metrics = offpolicy.MismatchMeter.metrics(totals[len(values) :])
         if metrics["sampler_mismatch"] is not None:
             metrics["sampler_max_abs_delta"] = max(D.gather_objects(self.mismatch.max_abs))
-        return UpdateTotals(*totals[:7]), metrics
+        return UpdateTotals(*totals[: len(values)]), metrics
 
 
-def _shuffled_minibatches(seqs: list[TrainSeq], cfg: RLTrainerConfig, iteration: int) -> list[list[TrainSeq]]:
+def _shuffled_minibatches(
+    seqs: list[TrainSeq], cfg: RLTrainerConfig, iteration: int, by_prompt: bool = False
+) -> list[list[TrainSeq]]:
     order = list(range(len(seqs)))
     random.Random(cfg.seed * 1_000_003 + iteration).shuffle(order)
     shuffled = [seqs[i] for i in order]
+
     # Within a mini-batch the order changes no gradient (the loss sums over its sequences): by length, so
-    # that micro-batches hold sequences of similar length (less padding) and ranks get similar work.
-    return [
-        sorted(mb, key=lambda s: s.tokens) for mb in gspo.split_minibatches(shuffled, cfg.num_minibatches)
-    ]
+    # that micro-batches hold sequences of similar length (less padding) and ranks get similar work; when
+    # rows pack by shared prefix, by prompt first, so that a group's samples share micro-batches.
+    def key(s: TrainSeq) -> Any:
+        return (s.prompt_ids, s.tokens) if by_prompt else s.tokens
+
+    return [sorted(mb, key=key) for mb in gspo.split_minibatches(shuffled, cfg.num_minibatches)]
 
 
 def _logprobs(module: torch.nn.Module, engine: D.TrainEngine, batch: gspo.TokenBatch, temperature: float):
@@ -377,6 +411,7 @@ def _logprobs(module: torch.nn.Module, engine: D.TrainEngine, batch: gspo.TokenB
         autocast=engine.autocast(),
         first_target=batch.first_target,
         model_inputs=_on_device(batch.model_inputs),
+        packed=batch.packed,
     )
 
 
@@ -393,6 +428,7 @@ def _prepare(
     pad_id: int,
     ref_fn: RefFn | None,
     processor: Any = None,
+    pack: prefix_packing.PackPolicy | None = None,
 ) -> list[list[PreparedMicro | None]]:
     """Old (and reference) logprobs with the pre-update weights, same micro-batch composition as the update.
     The first mini-batch runs on the pre-update weights, so its old logprobs are its own logprobs, detached
@@ -402,7 +438,7 @@ def _prepare(
     prepared: list[list[PreparedMicro | None]] = []
     for index, minibatch in enumerate(minibatches):
         row: list[PreparedMicro | None] = []
-        for micro in _micro_plan(minibatch, cfg.micro_batch):
+        for micro in _micro_plan(minibatch, cfg.micro_batch, contiguous=pack is not None):
             if not micro:
                 row.append(None)
                 if D.shards_parameters(engine):
@@ -412,7 +448,7 @@ def _prepare(
                     if ref_fn is not None and cfg.beta and getattr(ref_fn, "collective", False):
                         ref_fn(minibatch[:1], stand_in)
                 continue
-            batch = _collate(micro, pad_id, processor)
+            batch = _collate(micro, pad_id, processor, pack)
             old = _logprobs(engine.module, engine, batch, cfg.temperature) if index > 0 else None
             ref = ref_fn(micro, batch).to(D.device()) if (ref_fn is not None and cfg.beta) else None
             row.append(PreparedMicro(batch, old, ref, micro))
@@ -483,17 +519,19 @@ def gspo_update(
     iteration: int = 0,
     ref_fn: RefFn | None = None,
     processor: Any = None,
+    pack: prefix_packing.PackPolicy | None = None,
 ) -> dict[str, Any]:
-    """The GSPO update for one rollout batch (collective: every rank calls it with the same seqs).
+    """The GSPO update for one rollout batch (collective: every rank calls it with the same seqs); pack:
+    rows packed by shared prefix (prefix_packing.pack_policy).
 
     Returns loss (sum over mini-batches of the mean loss), optimizer steps, clip fraction, ratio mean, kl,
     trained policy tokens (all ranks) and seconds."""
     started = time.perf_counter()
     if not seqs:
         return {"loss": 0.0, "optimizer_steps": 0, "policy_tokens": 0, "tokens": 0, "seconds": 0.0}
-    minibatches = _shuffled_minibatches(seqs, cfg, iteration)
+    minibatches = _shuffled_minibatches(seqs, cfg, iteration, by_prompt=pack is not None)
     train_without_dropout(engine.module)  # train(): activation checkpointing recomputes; no dropout
-    prepared = _prepare(engine, minibatches, cfg, pad_id, ref_fn, processor)
+    prepared = _prepare(engine, minibatches, cfg, pad_id, ref_fn, processor, pack)
     totals, grad_norms = UpdateTotals(), []
     for mb, row in zip(minibatches, prepared, strict=True):
         for k, item in enumerate(row):
@@ -522,6 +560,8 @@ def _update_metrics(
         "kl": totals.kl / counted if beta else None,
         "policy_tokens": int(totals.policy_tokens),
         "tokens": int(totals.tokens),
+        "forward_positions": int(totals.positions),
+        "padded_positions": int(totals.plain_positions),
         "grad_norm": sum(norms) / len(norms) if norms else None,
         "seconds": seconds,
         "tokens_per_second": totals.tokens / max(seconds, 1e-9),
@@ -573,7 +613,7 @@ def local_reference_fn(engine: D.TrainEngine, frozen: torch.nn.Module | None, te
         with torch.no_grad():
             ids, mask, first = batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.first_target
             kwargs = {"temperature": temperature, "first_target": first, "autocast": engine.autocast(),
-                      "model_inputs": _on_device(batch.model_inputs)}  # fmt: skip
+                      "model_inputs": _on_device(batch.model_inputs), "packed": batch.packed}  # fmt: skip
             if frozen is not None:
                 return gspo.token_logprobs(frozen, ids, mask, **kwargs)
             module = engine.module
@@ -647,6 +687,8 @@ def iteration_record(
         "policy_tokens": update["policy_tokens"],
         "update_seconds": update["seconds"],
         "tokens_per_second": update.get("tokens_per_second", 0.0),
+        "forward_positions": update.get("forward_positions"),
+        "padded_positions": update.get("padded_positions"),
         "sampler_mismatch": update.get("sampler_mismatch"),
         "sampler_kl": update.get("sampler_kl"),
         "sampler_max_abs_delta": update.get("sampler_max_abs_delta"),
@@ -682,6 +724,11 @@ class RLRun:
         self.engine, self.tokenizer, frozen = build_policy(job, cfg, self.precision)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.processor = self._vision_processor(job)
+        self.pack, pack_line = prefix_packing.pack_policy(
+            self.engine.module, vision=self.processor is not None
+        )
+        if D.is_main():
+            print(pack_line, flush=True)
         self.ref_fn: RefFn | None = None
         if cfg.beta:
             self.ref_fn = (
@@ -827,6 +874,7 @@ class RLRun:
             iteration=self.iteration,
             ref_fn=self.ref_fn,
             processor=self.processor,
+            pack=self.pack,
         )
         self.iteration += 1
         sync_metrics: dict[str, Any] = {}
@@ -908,7 +956,9 @@ class RLRun:
         sampling: dict[str, Any] = {}
         if cfg.dynamic_sampling:
             results, sampled, sampling = sample_with_signal(
-                lambda k, groups: self.sample_round(k, iteration, loop, groups), cfg.batch_size, cfg.max_sampling_rounds
+                lambda k, groups: self.sample_round(k, iteration, loop, groups),
+                cfg.batch_size,
+                cfg.max_sampling_rounds,
             )
         else:
             results = sampled = self.sample_round(0, iteration, loop)
@@ -971,7 +1021,9 @@ class RLRun:
             rollout_seconds=time.perf_counter() - started,
             errors=sorted(set(errors))[:3],
             **offpolicy.staleness(
-                [s.weight_versions for r in ok for s in r.sequences], self.synced_at, self.iteration,
+                [s.weight_versions for r in ok for s in r.sequences],
+                self.synced_at,
+                self.iteration,
                 self.cfg.async_depth,
             ),
             **offpolicy.lag_stats([call_versions(r) for r in ok], self.iteration),

@@ -202,6 +202,11 @@ def _ranges(numbers: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
+def missed_bar(eval_final: float | None, bar: float) -> bool:
+    """A demo misses its bar when its final held-out score is below it, or when there is none."""
+    return eval_final is None or eval_final < bar
+
+
 def diagnosis(
     detail: list[dict[str, Any]], eval_base: float | None, eval_final: float | None, bar: float,
     measure: str = "accuracy",
