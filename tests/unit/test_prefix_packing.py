@@ -71,6 +71,15 @@ def test_a_group_packs_into_one_row_and_unrelated_rows_do_not_pack():
     assert all(len(m) == 1 for m, _ in P.clusters(unrelated))
 
 
+def test_a_group_stays_one_packed_row_when_its_later_answers_share_a_start():
+    """Sorted by length, a group's answers 2 and 3 share "47 48" but not answer 0's start: without the
+    prompt lengths the greedy rule splits the group there; with them, rows of one prompt always join."""
+    prompt = [*SYSTEM, 20, 21, 22]
+    rows = [prompt + c for c in ([40, 41, 2], [40, 41, 42, 2], [47, 48, 49, 2], [47, 48, 50, 51, 2])]
+    assert [m for m, _ in P.clusters(rows)] == [[0, 1], [2, 3]]
+    assert P.clusters(rows, [len(prompt)] * 4) == [([0, 1, 2, 3], len(prompt))]
+
+
 def test_rows_join_only_while_packing_saves_a_quarter_and_within_the_limits():
     # a shared prefix of 2 tokens on rows of 10 saves too little: plain rows
     rows = [[1, 2, *range(10, 18)], [1, 2, *range(20, 28)]]

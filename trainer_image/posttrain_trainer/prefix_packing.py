@@ -57,32 +57,36 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def clusters(
-    rows: Sequence[Sequence[int]], *, min_saving: float = MIN_SAVING, max_tokens: int = MAX_PACKED_TOKENS
+    rows: Sequence[Sequence[int]],
+    prompt_lengths: Sequence[int] | None = None,
+    *,
+    min_saving: float = MIN_SAVING,
+    max_tokens: int = MAX_PACKED_TOKENS,
 ) -> list[tuple[list[int], int]]:
     """Consecutive rows that share a prefix, as (row indices, shared prefix length); a row alone shares its
-    whole length. A row joins the open cluster when that is shorter than starting a row of its own, the
-    packed row stays at least `min_saving` shorter than the plain rows it replaces and within `max_tokens`,
-    and, where joining would shorten the shared prefix, the next row does not share more with this one (the
-    first row of the next group starts that group's own packed row)."""
+    whole length. A row joins the open cluster while the packed row stays at least `min_saving` shorter than
+    the plain rows it replaces and within `max_tokens`, and: when it has the cluster's prompt (the first
+    `prompt_lengths` tokens, where given), always; otherwise only when joining is shorter than starting a
+    row of its own and the next row does not share more with it than the cluster does (the first row of the
+    next group starts that group's own packed row)."""
     out: list[tuple[list[int], int]] = []
     members: list[int] = []
     shared = 0
     for index, row in enumerate(rows):
         if members:
-            candidate = min(shared, _common_prefix(rows[members[0]], row))
+            head = members[0]
+            candidate = min(shared, _common_prefix(rows[head], row))
             lengths = [len(rows[m]) for m in members] + [len(row)]
             packed = candidate + sum(n - candidate for n in lengths)
+            fits = candidate > 0 and packed <= (1 - min_saving) * sum(lengths) and packed <= max_tokens
+            same_prompt = prompt_lengths is not None and (
+                prompt_lengths[index] == prompt_lengths[head] and candidate >= prompt_lengths[index]
+            )
             current = shared + sum(n - shared for n in lengths[:-1])
             next_shares_more = (
                 candidate < shared and index + 1 < len(rows) and _common_prefix(row, rows[index + 1]) > candidate
             )
-            if (
-                candidate > 0
-                and packed < current + len(row)
-                and packed <= (1 - min_saving) * sum(lengths)
-                and packed <= max_tokens
-                and not next_shares_more
-            ):
+            if fits and (same_prompt or (packed < current + len(row) and not next_shares_more)):
                 members.append(index)
                 shared = candidate
                 continue
@@ -108,7 +112,7 @@ def plan(
     would let it see past the window)."""
     if window is not None and any(len(r) > window for r in rows):
         return None
-    groups = clusters(rows, min_saving=min_saving, max_tokens=max_tokens)
+    groups = clusters(rows, completion_starts, min_saving=min_saving, max_tokens=max_tokens)
     if all(len(members) == 1 for members, _ in groups):
         return None
     packed_rows: list[list[int]] = []
