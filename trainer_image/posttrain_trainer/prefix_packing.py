@@ -25,7 +25,9 @@ import torch
 VERIFIED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 MASKED_ATTENTION = ("sdpa", "eager")
 MIN_SAVING = 0.25  # a row joins a packed row only if the packed row is at least a quarter shorter
-MAX_PACKED_TOKENS = 8192  # the 4-D mask grows with its square: 64 MiB of booleans per packed row at most
+# the 4-D mask grows with the square of a packed row (sdpa may widen it to a float bias): 16 MiB of booleans
+# per packed row at most, and rows this long rarely share enough of themselves to pass MIN_SAVING anyway
+MAX_PACKED_TOKENS = 4096
 
 
 @dataclass
