@@ -185,10 +185,9 @@ def mask_4d(segments: torch.Tensor, implementation: str) -> torch.Tensor:
 
 
 def _config(model: torch.nn.Module):
-    inner = model
-    while hasattr(inner, "module") and isinstance(inner.module, torch.nn.Module):
-        inner = inner.module
-    return getattr(inner, "config", None)
+    from posttrain_trainer.distributed import unwrap
+
+    return getattr(unwrap(model), "config", None)
 
 
 def attention_implementation(model: torch.nn.Module) -> str | None:
