@@ -10,7 +10,14 @@ import torch
 from posttrain.api.convert import toml_to_cr
 from posttrain.api.settings import DAPOSettings, settings_for
 from posttrain_trainer.gspo import gspo_terms, overlong_shaping
-from posttrain_trainer.rl import groups_with_signal, refill_groups, sample_with_signal, sequences_from_results
+from posttrain_trainer.rl import (
+    ITERATION_EVENT_FIELDS,
+    groups_with_signal,
+    iteration_record,
+    refill_groups,
+    sample_with_signal,
+    sequences_from_results,
+)
 from posttrain_trainer.rollouts import EpisodeSequence, RolloutResult, RolloutSpec
 
 
@@ -109,6 +116,18 @@ def test_a_refill_round_samples_only_what_the_signal_rate_says_is_missing():
     assert asked == [8, 2] and stats == {"sampling_rounds": 2, "groups_sampled": 10, "groups_kept": 8}
     assert len(everything) == 20 and len({r.spec.group for r in kept}) == 8
 
+
+
+def test_the_iteration_record_says_how_many_groups_dynamic_sampling_rolled_out():
+    update = {"loss": 0.1, "optimizer_steps": 2, "policy_tokens": 10, "seconds": 1.0}
+    stats = {"mean_return": 0.5, "mean_env_return": 0.5, "judge_scores": {}, "rollouts": 16, "failed": 0,
+             "truncated": 0, "empty_responses": 0, "mixed_groups": 2, "train_sequences": 16,
+             "rollout_seconds": 2.0}  # fmt: skip
+    assert "groups_sampled" not in iteration_record(1, 3, update, stats, 1e-4, 3.0)  # no dynamic sampling
+    sampled = {**stats, "sampling_rounds": 2, "groups_sampled": 10, "groups_kept": 8}
+    record = iteration_record(1, 3, update, sampled, 1e-4, 3.0)
+    assert (record["sampling_rounds"], record["groups_sampled"], record["groups_kept"]) == (2, 10, 8)
+    assert {"sampling_rounds", "groups_sampled"} <= set(ITERATION_EVENT_FIELDS)  # and the event carries them
 
 DAPO_TOML = """
 [algorithm]

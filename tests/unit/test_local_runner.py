@@ -93,6 +93,14 @@ def test_progress_lines_and_report_reading(tmp_path):
                                       "forward_positions": 1890, "padded_positions": 3904})  # fmt: skip
     assert "trained 64 seqs (packed: 1,890 of 3,904 positions), grad_norm" in packed
     assert "packed" not in runner.format_iteration({"rollouts": 8, "forward_positions": 90, "padded_positions": 90})
+    # dynamic sampling: the groups it rolled out to find the batch's groups with signal, and its rounds
+    refilled = runner.format_iteration({"rollouts": 64, "groups": 8, "mixed_groups": 8, "groups_sampled": 19,
+                                        "sampling_rounds": 3})  # fmt: skip
+    assert "mixed groups 8/8 (19 sampled, 3 rounds), trained" in refilled
+    one = runner.format_iteration({"rollouts": 64, "groups": 8, "mixed_groups": 8, "groups_sampled": 8,
+                                   "sampling_rounds": 1})  # fmt: skip
+    assert "mixed groups 8/8 (8 sampled, 1 round), trained" in one
+    assert "sampled" not in runner.format_iteration({"rollouts": 64, "groups": 8, "mixed_groups": 8})
     report = tmp_path / "report.jsonl"
     report.write_text(json.dumps({"progress": {"step": 1}}) + "\n" + '{"result": {"fine_tuned')
     offset, lines = runner._read_report(report, 0)

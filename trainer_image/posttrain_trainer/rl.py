@@ -116,6 +116,7 @@ ITERATION_EVENT_FIELDS = (
     "unexpected_versions", "media_tokens_sampled", "mean_turns", "decision_rewards_nonzero", "decision_reward_sum",
     "staleness_mean", "staleness_max", "stale_dropped", "rollout_wait_seconds", "trainer_idle_share",
     "rollout_idle_share", "weight_sync_stale_seconds", "forward_positions", "padded_positions",
+    "sampling_rounds", "groups_sampled",
 )  # fmt: skip
 
 
@@ -700,6 +701,8 @@ def iteration_record(
         "iteration_seconds": seconds,
         **{k: stats.get(k) for k in ("mean_turns", "decision_rewards_nonzero", "decision_reward_sum")},
         **{k: stats[k] for k in ("judged", "judge_failed", "media_tokens_sampled") if k in stats},
+        # dynamic sampling: how many groups it took to find the batch's groups with signal, in how many rounds
+        **{k: stats[k] for k in ("sampling_rounds", "groups_sampled", "groups_kept") if k in stats},
     }
 
 

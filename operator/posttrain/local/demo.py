@@ -49,8 +49,9 @@ TASKS = {
 }
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # What the summary keeps of each iteration's detail event.
-DETAIL_FIELDS = ("step", "mean_return", "mixed_groups", "train_sequences", "truncated", "rollout_seconds",
-                 "update_seconds", "weight_sync_seconds", "iteration_seconds")  # fmt: skip
+DETAIL_FIELDS = ("step", "mean_return", "mixed_groups", "groups_sampled", "sampling_rounds", "train_sequences",
+                 "truncated", "rollout_seconds", "update_seconds", "weight_sync_seconds",
+                 "iteration_seconds")  # fmt: skip
 
 
 def chained_config(rl_toml: Path, source: str, out: Path) -> Path:

@@ -217,6 +217,10 @@ def format_iteration(event: dict[str, Any]) -> str:
     if event.get("staleness_max"):  # asynchronous sampling ([training] async_depth): how far behind, how idle
         failed += (f", lag {num('staleness_mean', '.2f')} mean / {event['staleness_max']} max versions"
                    f", {event.get('stale_dropped') or 0} stale dropped")  # fmt: skip
+    sampled = ""
+    if event.get("groups_sampled"):  # dynamic sampling: the groups rolled out to find those with signal
+        rounds = event.get("sampling_rounds") or 1
+        sampled = f" ({event['groups_sampled']} sampled, {rounds} round{'s' if rounds != 1 else ''})"
     packed = ""
     ran, padded = event.get("forward_positions"), event.get("padded_positions")
     if isinstance(ran, int) and isinstance(padded, int) and ran < padded:  # shared-prefix packing saved work
@@ -225,7 +229,7 @@ def format_iteration(event: dict[str, Any]) -> str:
     if event.get("trainer_idle_share") is not None or event.get("rollout_idle_share") is not None:
         idle = f", idle: trainer {num('trainer_idle_share', '.0%')}, rollout {num('rollout_idle_share', '.0%')}"
     return (
-        f"rollouts {event.get('rollouts')}{failed}, mixed groups {event.get('mixed_groups')}/{event.get('groups')}, "
+        f"rollouts {event.get('rollouts')}{failed}, mixed groups {event.get('mixed_groups')}/{event.get('groups')}{sampled}, "
         f"trained {event.get('train_sequences')} seqs{packed}, grad_norm {num('grad_norm', '.3g')}, "
         f"clipped {num('clip_fraction', '.0%')} | rollout {num('rollout_seconds', '.1f')} s, "
         f"update {num('update_seconds', '.1f')} s, sync {num('weight_sync_seconds', '.1f')} s{idle}"
