@@ -4,10 +4,10 @@ Starts `python -m posttrain_rollout serve --role policy` on a model (default the
 the same completion load (C concurrent clients, N requests x T tokens, ignore_eos) alternately against
   raw    vLLM's own OpenAI server (the proxy's internal 127.0.0.1 port, read from the server log), and
   proxy  the public proxy, every request captured under its own cid (return_token_ids + logprobs) and
-         the captures fetched and deleted afterwards (the trainer's pattern),
+         the captures taken afterwards in batches, POST /v1/captures (the trainer's CaptureBatches),
 with logprobs asked for on every side (the proxy injects them for captured calls, so raw gets them too for
-a like-for-like load). Sides: raw, forward (proxy, no cid), capture (proxy, ?cid=), fetch (capture + GET and
-DELETE of the captures). Prints requests/s and tokens/s of each and the ratio to raw (median of rounds),
+a like-for-like load). Sides: raw, forward (proxy, no cid), capture (proxy, ?cid=), fetch (capture + the
+captures taken in batches). Prints requests/s and tokens/s of each and the ratio to raw (median of rounds),
 then full-reload sync seconds (POST /v1/weights, same weights, median of K) and, with --lora, the LoRA
 path (CPU: merge into the base + reload).
 
@@ -32,8 +32,10 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
+sys.path.insert(0, str(REPO / "trainer_image"))
 
 from posttrain.localhost import free_port, stop_group  # noqa: E402
+from posttrain_trainer.capture_batches import CaptureBatches  # noqa: E402
 
 NAME = "bench-model"
 
@@ -46,6 +48,8 @@ async def load(
     produced = 0
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
     async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as http:
+        batches = CaptureBatches(http)
+        cids: list[str] = []
 
         async def one(i: int) -> None:
             nonlocal produced
@@ -57,9 +61,8 @@ async def load(
                     r = await http.post("/v1/completions", params={"cid": cid}, json=body)
                     r.raise_for_status()
                     if fetch:
-                        caps = (await http.get(f"/v1/captures/{cid}")).json()
-                        await http.delete(f"/v1/captures/{cid}")
-                        produced += sum(len(c["completion_token_ids"]) for c in caps)
+                        cids.append(cid)
+                        await batches.add(base, cid)
                     else:
                         produced += sum(len(c["token_ids"]) for c in r.json()["choices"])
                 else:
@@ -70,6 +73,12 @@ async def load(
 
         t0 = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(requests)))
+        await batches.flush()
+        for cid in cids:
+            taken = batches.taken(cid)
+            if taken.entries is None:
+                raise RuntimeError(taken.error)
+            produced += sum(len(c["completion_token_ids"]) for c in taken.entries)
         return time.perf_counter() - t0, produced
 
 

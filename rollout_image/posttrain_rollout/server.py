@@ -1,9 +1,9 @@
 """The public proxy in front of vLLM's OpenAI server (which listens on an internal 127.0.0.1 port).
 
 Routes: /health, /v1/models, /v1/chat/completions, /v1/completions (captured per `cid` query parameter),
-GET|DELETE /v1/captures/{cid}, GET|POST /v1/weights, POST /v1/score. Every response carries
-X-Weight-Version. vLLM's development endpoints (collective_rpc, reset_prefix_cache, ...) are never routed:
-vLLM listens on 127.0.0.1 only and the proxy is the sole way in.
+GET|DELETE /v1/captures/{cid}, POST /v1/captures (several cids' at once, taken), GET|POST /v1/weights,
+POST /v1/score. Every response carries X-Weight-Version. vLLM's development endpoints (collective_rpc,
+reset_prefix_cache, ...) are never routed: vLLM listens on 127.0.0.1 only and the proxy is the sole way in.
 
 With a token (the operator's per-job Secret, POSTTRAIN_ROLLOUT_TOKEN), POST /v1/weights and the capture
 routes answer only `Authorization: Bearer <token>`, i.e. the job's trainer: nobody else can swap the
@@ -511,6 +511,42 @@ async def delete_captures(cid: str, request: Request) -> Response:
     return JSONResponse({"deleted": cid, "entries": len(entries or [])})
 
 
+# one POST /v1/captures names at most this many cids (a trainer asks one batch of rollouts' worth)
+MAX_CIDS_PER_TAKE = 4096
+
+
+async def take_captures(request: Request) -> Response:
+    """Body {"cids": [...]}: the captures of every named cid at once, removed as they are returned (a
+    batch's worth in one call: per-cid GET + DELETE made two requests per episode, whose connection-pool
+    bookkeeping cost the trainer more CPU than the task app's episodes). Answers {"captures": {cid:
+    entries}, "refusals": {cid: why vLLM refused its calls}}; a cid in neither has none (never seen,
+    deleted or expired)."""
+    proxy = _proxy(request)
+    if not proxy.authorized(request):
+        return _refused()
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        return _err(400, 'body must be JSON {"cids": [...]}')
+    cids = body.get("cids") if isinstance(body, dict) else None
+    if not isinstance(cids, list) or not all(isinstance(c, str) and 0 < len(c) <= 512 for c in cids):
+        return _err(
+            400, 'body must be {"cids": [...]}, each cid a non-empty string of at most 512 characters'
+        )
+    if len(cids) > MAX_CIDS_PER_TAKE:
+        return _err(400, f"at most {MAX_CIDS_PER_TAKE} cids per call, not {len(cids)}: split the batch")
+    captures: dict[str, list[dict[str, Any]]] = {}
+    refusals: dict[str, dict[str, Any]] = {}
+    for cid in dict.fromkeys(cids):
+        entries = proxy.captures.pop(cid)
+        refused = proxy.captures.refusal(cid, pop=True)
+        if entries is not None:
+            captures[cid] = entries
+        elif refused is not None:
+            refusals[cid] = refused
+    return JSONResponse({"captures": captures, "refusals": refusals})
+
+
 async def capture_stats(request: Request) -> Response:
     proxy = _proxy(request)
     if not proxy.authorized(request):
@@ -521,8 +557,12 @@ async def capture_stats(request: Request) -> Response:
 async def get_weights(request: Request) -> Response:
     proxy = _proxy(request)
     return JSONResponse(
-        {"weight_version": proxy.gate.version, "syncing": proxy.gate.paused, "lora": proxy.lora_name,
-         **proxy.gate.stats()}  # fmt: skip
+        {
+            "weight_version": proxy.gate.version,
+            "syncing": proxy.gate.paused,
+            "lora": proxy.lora_name,
+            **proxy.gate.stats(),
+        }  # fmt: skip
     )
 
 
@@ -579,6 +619,7 @@ ROUTES = (
     ("GET", "/v1/captures/{cid}", get_captures),
     ("DELETE", "/v1/captures/{cid}", delete_captures),
     ("GET", "/v1/captures", capture_stats),
+    ("POST", "/v1/captures", take_captures),
     ("GET", "/v1/weights", get_weights),
     ("POST", "/v1/weights", post_weights),
     ("POST", "/v1/score", score),

@@ -1,6 +1,6 @@
 """The multi-turn credit path, end to end in one process: the craftworld app's own episodes (its run_rollout,
 a scripted policy behind httpx.MockTransport that records token captures the way the rollout server does,
-with a toy chat template) -> the trainer's RolloutClient._run_one (decision_rewards, build_sequences) ->
+with a toy chat template) -> the trainer's RolloutClient.collect (decision_rewards, build_sequences) ->
 sequences_from_results (group advantage + per-decision credit) -> gspo_terms. Guards for the failure modes a
 multi-step run that does not learn is suspected of: a sign error, the reward of step t on the tokens of turn
 t + 1, environment tokens trained, a split episode credited differently from a merged one; and, on the real
@@ -96,6 +96,9 @@ class World:
         if request.url.path == "/rollout":
             data = await app.run_rollout(app.RolloutRequest(**json.loads(request.content)), self.policy)
             return httpx.Response(200, json=data)
+        if request.method == "POST" and request.url.path == "/v1/captures":  # the trainer takes a batch
+            cids = json.loads(request.content)["cids"]
+            return httpx.Response(200, json={"captures": {c: self.captures.pop(c) for c in cids}, "refusals": {}})
         cid = request.url.path.rsplit("/", 1)[1]
         if request.method == "DELETE":
             return httpx.Response(200, json={"ok": True})
@@ -104,12 +107,12 @@ class World:
 
 def _episodes(scripts: list[list[str]], rewrite_history_at: int | None = None):
     world = World(scripts, rewrite_history_at)
-    client = RolloutClient(task_url="http://task.test", settings=RolloutSettings.from_config(CONFIG), model="m", api_key="k")
+    client = RolloutClient(task_url="http://task.test", settings=RolloutSettings.from_config(CONFIG), model="m", api_key="k",
+                           transport=httpx.MockTransport(world.route))
     specs = plan_rollouts("run", 0, [0], len(scripts), ["http://policy.test"])
 
     async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(world.route)) as http:
-            return [await client._run_one(http, spec, "rl", True, None) for spec in specs]
+        return await client.collect(specs)
 
     results = asyncio.run(go())
     assert all(r.ok for r in results), [r.error for r in results]

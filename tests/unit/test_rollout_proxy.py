@@ -338,3 +338,150 @@ def test_refusal_reasons_are_ours():
     too_long = refusal_reason(400, "This model's maximum context length is 1024 tokens. However, you requested 2000")
     assert "[vllm].max_model_len" in too_long
     assert refusal_reason(500, b"\xff\xfe") == "vLLM answered HTTP 500 (the rollout server's log has its message)"
+
+
+def test_post_captures_takes_several_cids_at_once(tmp_path):
+    """POST /v1/captures {"cids": [...]}: every named cid's captures in one answer, removed as they are
+    returned; a cid vLLM refused says why under "refusals"; a cid never seen is in neither; bad bodies 400."""
+    calls = []
+
+    async def scenario():
+        proxy, http = make(calls, run_dir=tmp_path)
+        for cid in ("a", "b", "b"):
+            await http.post(f"/v1/chat/completions?cid={cid}", json={"messages": []})
+        proxy.captures.refuse("r", 400, b"SECRET-ECHO")
+        taken = await http.post("/v1/captures", json={"cids": ["a", "b", "r", "never", "a"]})
+        again = await http.post("/v1/captures", json={"cids": ["a", "b", "r"]})
+        single = await http.get("/v1/captures/a")
+        bad = [
+            await http.post("/v1/captures", json=body)
+            for body in ({"cids": "a"}, {"cids": [1]}, {"cids": [""]}, ["a"], {"cids": ["x" * 513]},
+                         {"cids": ["c"] * 4097})  # fmt: skip
+        ]
+        return taken, again, single, bad
+
+    taken, again, single, bad = run(scenario())
+    assert taken.status_code == 200 and taken.headers["x-weight-version"] == "0"
+    body = taken.json()
+    assert sorted(body["captures"]) == ["a", "b"]
+    assert [e["completion_token_ids"] for e in body["captures"]["b"]] == [[3], [3]]
+    assert body["refusals"]["r"]["refused"] == 1 and "SECRET-ECHO" not in taken.text
+    assert again.json() == {"captures": {}, "refusals": {}}  # taken means gone
+    assert single.status_code == 404
+    assert [r.status_code for r in bad] == [400] * 6
+    assert "4096" in bad[-1].json()["error"]["message"]
+
+
+def test_the_trainer_takes_a_batch_of_captures_in_one_request(tmp_path, monkeypatch):
+    """The trainer's CaptureBatches against the proxy app: one POST for a batch's cids (a failed rollout's
+    captures go too), one per `batch` cids; a cid with none fails with the reason; without the job's token
+    the whole batch fails with HTTP 401, naming no token; a server without the route is asked per cid."""
+    from posttrain_trainer.capture_batches import CaptureBatches
+
+    calls = []
+    monkeypatch.setenv("POSTTRAIN_ROLLOUT_TOKEN", "job-token-1")
+
+    async def scenario():
+        proxy, http = make(calls, run_dir=tmp_path, token="job-token-1")
+        for cid in ("c0", "c1", "c2"):
+            await http.post(f"/v1/chat/completions?cid={cid}", json={"messages": []},
+                            headers={"Authorization": "Bearer job-token-1"})  # fmt: skip
+        batches = CaptureBatches(http, batch=3)
+        for cid in ("c0", "c1", "c2", "gone"):
+            await batches.add("http://proxy", cid)
+        flushed_at_three = batches.requests  # c0-c2 went at three
+        await batches.flush()
+        left = len(proxy.captures)
+
+        monkeypatch.setenv("POSTTRAIN_ROLLOUT_TOKEN", "someone-else")
+        await http.post("/v1/chat/completions?cid=c9", json={"messages": []},
+                        headers={"Authorization": "Bearer job-token-1"})  # fmt: skip
+        refused = CaptureBatches(http)
+        await refused.add("http://proxy", "c9")
+        await refused.flush()
+        return batches, flushed_at_three, left, refused, len(proxy.captures)
+
+    batches, flushed_at_three, left, refused, still_there = run(scenario())
+    assert flushed_at_three == 1 and batches.requests == 2 and left == 0
+    assert [batches.taken(c).entries[0]["completion_token_ids"] for c in ("c0", "c1", "c2")] == [[3]] * 3
+    assert batches.taken("gone").entries is None and "no capture for cid gone" in batches.taken("gone").error
+    assert "401" in refused.taken("c9").error and "job-token" not in refused.taken("c9").error
+    assert still_there == 1  # refused: nothing was taken
+
+    # an older rollout server (no POST /v1/captures): per cid, GET ?pop=true
+    seen = []
+
+    def older_server(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, request.url.params.get("pop")))
+        if request.method == "GET" and request.url.path == "/v1/captures/k1":
+            return httpx.Response(200, json=[{"completion_token_ids": [5]}])
+        if request.method == "GET":
+            return httpx.Response(404, json={"error": {"refused": {"refused": 2, "reason": "too long"}}})
+        return httpx.Response(405, json={"detail": "Method Not Allowed"})
+
+    async def fallback():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(older_server)) as http:
+            old = CaptureBatches(http)
+            for cid in ("k1", "k2"):
+                await old.add("http://old", cid)
+            await old.flush()
+            await old.add("http://old", "k1")
+            await old.flush()
+            return old
+
+    old = run(fallback())
+    assert old.taken("k1").entries == [{"completion_token_ids": [5]}]
+    assert "vLLM refused 2 policy call(s): too long" in old.taken("k2").error
+    assert [s for s in seen if s[0] == "POST"] == [("POST", "/v1/captures", None)]  # asked once, then known
+    assert ("GET", "/v1/captures/k1", "true") in seen
+
+
+def test_collect_spreads_rollouts_over_pools_and_takes_every_capture(tmp_path):
+    """RolloutClient.collect at concurrency 48 over real HTTP (the proxy's app, plus a task-app /rollout
+    that records its capture as the policy call would): rollouts in flight span several of its HTTP clients
+    (16 each), every rollout gets its own capture back in spec order, and the server keeps none after."""
+    import threading
+    import time as _time
+    from urllib.parse import parse_qs, urlsplit
+
+    import uvicorn
+    from posttrain_trainer.rollouts import RolloutClient, plan_rollouts
+
+    proxy = Proxy("http://vllm", served_model_name="m", run_dir=tmp_path)
+    app = create_app(proxy)
+    state = {"in_flight": 0, "most": 0, "peers": set()}
+
+    @app.post("/rollout")
+    async def rollout(request: Request):
+        body = await request.json()
+        cid = parse_qs(urlsplit(body["policy"]["config"]["inference_url"]).query)["cid"][0]
+        state["in_flight"] += 1
+        state["most"] = max(state["most"], state["in_flight"])
+        state["peers"].add(request.client.port)
+        await asyncio.sleep(0.05)
+        state["in_flight"] -= 1
+        index = int(cid.rsplit("-r", 1)[1])
+        proxy.captures.add(cid, [{"prompt_token_ids": [1, 2], "completion_token_ids": [100 + index],
+                                  "logprobs": [-0.5], "finish_reason": "stop", "weight_version": 0}])  # fmt: skip
+        return {"trajectories": [{"steps": [{"reward": 1.0, "done": True}]}], "metrics": {"mean_return": 1.0}}
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    while not server.started:
+        _time.sleep(0.05)
+    try:
+        client = RolloutClient(task_url=base, settings=RolloutSettings(concurrency=48), model="m", api_key="k")
+        specs = plan_rollouts("run", 0, range(12), 8, [base])
+        results = asyncio.run(client.collect(specs))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok][:2]
+    assert [r.spec.cid for r in results] == [s.cid for s in specs]
+    assert [r.sequences[0].completion_ids for r in results] == [[100 + s.index] for s in specs]
+    assert 16 < state["most"] <= 48  # more in flight than one client of 16 connections carries
+    assert len(state["peers"]) <= 48  # connections kept open and reused, not one per rollout
+    assert len(proxy.captures) == 0

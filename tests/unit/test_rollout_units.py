@@ -349,13 +349,13 @@ def test_tool_call_parser_follows_the_model_family(tmp_path):
 
 
 def test_the_trainer_names_why_a_cid_has_no_capture():
-    import httpx
-    from posttrain_trainer.rollouts import _refusal
+    from posttrain_trainer.capture_batches import missing_text, refusal_text
 
-    refused = {"error": {"message": "no captures", "refused": {"status": 400, "reason": "set it", "refused": 3}}}
-    assert _refusal(httpx.Response(404, json=refused)) == "vLLM refused 3 policy call(s): set it"
-    assert _refusal(httpx.Response(404, json={"error": {"message": "never seen"}})) is None
-    assert _refusal(httpx.Response(404, text="not json")) is None
+    refused = {"status": 400, "reason": "set it", "refused": 3}
+    assert refusal_text(refused) == "vLLM refused 3 policy call(s): set it"
+    assert missing_text("c1", refused) == "rollout server has no capture for cid c1: vLLM refused 3 policy call(s): set it"
+    assert refusal_text({"message": "never seen"}) is None and refusal_text("not json") is None
+    assert "did the task app keep ?cid=?" in missing_text("c1")
 
 
 def test_cpu_prefills_whole_prompts_unless_the_caller_says():

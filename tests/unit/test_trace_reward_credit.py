@@ -1,7 +1,7 @@
 """A task app that reports its event rewards only through its v3 trace: the craftworld
 app's answers with every step's info.meta.decision_rewards moved into the trace as synth's tracer rows
 (event_rewards: achievement_delta / unique_achievement_delta per turn), returned only when the trainer asks
-with record.return_trace. The trainer (RolloutClient._run_one) must ask for it when step rewards are on and
+with record.return_trace. The trainer (RolloutClient.collect) must ask for it when step rewards are on and
 credit each decision exactly as it does from info.meta."""
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ def test_rewards_reported_only_in_the_trace_get_the_same_credit():
     assert direct == [[1, 1, 0], [0, 0, 1], [0, 0, 0], [1, 0, 0]]
     world = TraceOnlyWorld(SCRIPTS)
     TraceOnlyWorld.asked = []
-    client = RolloutClient(task_url="http://task.test", settings=RolloutSettings.from_config(CONFIG), model="m", api_key="k")
+    client = RolloutClient(task_url="http://task.test", settings=RolloutSettings.from_config(CONFIG), model="m", api_key="k",
+                           transport=httpx.MockTransport(world.route))
     specs = plan_rollouts("run", 0, [0], len(SCRIPTS), ["http://policy.test"])
 
     async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(world.route)) as http:
-            return [await client._run_one(http, spec, "rl", True, None) for spec in specs]
+        return await client.collect(specs)
 
     results = asyncio.run(go())
     assert all(r.ok for r in results), [r.error for r in results]

@@ -53,9 +53,14 @@ from posttrain.api.reward import blend_reward
 from posttrain.api.rollout_settings import DEFAULT_ERROR_BUDGET, DEFAULT_TIMEOUT_S, RolloutSettings  # noqa: F401
 from posttrain.api.urls import CID_PREFIX, check_url, join_url
 
-from posttrain_trainer.server_auth import TOKEN_ENV, rollout_auth_headers
+from posttrain_trainer.capture_batches import DEFAULT_BATCH as DEFAULT_CAPTURE_BATCH
+from posttrain_trainer.capture_batches import CaptureBatches, Taken, take_one
+from posttrain_trainer.server_auth import TOKEN_ENV
 from posttrain_trainer.step_rewards import decision_meta, decision_rewards
 from posttrain_trainer.trace_rewards import trace_blocks
+
+# rollouts in flight per HTTP client (RolloutClient.collect: why several)
+CONNECTIONS_PER_CLIENT = 16
 
 CHAT_PATH = "/v1/chat/completions"
 TRUNCATED = "length"  # the OpenAI/vLLM finish_reason of a response cut at max_tokens
@@ -432,6 +437,7 @@ class RolloutClient:
         retries: int = 1,
         weights: dict[str, float] | None = None,
         judge: Any = None,
+        transport: Any = None,
     ):
         self.task_url = check_url(task_url).rstrip("/")  # posttrain.api.urls' rule, as the operator's
         self.settings = settings  # the job's resolved settings.rollout
@@ -443,6 +449,9 @@ class RolloutClient:
         self.weights = dict(weights) if weights else {"env": 1.0, "event": 0.0, "outcome": 0.0}
         self.judge = judge  # judging.EpisodeJudge: scores training episodes with an LLM judge
         self.step_rewards = settings.step_rewards
+        self.capture_batch = DEFAULT_CAPTURE_BATCH  # cids per POST /v1/captures (capture_batches)
+        self.connections_per_client = CONNECTIONS_PER_CLIENT  # rollouts in flight per HTTP client (collect)
+        self.transport = transport  # an httpx transport for every call (tests: in-process task app and servers)
 
     async def collect(
         self,
@@ -455,14 +464,38 @@ class RolloutClient:
         import httpx
 
         semaphore = asyncio.Semaphore(max(1, self.concurrency))
-        limits = httpx.Limits(max_connections=max(4, 2 * self.concurrency))
-        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as http:
+        # httpcore's pool scans all its connections, for each idle one, on every request it starts or ends:
+        # its CPU grows with the square of the connections (a hundred rollouts in flight cost the demo's
+        # trainer tens of CPU seconds a run). So the rollouts in flight are spread over several clients of
+        # a few connections each, a rollout taking the least busy; and the pool keeps what it opened
+        # (httpcore closes idle connections whenever it holds more than max_keepalive in all).
+        shards = max(1, math.ceil(self.concurrency / self.connections_per_client))
+        per_client = max(4, math.ceil(self.concurrency / shards))
+        limits = httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client)
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [
+                await stack.enter_async_context(
+                    httpx.AsyncClient(timeout=self.timeout_s, limits=limits, transport=self.transport)
+                )
+                for _ in range(shards)
+            ]
+            in_flight = [0] * shards
+            batches = CaptureBatches(clients[0], batch=self.capture_batch)
 
             async def one(spec: RolloutSpec) -> RolloutResult:
                 async with semaphore:
-                    return await self._run_one(http, spec, mode, want_tokens, policy_overrides)
+                    shard = in_flight.index(min(in_flight))
+                    in_flight[shard] += 1
+                    try:
+                        result = await self._run_one(clients[shard], spec, mode, policy_overrides)
+                    finally:
+                        in_flight[shard] -= 1
+                await batches.add(spec.endpoint, spec.cid)  # a failed rollout's captures are dropped too
+                return result
 
-            return list(await asyncio.gather(*(one(s) for s in specs)))
+            results = list(await asyncio.gather(*(one(s) for s in specs)))
+            await batches.flush()
+            return [self._with_captures(r, batches.taken(r.spec.cid), want_tokens) for r in results]
 
     async def _post_rollout(self, http, body: dict[str, Any]) -> dict[str, Any]:
         import httpx
@@ -486,7 +519,8 @@ class RolloutClient:
             return data
         raise RuntimeError(f"task app /rollout unreachable: {type(last).__name__}: {last}")
 
-    async def _run_one(self, http, spec, mode, want_tokens, policy_overrides) -> RolloutResult:
+    async def _run_one(self, http, spec, mode, policy_overrides) -> RolloutResult:
+        """The episode and its reward; its tokens come after, with its batch's captures (_with_captures)."""
         started = time.perf_counter()
         url = inference_url(spec.endpoint, spec.cid)
         body = build_rollout_request(
@@ -532,64 +566,41 @@ class RolloutClient:
                 "steps": traces.trajectory_steps(data, result.decision_rewards),
                 "achievements_count": traces.achievements_count(data),
             }
-            if want_tokens:
-                captures = await self._captures(http, spec)
-                if not captures:
-                    raise RuntimeError(f"no policy call captured under cid {spec.cid}")
-                result.finish_reasons = [entry.get("finish_reason") for entry in captures]
-                # an empty response (no completion token) is still scored: it stays in its group's
-                # advantages and simply has no token to train
-                result.sequences = build_sequences(captures)
-            else:  # evaluation: the captures only for the trace's messages
-                try:
-                    captures = await self._captures(http, spec)
-                except Exception:
-                    captures = []
-            result.trace["messages"] = traces.conversation(captures)
-            result.trace["weight_versions"] = [entry.get("weight_version") for entry in captures][:1000]
-            result.trace["episode_tokens"] = sum(
-                len(entry.get("prompt_token_ids") or []) + len(entry.get("completion_token_ids") or [])
-                for entry in captures[-1:]
-            )
             result.ok = True
         except Exception as err:
             result.error = f"{type(err).__name__}: {err}"
-            await self._drop_captures(http, spec)
         result.seconds = time.perf_counter() - started
         return result
 
-    async def _captures(self, http, spec: RolloutSpec) -> list[dict[str, Any]]:
-        response = await http.get(
-            f"{spec.endpoint.rstrip('/')}/v1/captures/{spec.cid}", headers=rollout_auth_headers()
+    @staticmethod
+    def _with_captures(result: RolloutResult, taken: Taken, want_tokens: bool) -> RolloutResult:
+        """The rollout's policy calls, as its server captured them: the tokens and log-probabilities to
+        train on (want_tokens; none is a failed rollout), else only the trace's messages."""
+        if not result.ok:
+            return result
+        captures = taken.entries or []
+        if want_tokens:
+            if taken.entries is None or not captures:
+                result.ok = False
+                result.error = (
+                    f"CaptureError: {taken.error or f'no policy call captured under cid {result.spec.cid}'}"
+                )
+                return result
+            result.finish_reasons = [entry.get("finish_reason") for entry in captures]
+            # an empty response (no completion token) is still scored: it stays in its group's
+            # advantages and simply has no token to train
+            result.sequences = build_sequences(captures)
+        result.trace["messages"] = traces.conversation(captures)
+        result.trace["weight_versions"] = [entry.get("weight_version") for entry in captures][:1000]
+        result.trace["episode_tokens"] = sum(
+            len(entry.get("prompt_token_ids") or []) + len(entry.get("completion_token_ids") or [])
+            for entry in captures[-1:]
         )
-        if response.status_code == 404:
-            refused = _refusal(response)
-            if refused:
-                raise RuntimeError(f"rollout server has no capture for cid {spec.cid}: {refused}")
-            raise RuntimeError(
-                f"rollout server has no capture for cid {spec.cid} (did the task app keep ?cid=?)"
-            )
-        response.raise_for_status()
-        data = response.json()
-        await self._drop_captures(http, spec)
-        if isinstance(data, dict):  # tolerate {"captures": [...]}
-            data = data.get("captures") or []
-        return list(data)
+        return result
 
-    async def _drop_captures(self, http, spec: RolloutSpec) -> None:
-        with contextlib.suppress(Exception):  # best effort: the server bounds its capture store
-            await http.delete(
-                f"{spec.endpoint.rstrip('/')}/v1/captures/{spec.cid}", headers=rollout_auth_headers()
-            )
-
-
-def _refusal(response: Any) -> str | None:
-    """The rollout server's account of policy calls vLLM refused under a cid (its own words), if any."""
-    try:
-        refused = response.json()["error"]["refused"]
-        return f"vLLM refused {int(refused['refused'])} policy call(s): {str(refused['reason'])[:300]}"
-    except (ValueError, KeyError, TypeError):
-        return None
+    async def _captures(self, http, spec: RolloutSpec) -> list[dict[str, Any]]:
+        """One rollout's captures on their own (capture_batches.take_one)."""
+        return await take_one(http, spec.endpoint, spec.cid)
 
 
 def _maybe_float(value: Any) -> float | None:
