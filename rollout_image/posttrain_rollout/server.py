@@ -442,6 +442,17 @@ def _refused() -> JSONResponse:
     return _err(401, "this route needs the job's rollout token (Authorization: Bearer)", "unauthorized")
 
 
+async def _privileged_json(request: Request, usage: str) -> tuple[Proxy, Any, Response | None]:
+    """A token-guarded route's proxy and JSON body, or the answer that refuses it (401; 400 saying `usage`)."""
+    proxy = _proxy(request)
+    if not proxy.authorized(request):
+        return proxy, None, _refused()
+    try:
+        return proxy, await request.json(), None
+    except (ValueError, UnicodeDecodeError):
+        return proxy, None, _err(400, usage)
+
+
 async def health(request: Request) -> Response:
     proxy = _proxy(request)
     if not proxy.upstream_alive():
@@ -521,13 +532,9 @@ async def take_captures(request: Request) -> Response:
     bookkeeping cost the trainer more CPU than the task app's episodes). Answers {"captures": {cid:
     entries}, "refusals": {cid: why vLLM refused its calls}}; a cid in neither has none (never seen,
     deleted or expired)."""
-    proxy = _proxy(request)
-    if not proxy.authorized(request):
-        return _refused()
-    try:
-        body = await request.json()
-    except (ValueError, UnicodeDecodeError):
-        return _err(400, 'body must be JSON {"cids": [...]}')
+    proxy, body, refused = await _privileged_json(request, 'body must be JSON {"cids": [...]}')
+    if refused is not None:
+        return refused
     cids = body.get("cids") if isinstance(body, dict) else None
     if not isinstance(cids, list) or not all(isinstance(c, str) and 0 < len(c) <= 512 for c in cids):
         return _err(
@@ -567,13 +574,9 @@ async def get_weights(request: Request) -> Response:
 
 
 async def post_weights(request: Request) -> Response:
-    proxy = _proxy(request)
-    if not proxy.authorized(request):
-        return _refused()
-    try:
-        body = await request.json()
-    except (ValueError, UnicodeDecodeError):
-        return _err(400, "body must be JSON {path, format, version}")
+    proxy, body, refused = await _privileged_json(request, "body must be JSON {path, format, version}")
+    if refused is not None:
+        return refused
     if not isinstance(body, dict) or not body.get("path"):
         return _err(400, "body must be {path, format: full|lora, version}")
     fmt = str(body.get("format") or "full").lower()

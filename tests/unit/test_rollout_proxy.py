@@ -5,6 +5,8 @@ tests/integration/test_rollout_server.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 
 import httpx
 from fastapi import FastAPI, Request
@@ -79,6 +81,25 @@ def make(calls, fail=False, **kw):
 
 def run(coro):
     return asyncio.run(coro)
+
+
+@contextlib.contextmanager
+def served(app: FastAPI):
+    """`app` over real HTTP on 127.0.0.1 (uvicorn in a thread) for the block; yields its base URL."""
+    import threading
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def test_capture_inject_and_version_header(tmp_path):
@@ -223,25 +244,14 @@ def test_the_trainer_sends_the_token_the_server_demands(tmp_path, monkeypatch):
     weightsync.py) against the proxy served over real HTTP on 127.0.0.1 with a token: they pass with the
     job's token from POSTTRAIN_ROLLOUT_TOKEN and are refused without it."""
     import threading
-    import time as _time
 
-    import uvicorn
     from posttrain_trainer.rollouts import RolloutClient, RolloutSpec
     from posttrain_trainer.weightsync import WeightSyncer, WeightSyncError
 
     calls = []
     proxy = Proxy("http://vllm", served_model_name="m", run_dir=tmp_path, token="job-token-1")
     proxy.client = httpx.AsyncClient(transport=httpx.ASGITransport(fake_vllm(calls)), base_url="http://vllm")
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(proxy), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    while not server.started:
-        _time.sleep(0.05)
-    try:
+    with served(create_app(proxy)) as base:
         from posttrain_trainer.rollouts import make_cid
 
         chat = {"messages": [{"role": "user", "content": "x"}]}
@@ -277,9 +287,6 @@ def test_the_trainer_sends_the_token_the_server_demands(tmp_path, monkeypatch):
         except WeightSyncError as err:
             assert "HTTP 401" in str(err) and "job-token-1" not in str(err)
         assert proxy.gate.version == 7
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def test_vllm_metrics_pass_through(tmp_path):
@@ -440,11 +447,8 @@ def test_collect_spreads_rollouts_over_pools_and_takes_every_capture(tmp_path):
     """RolloutClient.collect at concurrency 48 over real HTTP (the proxy's app, plus a task-app /rollout
     that records its capture as the policy call would): rollouts in flight span several of its HTTP clients
     (16 each), every rollout gets its own capture back in spec order, and the server keeps none after."""
-    import threading
-    import time as _time
     from urllib.parse import parse_qs, urlsplit
 
-    import uvicorn
     from posttrain_trainer.rollouts import RolloutClient, plan_rollouts
 
     proxy = Proxy("http://vllm", served_model_name="m", run_dir=tmp_path)
@@ -465,20 +469,10 @@ def test_collect_spreads_rollouts_over_pools_and_takes_every_capture(tmp_path):
                                   "logprobs": [-0.5], "finish_reason": "stop", "weight_version": 0}])  # fmt: skip
         return {"trajectories": [{"steps": [{"reward": 1.0, "done": True}]}], "metrics": {"mean_return": 1.0}}
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    while not server.started:
-        _time.sleep(0.05)
-    try:
+    with served(app) as base:
         client = RolloutClient(task_url=base, settings=RolloutSettings(concurrency=48), model="m", api_key="k")
         specs = plan_rollouts("run", 0, range(12), 8, [base])
         results = asyncio.run(client.collect(specs))
-    finally:
-        server.should_exit = True
-        thread.join(10)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:2]
     assert [r.spec.cid for r in results] == [s.cid for s in specs]
     assert [r.sequences[0].completion_ids for r in results] == [[100 + s.index] for s in specs]
