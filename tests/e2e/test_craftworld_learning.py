@@ -17,7 +17,9 @@ greedy it drank); so 10 iterations: 0.75 in `make test` (7.5 min), then 1.028 al
 0.78-1.19 over the last four iterations). The best any policy can get on these
 worlds is 1.194, the best policy that sees only the area 0.861; the bar is 0.594. With
 groups of 4, 16 runs of three earlier configurations ended at or under the bar 4 times (0.333, 0.444, 0.5
-and once in CI), which is why it changed (docs/multi-step.md)."""
+and once in CI), which is why it changed (docs/multi-step.md). Over seeds 1-10 (POSTTRAIN_TEST_SEED; the
+same job as `make demo DEMO_ARGS="--task agent --seed N"`) on a Zen 4 EPYC, 2026-11-29: 0.833-1.167, none
+under the bar (docs/benchmarks.md, "The learning tests' false-failure rates")."""
 
 from __future__ import annotations
 
