@@ -564,12 +564,8 @@ async def capture_stats(request: Request) -> Response:
 async def get_weights(request: Request) -> Response:
     proxy = _proxy(request)
     return JSONResponse(
-        {
-            "weight_version": proxy.gate.version,
-            "syncing": proxy.gate.paused,
-            "lora": proxy.lora_name,
-            **proxy.gate.stats(),
-        }  # fmt: skip
+        {"weight_version": proxy.gate.version, "syncing": proxy.gate.paused, "lora": proxy.lora_name,
+         **proxy.gate.stats()}  # fmt: skip
     )
 
 

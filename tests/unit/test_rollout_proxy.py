@@ -240,12 +240,12 @@ def test_weight_sync_and_captures_need_the_job_token(tmp_path):
 
 
 def test_the_trainer_sends_the_token_the_server_demands(tmp_path, monkeypatch):
-    """The trainer's two clients of the privileged routes (captures in rollouts.py, weight sync in
+    """The trainer's two clients of the privileged routes (captures in capture_batches.py, weight sync in
     weightsync.py) against the proxy served over real HTTP on 127.0.0.1 with a token: they pass with the
     job's token from POSTTRAIN_ROLLOUT_TOKEN and are refused without it."""
     import threading
 
-    from posttrain_trainer.rollouts import RolloutClient, RolloutSpec
+    from posttrain_trainer.capture_batches import take_one
     from posttrain_trainer.weightsync import WeightSyncer, WeightSyncError
 
     calls = []
@@ -259,13 +259,10 @@ def test_the_trainer_sends_the_token_the_server_demands(tmp_path, monkeypatch):
         a, b = make_cid("run", 0, 1, 0), make_cid("run", 0, 1, 1)  # signed, as the trainer makes them
         for cid in (a, b):
             assert httpx.post(f"{base}/v1/chat/completions?cid={cid}", json=chat).status_code == 200
-        client = RolloutClient(task_url="http://task", settings=RolloutSettings(), model="m", api_key="k")
 
         async def captures(cid: str):
             async with httpx.AsyncClient() as http:
-                return await client._captures(
-                    http, RolloutSpec(seed=0, group=0, index=0, cid=cid, endpoint=base)
-                )
+                return await take_one(http, base, cid)
 
         monkeypatch.delenv("POSTTRAIN_ROLLOUT_TOKEN", raising=False)
         try:

@@ -54,7 +54,7 @@ from posttrain.api.rollout_settings import DEFAULT_ERROR_BUDGET, DEFAULT_TIMEOUT
 from posttrain.api.urls import CID_PREFIX, check_url, join_url
 
 from posttrain_trainer.capture_batches import DEFAULT_BATCH as DEFAULT_CAPTURE_BATCH
-from posttrain_trainer.capture_batches import CaptureBatches, Taken, take_one
+from posttrain_trainer.capture_batches import CaptureBatches, Taken
 from posttrain_trainer.server_auth import TOKEN_ENV
 from posttrain_trainer.step_rewards import decision_meta, decision_rewards
 from posttrain_trainer.trace_rewards import trace_blocks
@@ -597,10 +597,6 @@ class RolloutClient:
             for entry in captures[-1:]
         )
         return result
-
-    async def _captures(self, http, spec: RolloutSpec) -> list[dict[str, Any]]:
-        """One rollout's captures on their own (capture_batches.take_one)."""
-        return await take_one(http, spec.endpoint, spec.cid)
 
 
 def _maybe_float(value: Any) -> float | None:
