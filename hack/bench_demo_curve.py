@@ -418,9 +418,13 @@ def verdict(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_record(seed: int, wall_s: float, exit_code: int, summary: dict[str, Any] | None) -> dict[str, Any]:
     """One demo run: its seed, wall time, exit code, the iteration at which training mean_return first
-    reached 0.5 (None: never), its held-out score (None: no final evaluation) and diagnosis."""
+    reached 0.5 (None: never), its held-out score (None: no final evaluation) and diagnosis; the seconds of
+    its rollouts and updates, and the groups dynamic sampling rolled out in all (None without it): with the
+    held-out score, what tells two machines' runs of one seed apart or shows them the same."""
     summary = summary or {}
     returns = summary.get("mean_return") or []
+    timings = summary.get("timings") or {}
+    sampled = [it.get("groups_sampled") for it in summary.get("iterations") or []]
     return {
         "seed": seed,
         "wall_s": round(wall_s, 1),
@@ -430,6 +434,9 @@ def run_record(seed: int, wall_s: float, exit_code: int, summary: dict[str, Any]
         "held_out": summary.get("eval_fine_tuned"),
         "held_out_base": summary.get("eval_base"),
         "diagnosis": summary.get("diagnosis") if exit_code == 1 else None,
+        "rollouts_s": timings.get("rollouts_s"),
+        "updates_s": timings.get("updates_s"),
+        "groups_sampled": sum(sampled) if sampled and None not in sampled else None,
     }
 
 
@@ -485,10 +492,12 @@ def print_distribution(records: list[dict[str, Any]], dist: dict[str, Any]) -> N
         return format(v, spec) if isinstance(v, int | float) else "-"
 
     print(f"\n== {dist['runs']} run(s) on {dist['cpu']} ({uptime()})")
-    print(f"{'seed':>6} {'wall s':>7} {'mean_return >= 0.5 at':>22} {'held-out':>9}  exit")
+    print(f"{'seed':>6} {'wall s':>7} {'mean_return >= 0.5 at':>22} {'held-out':>9} {'rollouts s':>11} "
+          f"{'updates s':>10} {'groups sampled':>15}  exit")  # fmt: skip
     for r in records:
         print(f"{r['seed']:>6} {fmt(r['wall_s'], '.0f'):>7} {fmt(r['first_0_5'], 'd'):>22} "
-              f"{fmt(r['held_out'], '.3f'):>9}  {r['exit_code']}"
+              f"{fmt(r['held_out'], '.3f'):>9} {fmt(r.get('rollouts_s'), '.0f'):>11} "
+              f"{fmt(r.get('updates_s'), '.0f'):>10} {fmt(r.get('groups_sampled'), 'd'):>15}  {r['exit_code']}"
               + (f"  ({r['diagnosis']})" if r["diagnosis"] else ""))  # fmt: skip
     print(f"held-out: min {fmt(dist['min'], '.3f')}, median {fmt(dist['median'], '.3f')}, "
           f">= 0.8 in {round((dist['share_at_least_0_8'] or 0) * dist['runs'])} of {dist['runs']}; "

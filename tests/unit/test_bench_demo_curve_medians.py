@@ -55,7 +55,15 @@ def summary(returns, final, base=0.086, diagnosis="held-out accuracy 0.633 < 0.8
 def test_a_run_record(bench):
     ok = bench.run_record(3, 241.26, 0, summary([0.0, 0.3, 0.5, 0.9], 0.891))
     assert ok == {"seed": 3, "wall_s": 241.3, "exit_code": 0, "first_0_5": 3, "iterations": 4,
-                  "held_out": 0.891, "held_out_base": 0.086, "diagnosis": None}  # fmt: skip
+                  "held_out": 0.891, "held_out_base": 0.086, "diagnosis": None,
+                  "rollouts_s": None, "updates_s": None, "groups_sampled": None}  # fmt: skip
+    timed = summary([0.2, 0.6], 0.9) | {"timings": {"rollouts_s": 240.9, "updates_s": 217.6},
+                                        "iterations": [{"groups_sampled": 24}, {"groups_sampled": 13}]}
+    record = bench.run_record(1, 640.0, 0, timed)
+    assert (record["rollouts_s"], record["updates_s"], record["groups_sampled"]) == (240.9, 217.6, 37)
+    # a run without dynamic sampling has no groups_sampled in some iterations: no total, not a partial one
+    plain = timed | {"iterations": [{"groups_sampled": 24}, {"mixed_groups": 3}]}
+    assert bench.run_record(1, 640.0, 0, plain)["groups_sampled"] is None
     missed = bench.run_record(4, 230.0, 1, summary([0.0, 0.06, 0.2], 0.633))
     assert missed["first_0_5"] is None and missed["diagnosis"] == "held-out accuracy 0.633 < 0.8"
     crashed = bench.run_record(5, 12.0, 2, None)
