@@ -163,7 +163,9 @@ def serve(args: argparse.Namespace) -> int:
         block_size=vllm_args.cpu_block_size(cpu),
         whole_prefills=vllm_args.cpu_whole_prefills(cpu),
     )
-    env = vllm_args.vllm_env(None, run_dir, cpu=cpu, enable_lora=args.enable_lora)
+    env = vllm_args.vllm_env(
+        None, run_dir, cpu=cpu, enable_lora=args.enable_lora, tensor_parallel_size=args.tensor_parallel_size
+    )
     log.info(
         "role %s: vLLM on 127.0.0.1:%d (%s), proxy on %s:%d", args.role, port, model_dir, args.host, args.port
     )

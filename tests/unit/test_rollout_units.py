@@ -212,6 +212,17 @@ def test_vllm_argv_and_env(tmp_path):
     assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_args.vllm_env({}, tmp_path, cpu=False)
 
 
+def test_one_cpu_worker_runs_inside_the_engine_process(tmp_path):
+    """One worker on a CPU: vLLM's multiprocessing off (its CPU platform then keeps the single-process
+    executor); several tensor-parallel workers, a GPU, or the user's own setting: left to vLLM."""
+    assert vllm_args.vllm_env({}, tmp_path, cpu=True)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert vllm_args.vllm_env({}, tmp_path, cpu=True, tensor_parallel_size=1)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in vllm_args.vllm_env({}, tmp_path, cpu=True, tensor_parallel_size=2)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in vllm_args.vllm_env({}, tmp_path, cpu=False)
+    mine = vllm_args.vllm_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, tmp_path, cpu=True)
+    assert mine["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+
+
 def test_reference_parsing():
     seqs = reference.parse_sequences(
         {"sequences": [{"prompt_token_ids": [1, 2], "completion_token_ids": [3, 4]}]}
