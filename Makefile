@@ -9,7 +9,7 @@ DEMO_ARGS ?=
 REGISTRY ?=
 TAG ?= dev
 
-.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit test-unproven docs docs-gen demo bench bench-demo bench-learning cluster-up cluster-down crds lint images push release-manifests registry-deps synth-crafter e2e e2e-gitops e2e-netpol clean
+.PHONY: setup k8s-bins kueue-bins node-bins argocd-bins gitops-deps test test-unit test-learning test-unproven docs docs-gen demo bench bench-demo bench-learning cluster-up cluster-down crds lint images push release-manifests registry-deps synth-crafter e2e e2e-gitops e2e-netpol clean
 
 # Python with venv first (Debian ships ensurepip apart, in python3-venv), then .venv.
 setup:
@@ -43,7 +43,12 @@ gitops-deps:
 # bin/ first on PATH: the kustomize tests run `kubectl kustomize` with the kubectl k8s-bins built (a fresh
 # machine has no other; they would skip).
 test: setup k8s-bins kueue-bins registry-deps synth-crafter
-	PATH="$(CURDIR)/bin:$$PATH" $(PY) -m pytest tests -m "not argocd and not unproven and not realnode" $(PYTEST_ARGS)
+	PATH="$(CURDIR)/bin:$$PATH" $(PY) -m pytest tests -m "not argocd and not unproven and not realnode and not learning" $(PYTEST_ARGS)
+
+# The learning jobs of a real model (SmolLM2-135M: ReST-EM on math, GSPO on craftworld), 6-20 min each on 2
+# cores: the behaviour they go through is in `make test` on the tiny model; `make bench-learning` runs them over seeds.
+test-learning: setup
+	$(PY) -m pytest tests -m learning -s $(PYTEST_ARGS)
 
 # Learning tests that have not yet passed run after run (docs/known-gaps.md says which and what was measured).
 test-unproven: setup

@@ -170,7 +170,12 @@ class Proxy:
 
     def http(self) -> httpx.AsyncClient:
         if self.client is None:
-            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=256)
+            # idle connections dropped after 2 s: vLLM's server closes them after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE),
+            # httpx's default keeps them 5 s too, and a request sent on one just as the server closed it failed
+            # with ReadError (a weight sync 6 s after the last completion)
+            limits = httpx.Limits(
+                max_connections=self.max_connections, max_keepalive_connections=256, keepalive_expiry=2.0
+            )
             self.client = httpx.AsyncClient(
                 base_url=self.upstream, timeout=httpx.Timeout(self.timeout_s, connect=10.0), limits=limits
             )

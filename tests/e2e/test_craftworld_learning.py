@@ -35,7 +35,8 @@ from pathlib import Path
 import pytest
 from fixtures.seeds import seed_from_env
 
-pytestmark = [pytest.mark.slow]
+# `make test-learning`: 7-10 min a run on 2 AVX-512 cores, 15+ on 2 AVX2-only cores (over the 900 s default)
+pytestmark = [pytest.mark.slow, pytest.mark.learning, pytest.mark.timeout(3300)]
 
 REPO = Path(__file__).resolve().parents[2]
 MARGIN = 0.15  # a third above the return before training (0.444)

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from fixtures.seeds import seed_from_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+# `make test-learning`: 6.4 min a run on 2 AVX2-only cores
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.learning]
 
 REPO = Path(__file__).resolve().parents[2]
 # measured: ~50 min on this 2-core machine while shared (load average ~11); far beyond the default 900 s

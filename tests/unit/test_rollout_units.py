@@ -9,7 +9,7 @@ import os
 import pytest
 from posttrain_rollout import reference, vllm_args
 from posttrain_rollout.captures import CaptureStore, entries_from_response
-from posttrain_rollout.server import apply_thinking, prepare_request
+from posttrain_rollout.server import Proxy, apply_thinking, prepare_request
 from posttrain_rollout.weights import WeightGate, parse_s3_uri
 
 
@@ -221,6 +221,15 @@ def test_one_cpu_worker_runs_inside_the_engine_process(tmp_path):
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in vllm_args.vllm_env({}, tmp_path, cpu=False)
     mine = vllm_args.vllm_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, tmp_path, cpu=True)
     assert mine["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+
+
+
+def test_the_proxy_drops_idle_connections_before_vllm_closes_them():
+    """vLLM's HTTP server closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE's default in vLLM 0.32):
+    a pool that kept connections as long sent a weight sync on one that was being closed (ReadError)."""
+    vllm_keep_alive_s = 5.0
+    proxy = Proxy("http://127.0.0.1:9")
+    assert proxy.http()._transport._pool._keepalive_expiry < vllm_keep_alive_s - 2
 
 
 def test_reference_parsing():

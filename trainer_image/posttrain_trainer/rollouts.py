@@ -471,7 +471,9 @@ class RolloutClient:
         # (httpcore closes idle connections whenever it holds more than max_keepalive in all).
         shards = max(1, math.ceil(self.concurrency / self.connections_per_client))
         per_client = max(4, math.ceil(self.concurrency / shards))
-        limits = httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client)
+        # keepalive_expiry under uvicorn's 5 s idle timeout (task apps): a rollout sent on a connection the app
+        # closes at that moment fails with ReadError
+        limits = httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client, keepalive_expiry=2.0)
         async with contextlib.AsyncExitStack() as stack:
             clients = [
                 await stack.enter_async_context(

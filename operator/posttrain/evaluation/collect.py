@@ -92,7 +92,8 @@ async def _one(http: httpx.AsyncClient, plan: EvalPlan, seed: int, sample: int) 
 
 async def _run(plan: EvalPlan, on_rows: Callable[[list[dict[str, Any]]], None], progress: Any) -> None:
     semaphore = asyncio.Semaphore(plan.concurrency)
-    limits = httpx.Limits(max_connections=plan.concurrency * 2)
+    # keepalive_expiry under uvicorn's 5 s idle timeout: no request on a connection the app is closing
+    limits = httpx.Limits(max_connections=plan.concurrency * 2, keepalive_expiry=2.0)
     headers = auth_headers(plan.api_key)
     async with httpx.AsyncClient(timeout=plan.timeout_s, limits=limits, headers=headers) as http:
 
