@@ -52,6 +52,7 @@ SEED_ENV = "POSTTRAIN_TEST_SEED"  # tests/fixtures/seeds.py
 LEARNING_TESTS = [
     "tests/integration/test_rl_learning.py::test_gspo_lifts_mean_reward_on_toy_task",
     "tests/integration/test_dapo_learning.py::test_dapo_lifts_mean_reward_on_toy_task",
+    "tests/integration/test_restem_toy_learning.py::test_restem_lifts_held_out_reward_on_toy_task",
     "tests/integration/test_trainer_sft.py::test_sft_lowers_heldout_loss_and_uploads_artifacts",
     "tests/integration/test_trainer_sft.py::test_torchrun_two_processes_match_one",
     "tests/integration/test_trainer_sft_vision.py::test_vision_sft_lowers_heldout_loss",
