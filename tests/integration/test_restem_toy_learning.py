@@ -11,7 +11,9 @@ The score is the mean reward of GROUP samples on each of EVAL_PROMPTS prompts th
 
 Claim: after ITERATIONS iterations the held-out mean reward exceeds the base model's by at least MARGIN.
 Measured 2026-11-30 on an AMD EPYC (Zen 3, AVX2 only), 1 CPU thread, seeds 0-19 (POSTTRAIN_TEST_SEED): base
-0.086-0.211, after 3 iterations 0.750-0.945, lifts 0.61-0.85 (after 2: 0.27-0.67, so 3); 5-10 s a run."""
+0.086-0.211, after 3 iterations 0.750-0.945, lifts 0.61-0.85 (after 2: 0.27-0.67, so 3); 5-10 s a run.
+Seeds 1000-1019 (`hack/bench_learning_tests.py`, nothing else running): 20 of 20 passed, base 0.078-0.203,
+after 3 iterations 0.602-0.914, lifts 0.46-0.80; 22 s a run with pytest's start."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ GROUP = 8
 EVAL_PROMPTS = 16  # seeds -16..-1: no E-step samples them (theirs are >= 0)
 TOKENS = 8
 THRESHOLD = 6  # of TOKENS in the lower half
-MARGIN = 0.4  # measured lifts 0.61-0.85 (seeds 0-19), see the module docstring
+MARGIN = 0.3  # measured lifts 0.46-0.85 (40 seeds), see the module docstring
 LR = 3e-3
 SFT_EPOCHS = 3
 
