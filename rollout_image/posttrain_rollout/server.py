@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from posttrain.api.urls import IDLE_CONNECTION_EXPIRY_S
 
 from posttrain_rollout import reference, seeding, vision, weights
 from posttrain_rollout.captures import CaptureStore, body_text, entries_from_response, signed_cid
@@ -170,11 +171,10 @@ class Proxy:
 
     def http(self) -> httpx.AsyncClient:
         if self.client is None:
-            # idle connections dropped after 2 s: vLLM's server closes them after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE),
-            # httpx's default keeps them 5 s too, and a request sent on one just as the server closed it failed
-            # with ReadError (a weight sync 6 s after the last completion)
             limits = httpx.Limits(
-                max_connections=self.max_connections, max_keepalive_connections=256, keepalive_expiry=2.0
+                max_connections=self.max_connections,
+                max_keepalive_connections=256,
+                keepalive_expiry=IDLE_CONNECTION_EXPIRY_S,
             )
             self.client = httpx.AsyncClient(
                 base_url=self.upstream, timeout=httpx.Timeout(self.timeout_s, connect=10.0), limits=limits

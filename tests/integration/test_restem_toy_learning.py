@@ -28,13 +28,12 @@ from posttrain_trainer.restem_config import restem_settings
 from posttrain_trainer.restem_job import keep_samples, m_step, to_encoded
 from posttrain_trainer.rl import iteration_seeds
 from posttrain_trainer.rollouts import EpisodeSequence, RolloutResult, plan_rollouts
-from test_rl_learning import prompt_ids, sample_group
+from test_rl_learning import TOKENS, prompt_ids, sample_group
 
 ITERATIONS = 3
 PROMPTS = 32  # training prompts per E-step
 GROUP = 8
 EVAL_PROMPTS = 16  # seeds -16..-1: no E-step samples them (theirs are >= 0)
-TOKENS = 8
 THRESHOLD = 6  # of TOKENS in the lower half
 MARGIN = 0.3  # measured lifts 0.46-0.85 (40 seeds), see the module docstring
 LR = 3e-3

@@ -223,7 +223,6 @@ def test_one_cpu_worker_runs_inside_the_engine_process(tmp_path):
     assert mine["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
-
 def test_the_proxy_drops_idle_connections_before_vllm_closes_them():
     """vLLM's HTTP server closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE's default in vLLM 0.32):
     a pool that kept connections as long sent a weight sync on one that was being closed (ReadError)."""

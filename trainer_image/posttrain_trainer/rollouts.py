@@ -51,7 +51,7 @@ from posttrain.api import traces
 from posttrain.api.model_ids import uid8
 from posttrain.api.reward import blend_reward
 from posttrain.api.rollout_settings import DEFAULT_ERROR_BUDGET, DEFAULT_TIMEOUT_S, RolloutSettings  # noqa: F401
-from posttrain.api.urls import CID_PREFIX, check_url, join_url
+from posttrain.api.urls import CID_PREFIX, IDLE_CONNECTION_EXPIRY_S, check_url, join_url
 
 from posttrain_trainer.capture_batches import DEFAULT_BATCH as DEFAULT_CAPTURE_BATCH
 from posttrain_trainer.capture_batches import CaptureBatches, Taken
@@ -471,9 +471,9 @@ class RolloutClient:
         # (httpcore closes idle connections whenever it holds more than max_keepalive in all).
         shards = max(1, math.ceil(self.concurrency / self.connections_per_client))
         per_client = max(4, math.ceil(self.concurrency / shards))
-        # keepalive_expiry under uvicorn's 5 s idle timeout (task apps): a rollout sent on a connection the app
-        # closes at that moment fails with ReadError
-        limits = httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client, keepalive_expiry=2.0)
+        limits = httpx.Limits(
+            max_connections=per_client, max_keepalive_connections=per_client, keepalive_expiry=IDLE_CONNECTION_EXPIRY_S
+        )
         async with contextlib.AsyncExitStack() as stack:
             clients = [
                 await stack.enter_async_context(

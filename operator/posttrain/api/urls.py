@@ -29,6 +29,10 @@ SCHEMES = ("http", "https")
 # synth's own task apps assert that it starts with "trace_" (synth-ai 0.2.19, examples/task_apps/crafter/
 # task_app/synth_envs_hosted/utils.py, inference_url_to_trace_correlation_id), so every cid we make does.
 CID_PREFIX = "trace_"
+# How long our HTTP pools keep an idle connection: under the 5 s after which uvicorn (task apps) and vLLM's
+# server (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) close one; at httpx's default, also 5 s, a request sent just as the
+# server closed its connection failed with ReadError (a weight sync 6 s after the last completion).
+IDLE_CONNECTION_EXPIRY_S = 2.0
 # The whole rule as one regular expression (RE2 and Python agree on it): the CRDs' CEL rule, and the last
 # check of check_url. Path characters are RFC 3986's pchar and "/".
 URL_PATTERN = (

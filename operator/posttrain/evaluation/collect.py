@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from posttrain.api.urls import CID_PREFIX
+from posttrain.api.urls import CID_PREFIX, IDLE_CONNECTION_EXPIRY_S
 from posttrain.evaluation.traces import error_row, rows_from_response
 from posttrain.taskapp_client import auth_headers, rollout_request
 
@@ -92,8 +92,7 @@ async def _one(http: httpx.AsyncClient, plan: EvalPlan, seed: int, sample: int) 
 
 async def _run(plan: EvalPlan, on_rows: Callable[[list[dict[str, Any]]], None], progress: Any) -> None:
     semaphore = asyncio.Semaphore(plan.concurrency)
-    # keepalive_expiry under uvicorn's 5 s idle timeout: no request on a connection the app is closing
-    limits = httpx.Limits(max_connections=plan.concurrency * 2, keepalive_expiry=2.0)
+    limits = httpx.Limits(max_connections=plan.concurrency * 2, keepalive_expiry=IDLE_CONNECTION_EXPIRY_S)
     headers = auth_headers(plan.api_key)
     async with httpx.AsyncClient(timeout=plan.timeout_s, limits=limits, headers=headers) as http:
 
