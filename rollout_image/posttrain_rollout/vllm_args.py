@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from posttrain_rollout.vllm_plugins import FORK_ENGINE_ENV
+
 # sizeof(sockaddr_un.sun_path) - 1: the longest Unix socket path ZMQ can bind.
 IPC_PATH_MAX = 107
 
@@ -145,7 +147,8 @@ def cpu_single_worker_in_engine(tensor_parallel_size: int | None) -> bool:
     which lets vLLM's CPU platform keep its single-process executor) instead of a third spawned process that
     imports torch and vLLM again: a server was ready in 28 s instead of 49 s on 2 AVX2 cores (the tiny model).
     The API server still runs the engine core in a process of its own (the async engine always does), so the
-    seed vLLM sets stays out of the server's process. Several tensor-parallel workers keep vLLM's default."""
+    seed vLLM sets stays out of the server's process; that process is forked, not spawned
+    (vllm_plugins.fork_engine_core). Several tensor-parallel workers keep vLLM's default."""
     return (tensor_parallel_size or 1) <= 1
 
 
@@ -168,6 +171,7 @@ def vllm_env(
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, n - 1)}")
         if cpu_single_worker_in_engine(tensor_parallel_size):
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            env.setdefault(FORK_ENGINE_ENV, "1")  # vllm_plugins.fork_engine_core
     if enable_lora:
         env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
     env.setdefault("VLLM_CACHE_ROOT", str(run_dir / "cache" / "vllm"))

@@ -13,13 +13,18 @@ Once the cache loads, its key must name the machine: vLLM keys it on the model, 
 not on the instruction sets the compiled C++ was built for, and a model compiled under one (a CPU without
 AVX-512, or torch capped with ATEN_CPU_CAPABILITY) crashed the worker that loaded it under another
 ("malloc_consolidate(): invalid chunk size"). The plugin adds the CPU's flags and the vector ISA torch
-compiles for to the key. The two go together: where the key cannot be extended, nothing is loaded."""
+compiles for to the key. The two go together: where the key cannot be extended, nothing is loaded.
+
+A second plugin, fork_engine_core, starts vLLM's engine core by fork on a CPU backend whose one worker runs
+inside it (see fork_engine_core)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +99,43 @@ def _patch_compile_cache() -> None:
     setattr(load_compiled_function, _MARK, True)
     caching.aot_compile_hash_factors = aot_compile_hash_factors
     torch.compiler.load_compiled_function = load_compiled_function
+
+
+# Set by posttrain_rollout.vllm_args.vllm_env where one CPU worker runs inside the engine core; "0" turns it off.
+FORK_ENGINE_ENV = "POSTTRAIN_VLLM_FORK_ENGINE"
+
+
+def fork_engine_core() -> None:
+    """Start vLLM's engine core by fork instead of spawn, when FORK_ENGINE_ENV is "1" (vllm_env sets it on a
+    CPU backend with one worker, which then runs inside the engine core). vLLM's CPU platform always asks for
+    spawn, so the engine core imported vLLM and torch again before it did anything: ~18 s of a start on 2 AVX2
+    cores, paid by every rollout server, `eval` and the demo. Spawn is for worker processes that bind their
+    own OpenMP threads beside each other; here the only child is the engine core, forked from an API server
+    that has run no torch kernel yet, and it sets its threads up as a spawned one would. Never raises."""
+    if os.environ.get(FORK_ENGINE_ENV) != "1":
+        return
+    try:
+        from vllm.platforms.cpu import CpuPlatform
+
+        fork_after_config_check(CpuPlatform)
+    except Exception as err:  # noqa: BLE001 (another vLLM layout: spawn, as vLLM would without us)
+        log.warning("posttrain: vLLM's engine core is spawned as vLLM does (%s: %s)", type(err).__name__, err)
+
+
+def fork_after_config_check(platform: type) -> None:
+    """Wrap `platform.check_and_update_config` (a classmethod; the CPU platform's sets
+    VLLM_WORKER_MULTIPROC_METHOD=spawn in it) so that the method is fork after it; idempotent."""
+    original = inspect.getattr_static(platform, "check_and_update_config").__func__
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def check_and_update_config(cls: type, vllm_config: Any) -> None:
+        original(cls, vllm_config)
+        if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") != "fork":
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+            # under vLLM's logger, so that it is in vLLM's log beside its own lines
+            logging.getLogger("vllm.posttrain").info("vLLM's engine core starts by fork (one CPU worker inside)")
+
+    setattr(check_and_update_config, _MARK, True)
+    platform.check_and_update_config = classmethod(check_and_update_config)

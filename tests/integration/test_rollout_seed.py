@@ -56,3 +56,10 @@ def test_same_seed_same_rollout_same_tokens_else_different(seeded_server):
     assert sample(seeded_server, "trace_demo-rl-ffffffff-it2-s1-r0", seed=own) == run_a
     other_job = request_seed(JOB_SEED + 1, "trace_demo-rl-aaaaaaaa-it1-s8-r3", 0)
     assert sample(seeded_server, "trace_demo-rl-gggggggg-it2-s1-r0", seed=other_job) != run_a
+
+
+def test_the_engine_core_was_forked(seeded_server):
+    """One CPU worker runs inside vLLM's engine core, which the API server forks (vllm_plugins.fork_engine_core):
+    the samples above came from a forked engine."""
+    log = seeded_server.log_path.read_text(errors="replace")
+    assert "vLLM's engine core starts by fork" in log, log[-3000:]

@@ -7,7 +7,7 @@ import asyncio
 import os
 
 import pytest
-from posttrain_rollout import reference, vllm_args
+from posttrain_rollout import reference, vllm_args, vllm_plugins
 from posttrain_rollout.captures import CaptureStore, entries_from_response
 from posttrain_rollout.server import Proxy, apply_thinking, prepare_request
 from posttrain_rollout.weights import WeightGate, parse_s3_uri
@@ -221,6 +221,16 @@ def test_one_cpu_worker_runs_inside_the_engine_process(tmp_path):
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in vllm_args.vllm_env({}, tmp_path, cpu=False)
     mine = vllm_args.vllm_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, tmp_path, cpu=True)
     assert mine["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+
+
+def test_the_engine_core_is_forked_where_one_cpu_worker_runs_inside_it(tmp_path):
+    """The plugin's switch (vllm_plugins.fork_engine_core): on for one CPU worker, absent for tensor-parallel
+    CPU workers and GPUs, and a user's "0" wins."""
+    key = vllm_plugins.FORK_ENGINE_ENV
+    assert vllm_args.vllm_env({}, tmp_path, cpu=True, tensor_parallel_size=1)[key] == "1"
+    assert key not in vllm_args.vllm_env({}, tmp_path, cpu=True, tensor_parallel_size=2)
+    assert key not in vllm_args.vllm_env({}, tmp_path, cpu=False)
+    assert vllm_args.vllm_env({key: "0"}, tmp_path, cpu=True)[key] == "0"
 
 
 def test_the_proxy_drops_idle_connections_before_vllm_closes_them():

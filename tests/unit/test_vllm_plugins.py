@@ -1,8 +1,10 @@
-"""The vLLM plugin that lets vLLM's CPU compile cache load (posttrain_rollout.vllm_plugins): registered where
-vLLM looks for general plugins, and it only adds what a loaded callable lacks."""
+"""The vLLM plugins (posttrain_rollout.vllm_plugins): registered where vLLM looks for general plugins; the
+compile cache's only adds what a loaded callable lacks; the engine core's fork comes after the platform's
+spawn, only when switched on."""
 
 from __future__ import annotations
 
+import os
 from importlib.metadata import entry_points
 from types import SimpleNamespace
 
@@ -12,6 +14,7 @@ from posttrain_rollout import vllm_plugins
 def test_registered_as_a_vllm_general_plugin():
     found = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
     assert found.get("posttrain_aot_cache") == "posttrain_rollout.vllm_plugins:load_aot_compiled_models"
+    assert found.get("posttrain_fork_engine") == "posttrain_rollout.vllm_plugins:fork_engine_core"
 
 
 def test_a_callable_without_finalize_loading_gets_one_that_does_nothing():
@@ -73,3 +76,38 @@ def test_a_torch_or_vllm_laid_out_otherwise_is_left_as_it_is(monkeypatch):
     monkeypatch.delattr(caching, "aot_compile_hash_factors")
     vllm_plugins.load_aot_compiled_models()
     assert torch.compiler.load_compiled_function is before_load
+
+
+class _SpawningPlatform:
+    """What vLLM 0.32's CpuPlatform does in check_and_update_config: asks for spawn, whatever was set."""
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config):
+        vllm_config.append(cls.__name__)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+
+
+def test_the_engine_core_is_forked_after_the_platform_asks_for_spawn(monkeypatch):
+    class Platform(_SpawningPlatform):
+        pass
+
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    vllm_plugins.fork_after_config_check(Platform)
+    vllm_plugins.fork_after_config_check(Platform)  # vLLM loads plugins more than once: wrapped once
+    seen = []
+    Platform.check_and_update_config(seen)
+    assert seen == ["Platform"]  # the platform's own check ran, once
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    _SpawningPlatform.check_and_update_config([])  # another class: untouched
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
+def test_the_fork_plugin_does_nothing_unless_switched_on(monkeypatch):
+    wrapped = []
+    monkeypatch.setattr(vllm_plugins, "fork_after_config_check", wrapped.append)
+    monkeypatch.delenv(vllm_plugins.FORK_ENGINE_ENV, raising=False)
+    vllm_plugins.fork_engine_core()
+    monkeypatch.setenv(vllm_plugins.FORK_ENGINE_ENV, "0")
+    vllm_plugins.fork_engine_core()
+    assert wrapped == []
