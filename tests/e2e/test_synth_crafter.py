@@ -32,7 +32,10 @@ TURNS = 5
 SCALE_DOWN = [
     "training.iterations_per_epoch=2", "training.batch_size=2", "training.group_size=2",
     f"training.max_turns={TURNS}", f"rollout.max_turns={TURNS}", "rollout.episodes_per_batch=4",
-    "vllm.max_model_len=16384", "evaluation.seeds=[0]", "evaluation.instances=1",
+    "vllm.max_model_len=16384",
+    # no evaluation (two greedy episodes, ~30 s each here): this test is about training; test_synth_loop
+    # evaluates on this app, test_train_local_multiturn evaluates a multi-turn job
+    "evaluation.seeds=[]",
     # one rollout at a time: the app's tracer writes a local SQLite file (synth's default is a sqld server),
     # which concurrent episodes lock ("database is locked")
     "rollout.max_concurrent_rollouts=1",
@@ -42,12 +45,18 @@ SCALE_DOWN = [
 ]  # fmt: skip
 
 
-def warm_up_on_do(model_dir: Path, out: Path, steps: int = 80) -> Path:
+def warm_up_on_do(model_dir: Path, steps: int = 80) -> Path:
     """The tiny model after `steps` SFT steps on one demonstration: the arguments of a call of interact_many
     with eight "do" actions (vLLM's tool grammar writes the call around them), after prompts of 50-1500
-    filler words (Crafter's prompts are long)."""
+    filler words (Crafter's prompts are long). Built once beside `model_dir` and reused (~50 s on 2 cores;
+    the Crafter test and the synth loop test both start from it)."""
     import random
     import shutil
+    import tempfile
+
+    out = model_dir.parent / f"{model_dir.name}-warm-do-{steps}"
+    if (out / "posttrain-warm-up.json").exists():  # written last
+        return out
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -72,8 +81,15 @@ def warm_up_on_do(model_dir: Path, out: Path, steps: int = 80) -> Path:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    shutil.copytree(model_dir, out, dirs_exist_ok=True)
-    model.save_pretrained(out)
+    # a whole folder or none: built aside, then renamed into place
+    building = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    shutil.copytree(model_dir, building, dirs_exist_ok=True)
+    model.save_pretrained(building)
+    (building / "posttrain-warm-up.json").write_text(json.dumps({"from": model_dir.name, "steps": steps}))
+    try:
+        building.rename(out)
+    except OSError:  # another run put it there first
+        shutil.rmtree(building, ignore_errors=True)
     return out
 
 
@@ -84,7 +100,7 @@ def test_synth_crafter_stepwise_shaped_trains_locally(synth_crafter_app, synth_c
     config = wheel_file(synth_crafter_python, CONFIG)
     # a long context: Crafter's first prompt (rules, tools, the map) is over 2048 of the tiny vocabulary's tokens
     tiny = build_tiny_model(REPO / ".models" / "tiny-random-qwen2-hd32-16k", hidden_size=128, max_positions=16384)
-    model_dir = warm_up_on_do(tiny, tmp_path / "policy")
+    model_dir = warm_up_on_do(tiny)
     env = {
         k: v for k, v in os.environ.items() if k not in ("TASK_APP_URL", "KUBECONFIG", "POSTTRAIN_TASKAPP")
     }

@@ -60,7 +60,7 @@ def test_synth_eval_filter_sft_loop(synth_crafter_python, tmp_path):  # noqa: F8
     from tests.fixtures.hub_server import serve_hub
 
     tiny = build_tiny_model(REPO / ".models" / "tiny-random-qwen2-hd32-16k", hidden_size=128, max_positions=16384)
-    policy = warm_up_on_do(tiny, tmp_path / "policy")
+    policy = warm_up_on_do(tiny)
     app_dir = tmp_path / "app"
     app_dir.mkdir()
     app_db = app_dir / "traces" / "v3" / "synth_ai.db"

@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 TURNS = 3
+EVAL_SEEDS = (100, 101)
 
 
 def _craftworld_toml() -> str:
@@ -31,6 +32,8 @@ def _craftworld_toml() -> str:
     return text + (
         'step_rewards_enabled = true\nstep_rewards_mode = "decision_stepwise"\n'
         'step_rewards_strategy = "consistent"\nevent_rewards_kind = "unique"\n'
+        # greedy multi-turn episodes on two held-out seeds, before training and after the last iteration
+        f"\n[evaluation]\nseeds = {list(EVAL_SEEDS)}\ninstances = {len(EVAL_SEEDS)}\nevery_n_iters = 2\n"
     )
 
 
@@ -59,6 +62,10 @@ def test_multi_turn_job_runs_end_to_end(tmp_path):
     assert len(iterations) == 2, metrics
     assert all(m["mean_turns"] == TURNS for m in iterations), iterations
     assert all(m["decision_rewards_nonzero"] is not None for m in iterations)
+    report = [json.loads(line) for line in (run_dir / "report.jsonl").read_text().splitlines()]
+    evaluations = [x for x in report if x.get("event") == "evaluation"]
+    assert [x["step"] for x in evaluations] == [0, 2], evaluations
+    assert all(x["eval_rollouts"] == len(EVAL_SEEDS) and x["eval_failed"] == 0 for x in evaluations), evaluations
     print("multi-turn --local:", [(m["mean_turns"], m["decision_rewards_nonzero"], round(m["iteration_seconds"], 1))
                                   for m in iterations])  # fmt: skip
     # every rollout is in the run's trace store (training and evaluation), with its turns, messages, per-step
@@ -70,6 +77,7 @@ def test_multi_turn_job_runs_end_to_end(tmp_path):
         kinds = dict(db.execute("SELECT kind, count(*) FROM session_traces GROUP BY kind"))
         turns = {t for (t,) in db.execute("SELECT turns FROM session_traces WHERE error IS NULL")}
         assert kinds["train"] == sum(m["rollouts"] for m in iterations) and turns == {TURNS}, (kinds, turns)
+        assert kinds["eval"] == 2 * len(EVAL_SEEDS), kinds
         assert db.execute(
             "SELECT count(DISTINCT iteration) FROM session_traces WHERE kind = 'train'"
         ).fetchone() == (2,)
