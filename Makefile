@@ -83,7 +83,7 @@ bench: setup k8s-bins
 bench-demo: setup
 	$(PY) hack/bench_demo_curve.py
 
-# the 8 learning tests, 20 seeds each from 1000 (one pytest process per test and seed): their false-failure
+# the 9 learning tests, 20 seeds each from 1000 (one pytest process per test and seed): their false-failure
 # rates, one JSON line last. Hours (the two e2e tests), so not in `make bench`; one test, fewer seeds:
 # `$(PY) hack/bench_learning_tests.py --runs 5 --test tests/integration/test_rl_learning.py::test_gspo_lifts_mean_reward_on_toy_task`
 bench-learning: setup

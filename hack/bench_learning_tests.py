@@ -11,19 +11,20 @@ assertion with its values). Then per test: runs, failures, failure share, median
 JSON object {"tests": {id: {"runs", "seeds", "failed_seeds", "failures", "wall_s_median", ...}}, "cpu": ...}.
 Every run's whole output is kept in bench-results/learning_runs/, the records in --json-out.
 
-The 8 learning tests (default: all of them) and their wall time per run, pytest's start-up included (the
+The 9 learning tests (default: all of them) and their wall time per run, pytest's start-up included (the
 medians on an AMD EPYC Zen 4, AVX-512 with avx512_bf16, 2 cores: docs/benchmarks.md; the two e2e tests from single runs):
   tests/integration/test_rl_learning.py::test_gspo_lifts_mean_reward_on_toy_task                  ~14 s
   tests/integration/test_dapo_learning.py::test_dapo_lifts_mean_reward_on_toy_task                 ~14 s
+  tests/integration/test_restem_toy_learning.py::test_restem_lifts_held_out_reward_on_toy_task      ~22 s (Zen 3, AVX2 only)
   tests/integration/test_trainer_sft.py::test_sft_lowers_heldout_loss_and_uploads_artifacts        ~30 s
   tests/integration/test_trainer_sft.py::test_torchrun_two_processes_match_one                     ~33 s
   tests/integration/test_trainer_sft_vision.py::test_vision_sft_lowers_heldout_loss                ~25 s
   tests/integration/test_trainer_qlora.py::test_qlora_sft_learns_like_lora                         ~22 s
   tests/e2e/test_craftworld_learning.py::test_held_out_return_rises_on_craftworld                  ~7.5-10 min
   tests/e2e/test_restem_learning.py::test_restem_raises_held_out_reward_over_two_iterations        ~11 min (AVX512-BF16),
-                                                                                                    ~50 min on a loaded 2-core machine
-One seed of all 8 is about 20 min on a quiet fast CPU, so the default 20 runs take about 7 hours; the two
-e2e tests are nearly all of it. The 6 integration tests alone: about 2.5 min a seed, under an hour for 20.
+                                                                                                    ~5 min on a Zen 3 (AVX2 only)
+One seed of all 9 is about 20 min on a quiet fast CPU, so the default 20 runs take about 7 hours; the two
+e2e tests are nearly all of it. The 7 integration tests alone: about 3 min a seed, under an hour for 20.
 (The DAPO test is parametrized [0, 1] in `make test`; with POSTTRAIN_TEST_SEED set it runs that one seed, so
 its id is given without the [param] suffix.)
 

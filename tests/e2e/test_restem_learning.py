@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from fixtures.seeds import seed_from_env
 
-# `make test-learning`: 6.4 min a run on 2 AVX2-only cores
+# `make test-learning`: ~5 min a run on 2 AVX2-only cores (277-342 s over 10 seeds; docs/benchmarks.md)
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.learning]
 
 REPO = Path(__file__).resolve().parents[2]
