@@ -112,7 +112,7 @@ def fork_engine_core() -> None:
     cores, paid by every rollout server, `eval` and the demo. Spawn is for worker processes that bind their
     own OpenMP threads beside each other; here the only child is the engine core, forked from an API server
     that has run no torch kernel yet, and it sets its threads up as a spawned one would. Never raises."""
-    if os.environ.get(FORK_ENGINE_ENV) != "1":
+    if os.environ.get("POSTTRAIN_VLLM_FORK_ENGINE") != "1":  # FORK_ENGINE_ENV, by name for the docs' list
         return
     try:
         from vllm.platforms.cpu import CpuPlatform

@@ -111,3 +111,6 @@ def test_the_fork_plugin_does_nothing_unless_switched_on(monkeypatch):
     monkeypatch.setenv(vllm_plugins.FORK_ENGINE_ENV, "0")
     vllm_plugins.fork_engine_core()
     assert wrapped == []
+    monkeypatch.setenv(vllm_plugins.FORK_ENGINE_ENV, "1")
+    vllm_plugins.fork_engine_core()
+    assert [platform.__name__ for platform in wrapped] == ["CpuPlatform"]
