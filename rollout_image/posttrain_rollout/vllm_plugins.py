@@ -16,7 +16,8 @@ AVX-512, or torch capped with ATEN_CPU_CAPABILITY) crashed the worker that loade
 compiles for to the key. The two go together: where the key cannot be extended, nothing is loaded.
 
 A second plugin, fork_engine_core, starts vLLM's engine core by fork on a CPU backend whose one worker runs
-inside it (see fork_engine_core)."""
+inside it (see fork_engine_core); a third, eager_logprob_ranks, keeps the first request of a CPU server from
+compiling the sampler's rank count (see eager_logprob_ranks)."""
 
 from __future__ import annotations
 
@@ -139,3 +140,38 @@ def fork_after_config_check(platform: type) -> None:
 
     setattr(check_and_update_config, _MARK, True)
     platform.check_and_update_config = classmethod(check_and_update_config)
+
+
+_counted: list[bool] = []
+
+
+def count_at_least(x: Any, values: Any) -> Any:
+    """vLLM's batched_count_greater_than, eagerly: per row of x, how many elements are >= that row's value
+    (the rank of the sampled token among the vocabulary's logprobs). The same integers as the compiled one."""
+    if not _counted:  # said at the first call: when the plugin loads, vLLM has not set its logging up yet
+        _counted.append(True)
+        logging.getLogger("vllm.posttrain").info("vLLM's logprob ranks are counted eagerly (CPU backend)")
+    return (x >= values).sum(-1)
+
+
+def eager_logprob_ranks() -> None:
+    """On a CPU backend, count logprob ranks eagerly instead of through vLLM's torch.compile'd
+    batched_count_greater_than. Every request that asks for logprobs (all of ours: the trainer's behaviour
+    policy) runs it, and its first call traced and compiled it with inductor, hashing torch's and triton's
+    sources for the cache key: 8-10 s of every server's first request on 2 AVX2 cores, even under
+    --enforce-eager (vLLM keeps its sampler's compiled helpers then), and a C++ build where the inductor cache
+    is cold. The compile saves a GPU a copy of the logits; on a CPU the eager comparison is a bool tensor of
+    one step's logits. Idempotent; never raises."""
+    try:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return
+        from vllm.v1.sample import sampler
+        from vllm.v1.sample.ops import logprobs
+
+        if sampler.batched_count_greater_than is count_at_least:
+            return
+        logprobs.batched_count_greater_than = sampler.batched_count_greater_than = count_at_least
+    except Exception as err:  # noqa: BLE001 (another vLLM layout: vLLM's compiled count, as without us)
+        log.warning("posttrain: vLLM's compiled logprob rank count left as it is (%s: %s)", type(err).__name__, err)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fixtures.synth_crafter import KEY, synth_crafter_python, wheel_file  # noqa: F401
+from fixtures.synth_crafter import APP_ENV, KEY, synth_crafter_python, wheel_file  # noqa: F401
 from posttrain.local.processes import ProcessSet, wait_http
 from posttrain.localhost import free_port
 
@@ -66,15 +66,15 @@ def test_synth_eval_filter_sft_loop(synth_crafter_python, tmp_path):  # noqa: F8
     app_db = app_dir / "traces" / "v3" / "synth_ai.db"
     app_db.parent.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ENVIRONMENT_API_KEY", "TASK_APP", "HF_"))}
-    env |= {"ENVIRONMENT_API_KEY": KEY, "TASKAPP_TRACING_ENABLED": "1",
-            "SYNTH_TRACES_DB": f"sqlite+aiosqlite:///{app_db}"}  # fmt: skip
+    env |= {"ENVIRONMENT_API_KEY": KEY}
+    app_env = env | APP_ENV | {"TASKAPP_TRACING_ENABLED": "1", "SYNTH_TRACES_DB": f"sqlite+aiosqlite:///{app_db}"}
     port = free_port()
     with ProcessSet() as procs:
         proc = procs.start(
             "synth-crafter",
             [str(synth_crafter_python), str(REPO / "examples" / "taskapps" / "synth_crafter" / "serve.py"),
              "--host", "127.0.0.1", "--port", str(port)],
-            tmp_path / "synth-crafter.log", env=env, cwd=app_dir,
+            tmp_path / "synth-crafter.log", env=app_env, cwd=app_dir,
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/health", timeout=600, proc=proc, headers={"X-API-Key": KEY})
@@ -82,11 +82,10 @@ def test_synth_eval_filter_sft_loop(synth_crafter_python, tmp_path):  # noqa: F8
 
         # 1. eval: the wheel's eval TOML unchanged, overridden by flags
         eval_db = tmp_path / "eval" / "synth_ai.db"
-        cli_env = {k: v for k, v in env.items() if not k.startswith(("TASKAPP_", "SYNTH_TRACES"))}
         result = _cli(["eval", "--config", str(wheel_file(synth_crafter_python, EVAL)), "--task-url", url,
                        "--model-path", str(policy), "--seeds", SEEDS, "--max-turns", str(TURNS),
                        "--max-model-len", "16384", "--sqlite", str(eval_db), "--no-progress",
-                       "--runs-dir", str(tmp_path / "runs")], cwd=tmp_path, env=cli_env, timeout=1500)  # fmt: skip
+                       "--runs-dir", str(tmp_path / "runs")], cwd=tmp_path, env=env, timeout=1500)  # fmt: skip
         out = result.stdout
         assert result.returncode == 0, out[-4000:] + result.stderr[-4000:]
         seeds = list(range(6))
@@ -114,7 +113,7 @@ def test_synth_eval_filter_sft_loop(synth_crafter_python, tmp_path):  # noqa: F8
     for name, db_path in (("app", app_db), ("eval", eval_db)):
         out_path = tmp_path / "ft_data" / f"{name}.jsonl"
         result = _cli(["filter", "--config", str(filter_toml), "--input", str(db_path), "--output", str(out_path)],
-                      cwd=tmp_path, env=cli_env, timeout=300)  # fmt: skip
+                      cwd=tmp_path, env=env, timeout=300)  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         records = [json.loads(line) for line in out_path.read_text().splitlines()]
         assert records and all(r["messages"][-1]["role"] == "assistant" for r in records), records[:1]
@@ -126,7 +125,7 @@ def test_synth_eval_filter_sft_loop(synth_crafter_python, tmp_path):  # noqa: F8
 
     # 4. SFT on eval's filtered rollouts, its base model from a Hub on loopback
     with serve_hub({"Qwen/Qwen3-0.6B": tiny}) as (endpoint, hub_log):
-        sft_env = cli_env | {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf")}
+        sft_env = env | {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf")}
         argv = ["train", "--local", "--type", "sft", "--config", str(wheel_file(synth_crafter_python, SFT)),
                 "--dataset", str(datasets["eval"]), "--runs-dir", str(tmp_path / "runs"), "--name", "synth-loop-sft"]
         for item in SFT_SCALE_DOWN:

@@ -5,6 +5,7 @@ The derivation itself: tests/unit/test_sampling_seed.py."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
@@ -63,3 +64,10 @@ def test_the_engine_core_was_forked(seeded_server):
     the samples above came from a forked engine."""
     log = seeded_server.log_path.read_text(errors="replace")
     assert "vLLM's engine core starts by fork" in log, log[-3000:]
+
+
+def test_the_engine_core_counted_logprob_ranks_eagerly(seeded_server):
+    """The samples above carried logprobs, which vLLM ranks with a torch.compile'd count: on a CPU the engine
+    core counts them eagerly (vllm_plugins.eager_logprob_ranks), so no request compiled anything."""
+    log = seeded_server.log_path.read_text(errors="replace")
+    assert re.search(r"\(EngineCore pid=\d+\).*vLLM's logprob ranks are counted eagerly", log), log[-3000:]

@@ -1,6 +1,7 @@
 """The vLLM plugins (posttrain_rollout.vllm_plugins): registered where vLLM looks for general plugins; the
 compile cache's only adds what a loaded callable lacks; the engine core's fork comes after the platform's
-spawn, only when switched on."""
+spawn, only when switched on; a CPU server counts logprob ranks eagerly, the same integers as vLLM's
+compiled count."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ def test_registered_as_a_vllm_general_plugin():
     found = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
     assert found.get("posttrain_aot_cache") == "posttrain_rollout.vllm_plugins:load_aot_compiled_models"
     assert found.get("posttrain_fork_engine") == "posttrain_rollout.vllm_plugins:fork_engine_core"
+    assert found.get("posttrain_eager_logprob_ranks") == "posttrain_rollout.vllm_plugins:eager_logprob_ranks"
 
 
 def test_a_callable_without_finalize_loading_gets_one_that_does_nothing():
@@ -114,3 +116,37 @@ def test_the_fork_plugin_does_nothing_unless_switched_on(monkeypatch):
     monkeypatch.setenv(vllm_plugins.FORK_ENGINE_ENV, "1")
     vllm_plugins.fork_engine_core()
     assert [platform.__name__ for platform in wrapped] == ["CpuPlatform"]
+
+
+def test_the_eager_rank_count_is_vllms_compiled_one():
+    """Against the function vLLM compiles (its source, uncompiled: compiling it is the ~10 s this avoids)."""
+    import torch
+    from vllm.v1.sample.ops import logprobs as ops
+
+    vllms = ops.batched_count_greater_than._torchdynamo_orig_callable
+
+    generator = torch.Generator().manual_seed(0)
+    logprobs = torch.randn(5, 1000, generator=generator).log_softmax(-1)
+    logprobs[2, :10] = logprobs[2, 500]  # ties count as ranks above, as in vLLM
+    sampled = logprobs.gather(-1, torch.tensor([[3], [999], [500], [0], [42]]))
+    eager = vllm_plugins.count_at_least(logprobs, sampled)
+    assert torch.equal(eager, vllms(logprobs, sampled))
+    assert eager.dtype == torch.int64 and eager[2] >= 11
+
+
+def test_a_cpu_backend_counts_ranks_eagerly_in_both_places_vllm_calls_it(monkeypatch):
+    from vllm.platforms import current_platform
+    from vllm.v1.sample import sampler
+    from vllm.v1.sample.ops import logprobs
+
+    compiled = logprobs.batched_count_greater_than
+    monkeypatch.setattr(logprobs, "batched_count_greater_than", compiled)
+    monkeypatch.setattr(sampler, "batched_count_greater_than", compiled)
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self=None: False)
+    vllm_plugins.eager_logprob_ranks()
+    assert sampler.batched_count_greater_than is compiled  # a GPU keeps vLLM's compiled count
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self=None: True)
+    vllm_plugins.eager_logprob_ranks()
+    vllm_plugins.eager_logprob_ranks()
+    assert sampler.batched_count_greater_than is vllm_plugins.count_at_least
+    assert logprobs.batched_count_greater_than is vllm_plugins.count_at_least
